@@ -1,0 +1,225 @@
+"""``privzo`` commands: parse, build, call, print. All logic lives in the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CACHE = Path("~/.cache/privzo").expanduser()
+
+
+def _add_cache_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help=f"where built-in models are built and cached (default: {DEFAULT_CACHE})",
+    )
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from privzo.config import load_config
+    from privzo.run import run
+
+    overrides = list(args.overrides)
+    config = load_config(args.config, overrides)
+    if config.tracking.uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        config.tracking.uri = os.environ["MLFLOW_TRACKING_URI"]
+    summary = run(
+        config,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+    )
+    _print_summary(summary, args.output_dir)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], output_dir: Path) -> None:
+    def show(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    keys = (
+        "algorithm",
+        "accuracy_before",
+        "accuracy_after",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "accountant",
+        "steps",
+        "mean_step_time_s",
+        "peak_memory_mb",
+        "tracking_run_id",
+    )
+    width = max(len(key) for key in keys)
+    for key in keys:
+        print(f"{key:<{width}}  {show(summary.get(key))}")
+    print(f"results in {output_dir}")
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    from privzo.replay import replay_to_directory
+
+    steps = replay_to_directory(
+        args.base, args.trajectory, args.output_dir, cache_dir=args.cache_dir
+    )
+    print(f"replayed {steps} steps onto {args.base}; weights saved to {args.output_dir}")
+    return 0
+
+
+def _privacy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--delta", type=float, required=True)
+    parser.add_argument("--sample-rate", type=float, help="Poisson sampling probability p")
+    parser.add_argument("--batch-size", type=int, help="expected batch size (with --dataset-size)")
+    parser.add_argument("--dataset-size", type=int)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--mechanism", choices=("gaussian", "laplace"), default="gaussian")
+    parser.add_argument("--accountant", choices=("pld", "rdp", "pure"), default="pld")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _sample_rate(args: argparse.Namespace) -> float:
+    if args.sample_rate is not None:
+        if args.batch_size is not None or args.dataset_size is not None:
+            raise ValueError("give --sample-rate or --batch-size with --dataset-size, not both")
+        return args.sample_rate
+    if args.batch_size is None or args.dataset_size is None:
+        raise ValueError("give --sample-rate P, or --batch-size B with --dataset-size N")
+    if args.dataset_size <= 0 or args.batch_size <= 0 or args.batch_size > args.dataset_size:
+        raise ValueError(
+            f"--batch-size={args.batch_size} --dataset-size={args.dataset_size}: need "
+            "0 < batch size ≤ dataset size"
+        )
+    return args.batch_size / args.dataset_size
+
+
+def _privacy_report(args: argparse.Namespace, noise_multiplier: float, epsilon: float) -> int:
+    record = {
+        "noise_multiplier": noise_multiplier,
+        "epsilon": epsilon,
+        "delta": args.delta,
+        "sample_rate": _sample_rate(args),
+        "steps": args.steps,
+        "mechanism": args.mechanism,
+        "accountant": args.accountant,
+    }
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(
+            f"noise multiplier σ = {noise_multiplier:.6g} (noise scale σ·C)\n"
+            f"ε = {epsilon:.6g} at δ = {args.delta:g} after {args.steps} steps, sample rate "
+            f"{record['sample_rate']:.6g} ({args.mechanism}, {args.accountant} accountant)"
+        )
+    return 0
+
+
+def _calibrate_command(args: argparse.Namespace) -> int:
+    from privzo.privacy import calibrate_noise_multiplier, compute_epsilon
+
+    common = dict(
+        sample_rate=_sample_rate(args),
+        steps=args.steps,
+        delta=args.delta,
+        mechanism=args.mechanism,
+        accountant=args.accountant,
+    )
+    noise_multiplier = calibrate_noise_multiplier(epsilon=args.epsilon, **common)
+    epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
+    return _privacy_report(args, noise_multiplier, epsilon)
+
+
+def _epsilon_command(args: argparse.Namespace) -> int:
+    from privzo.privacy import compute_epsilon
+
+    epsilon = compute_epsilon(
+        noise_multiplier=args.noise_multiplier,
+        sample_rate=_sample_rate(args),
+        steps=args.steps,
+        delta=args.delta,
+        mechanism=args.mechanism,
+        accountant=args.accountant,
+    )
+    return _privacy_report(args, args.noise_multiplier, epsilon)
+
+
+def _bench_command(args: argparse.Namespace) -> int:
+    from privzo.bench import zo_step_benchmark
+
+    result = zo_step_benchmark(repeats=args.repeats, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else result["table"])
+    return 0
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from privzo.demo import run_demo
+
+    run_demo(args.output_dir, cache_dir=args.cache_dir, quick=args.quick)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="privzo", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="one fine-tuning run")
+    run.add_argument("config", type=Path, help="a run config (YAML)")
+    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument("--output-dir", type=Path, required=True)
+    run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_cache_dir(run)
+    run.set_defaults(handler=_run_command)
+
+    replay = commands.add_parser("replay", help="rebuild fine-tuned weights from a trajectory")
+    replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")
+    replay.add_argument("--trajectory", type=Path, required=True)
+    replay.add_argument("--output-dir", type=Path, required=True)
+    _add_cache_dir(replay)
+    replay.set_defaults(handler=_replay_command)
+
+    privacy = commands.add_parser("privacy", help="privacy accounting")
+    privacy_commands = privacy.add_subparsers(dest="privacy_command", required=True)
+    calibrate = privacy_commands.add_parser("calibrate", help="σ for a target (ε, δ)")
+    calibrate.add_argument("--epsilon", type=float, required=True)
+    _privacy_arguments(calibrate)
+    calibrate.set_defaults(handler=_calibrate_command)
+    epsilon = privacy_commands.add_parser("epsilon", help="ε spent at a given σ")
+    epsilon.add_argument("--noise-multiplier", type=float, required=True)
+    _privacy_arguments(epsilon)
+    epsilon.set_defaults(handler=_epsilon_command)
+
+    bench = commands.add_parser("bench", help="benchmarks that print measured ratios")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    zo_step = bench_commands.add_parser("zo-step", help="ZO step time and memory vs inference")
+    zo_step.add_argument("--json", action="store_true")
+    zo_step.add_argument("--repeats", type=int, default=5)
+    zo_step.set_defaults(handler=_bench_command)
+
+    demo = commands.add_parser("demo", help="the embedded offline demo (zero-shot vs DP vs MeZO)")
+    demo.add_argument("--output-dir", type=Path, default=Path("runs/demo"))
+    demo.add_argument("--quick", action="store_true", help="fewer steps (for smoke tests)")
+    _add_cache_dir(demo)
+    demo.set_defaults(handler=_demo_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"privzo: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Typed run configuration: one validated section per concern, composed into ``RunConfig``.
+
+Configs load from YAML with ``key.sub=value`` overrides and are validated at load, so a bad
+value fails with a message that names the field, the value and what is allowed, before any
+model is built or anything is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")
+PRIVATE_ALGORITHMS = ("dpzero", "dpzo-laplace")
+# The scalar mechanism each private zeroth-order algorithm uses.
+ALGORITHM_MECHANISM = {"dpzero": "gaussian", "dpzo-laplace": "laplace"}
+
+
+class ConfigError(ValueError):
+    """A user error in a config: names the field, the value and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """Which network to fine-tune and where it runs."""
+
+    name_or_path: str = Field(
+        "tiny-opt",
+        description="HF hub id, local directory, or a built-in tiny model ('tiny-opt', "
+        "'tiny-roberta', 'demo-opt-s', 'demo-opt-m', 'demo-opt-l').",
+    )
+    kind: Literal["auto", "causal", "masked"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$")
+    trainable: Literal["full", "bitfit"] = "full"
+
+
+class TaskConfig(_Section):
+    """A prompt-based classification task scored from the LM head."""
+
+    name: str = "prompt-classification"
+    train_path: str | None = None
+    test_path: str | None = None
+    hf_dataset: str | None = Field(None, description="HF datasets id, e.g. 'glue'.")
+    hf_subset: str | None = Field(None, description="HF datasets config, e.g. 'sst2'.")
+    text_field: str = "sentence"
+    label_field: str = "label"
+    template: str = Field("{sentence} It was", description="Prompt; '{sentence}' is the text.")
+    label_words: list[str] = Field(default_factory=lambda: ["terrible", "great"], min_length=2)
+    examples_per_class: int | None = Field(
+        None, ge=1, description="Few-shot k per class; null uses the whole training file."
+    )
+    test_size: int | None = Field(1000, ge=1)
+    data_seed: int = 0
+    max_length: int = Field(128, ge=4)
+
+    @model_validator(mode="after")
+    def _template_has_slot(self) -> TaskConfig:
+        if "{sentence}" not in self.template:
+            raise ValueError(f"task.template={self.template!r} must contain '{{sentence}}'")
+        return self
+
+
+class OptimizerConfig(_Section):
+    """The zeroth-order algorithm and its schedule."""
+
+    algorithm: str = "dpzero"
+    steps: int = Field(500, gt=0)
+    learning_rate: float = Field(1e-4, gt=0)
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    perturbation_scale: float = Field(1e-3, gt=0, description="ZO smoothing radius (MeZO's ε).")
+    direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
+    batch_size: int = Field(16, ge=1, description="Expected batch size (Poisson: p·N).")
+    eval_batch_size: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _known_algorithm(self) -> OptimizerConfig:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"optimizer.algorithm={self.algorithm!r} is unknown; allowed: {list(ALGORITHMS)}"
+            )
+        return self
+
+    @property
+    def is_private(self) -> bool:
+        return self.algorithm in PRIVATE_ALGORITHMS
+
+
+class PrivacyConfig(_Section):
+    """The target guarantee and how it is met and accounted."""
+
+    epsilon: float = Field(2.0, gt=0)
+    delta: float = Field(1e-5, ge=0, lt=1)
+    clip: float = Field(1.0, gt=0, description="Per-example clipping threshold C.")
+    noise_multiplier: float | None = Field(
+        None, gt=0, description="Fixed σ; when null, σ is calibrated to (epsilon, delta)."
+    )
+    accountant: Literal["pld", "rdp", "pure"] = "pld"
+    sampler: Literal["poisson", "shuffle"] = "poisson"
+    adjacency: Literal["add-remove"] = "add-remove"
+
+
+class ParallelConfig(_Section):
+    strategy: Literal["single"] = "single"
+    workers: int = Field(1, ge=1)
+    use_gpu: bool = False
+
+
+class TrackingConfig(_Section):
+    backend: Literal["mlflow", "none"] = "mlflow"
+    uri: str | None = Field(None, description="Tracking URI; null = sqlite under the output root.")
+    experiment: str = "privzo"
+    run_name: str | None = None
+    log_every: int = Field(10, ge=1)
+    log_private_train_loss: bool = Field(
+        False,
+        description="Log the training loss of a private run. It is computed on private data and "
+        "is not covered by the run's guarantee, so it is off by default.",
+    )
+
+
+class RunConfig(_Section):
+    """Everything one run needs; the unit that is saved beside its results."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    seed: int = Field(0, ge=0, description="Public seed of the perturbation directions.")
+    eval_before: bool = True
+
+    @model_validator(mode="after")
+    def _private_settings_consistent(self) -> RunConfig:
+        if not self.optimizer.is_private:
+            return self
+        mechanism = ALGORITHM_MECHANISM[self.optimizer.algorithm]
+        if self.privacy.sampler != "poisson":
+            raise ValueError(
+                f"privacy.sampler={self.privacy.sampler!r} with a private algorithm: the "
+                "accountants here assume Poisson sampling; allowed: 'poisson'"
+            )
+        if self.privacy.accountant == "pure" and mechanism != "laplace":
+            raise ValueError(
+                f"privacy.accountant='pure' with optimizer.algorithm={self.optimizer.algorithm!r}: "
+                "pure ε-DP accounting exists only for the Laplace mechanism (dpzo-laplace)"
+            )
+        if self.privacy.accountant == "rdp" and mechanism == "laplace":
+            raise ValueError(
+                "privacy.accountant='rdp' with optimizer.algorithm='dpzo-laplace': the RDP "
+                "accountant cannot account the subsampled Laplace mechanism; allowed: 'pld', 'pure'"
+            )
+        if self.privacy.accountant != "pure" and self.privacy.delta <= 0:
+            raise ValueError(
+                f"privacy.delta={self.privacy.delta}: approximate DP needs 0 < delta < 1"
+            )
+        return self
+
+    @property
+    def mechanism(self) -> str | None:
+        return ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value the way YAML would ('1e-3' → float, 'null' → None)."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides to a nested dict (a copy)."""
+    result = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        node = result
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {key!r} is not a section")
+            node = child
+        node[keys[-1]] = _parse_scalar(raw)
+    return result
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        value = item.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {field}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def build_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
+    _check_finite(config)
+    return config
+
+
+def _check_finite(config: RunConfig) -> None:
+    numbers = {
+        "optimizer.learning_rate": config.optimizer.learning_rate,
+        "optimizer.perturbation_scale": config.optimizer.perturbation_scale,
+        "privacy.epsilon": config.privacy.epsilon,
+        "privacy.clip": config.privacy.clip,
+    }
+    for field, value in numbers.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"invalid config: {field}={value} must be a finite number")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = loaded or {}
+        source = str(path)
+    data = apply_overrides(data, overrides or [])
+    return build_config(data, source)
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Models: loading causal and masked LMs, built-in tiny models, and trainable views."""

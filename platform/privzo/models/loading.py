@@ -1,0 +1,96 @@
+"""Load a causal or masked LM from a built-in name, a local directory or a hub id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from privzo.config import ConfigError, ModelConfig
+from privzo.models.builtin import is_builtin, materialize_builtin
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MASKED_TYPES = {"roberta", "bert", "xlm-roberta", "deberta", "deberta-v2", "electra", "distilbert"}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    kind: str  # "causal" or "masked"
+    source: str  # the directory or hub id the weights came from
+    device: torch.device
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"model.device={device!r} but CUDA is not available; use 'cpu'")
+    return torch.device(device)
+
+
+def resolve_source(config: ModelConfig, cache_dir: Path, progress: bool = True) -> str:
+    """The directory or hub id to load from; builds built-in models into ``cache_dir``."""
+    name = config.name_or_path
+    if is_builtin(name):
+        return str(materialize_builtin(name, cache_dir, progress=progress))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model.name_or_path={name!r} is a path without a config.json; it must be a "
+                "directory saved with save_pretrained"
+            )
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ConfigError(
+            f"model.name_or_path={name!r}: model directory does not exist (allowed: an existing "
+            "local directory, a hub id like 'facebook/opt-125m', or a built-in name)"
+        )
+    return name
+
+
+def resolve_kind(config: ModelConfig, hf_config: PretrainedConfig) -> str:
+    if config.kind != "auto":
+        return config.kind
+    return "masked" if hf_config.model_type in _MASKED_TYPES else "causal"
+
+
+def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> LoadedModel:
+    """Load weights and tokenizer; every parameter is frozen (updates are in-place sweeps)."""
+    device = resolve_device(config.device)
+    source = resolve_source(config, cache_dir, progress)
+    hf_config = AutoConfig.from_pretrained(source)
+    kind = resolve_kind(config, hf_config)
+    auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
+    model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
+    model.to(device).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return LoadedModel(model, tokenizer, kind, source, device)
+
+
+def trainable_parameters(
+    model: torch.nn.Module, view: str
+) -> list[tuple[str, torch.nn.Parameter]]:
+    """The (name, parameter) pairs a PEFT view trains, in a fixed order; tied weights once."""
+    named = list(model.named_parameters())
+    if view == "full":
+        return named
+    if view == "bitfit":
+        biases = [(name, p) for name, p in named if name.endswith(".bias")]
+        if not biases:
+            raise ConfigError("model.trainable='bitfit' but the model has no bias parameters")
+        return biases
+    raise ConfigError(f"model.trainable={view!r} is unknown; allowed: ['full', 'bitfit']")

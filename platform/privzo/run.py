@@ -1,0 +1,396 @@
+"""One fine-tuning run, end to end: validate → plan privacy → load → train → evaluate → record.
+
+Everything that can be wrong with the input (config, files, model, an unreachable budget) is
+checked before the first forward pass and before anything is written, so a bad run costs nothing
+and erases nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.memory import PeakMemory
+from privzo.models.loading import LoadedModel, load_model, trainable_parameters
+from privzo.privacy import (
+    BudgetLedger,
+    PoissonSampler,
+    Sampler,
+    ShuffleSampler,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    make_accountant,
+)
+from privzo.tasks import EncodedExamples, PromptClassificationTask, build_task, load_splits
+from privzo.tracking import Tracker, make_tracker
+from privzo.zo.directions import DirectionSampler, step_seed
+from privzo.zo.estimators import GradientEstimator, make_estimator
+from privzo.zo.schedules import make_schedule
+from privzo.zo.step import StepRecord, zo_step
+from privzo.zo.sweeps import ParameterShard, full_shards
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
+
+SUMMARY_FILE = "summary.json"
+TRAJECTORY_FILE = "trajectory.parquet"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """How a run meets its guarantee; settled before any compute."""
+
+    private: bool
+    sample_rate: float
+    expected_batch_size: float
+    noise_multiplier: float | None = None
+    epsilon: float | None = None  # what T steps at this σ spend (≤ the budget)
+    delta: float | None = None
+    mechanism: str | None = None
+    accountant: str | None = None
+
+
+def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
+    """Calibrate σ to (ε, δ) for this sampling rate and T, or check a fixed σ meets it."""
+    batch_size = config.optimizer.batch_size
+    if batch_size > dataset_size:
+        raise ConfigError(
+            f"optimizer.batch_size={batch_size} exceeds the {dataset_size} training examples; "
+            f"allowed: 1..{dataset_size}"
+        )
+    sample_rate = batch_size / dataset_size
+    if not config.optimizer.is_private:
+        return PrivacyPlan(private=False, sample_rate=sample_rate, expected_batch_size=batch_size)
+    privacy, steps = config.privacy, config.optimizer.steps
+    common = dict(
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=privacy.delta,
+        mechanism=config.mechanism,
+        accountant=privacy.accountant,
+    )
+    noise_multiplier = privacy.noise_multiplier
+    if noise_multiplier is None:
+        noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
+    epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
+    if epsilon > privacy.epsilon * (1 + 1e-6):
+        raise ConfigError(
+            f"privacy.noise_multiplier={noise_multiplier} spends ε={epsilon:.4g} over "
+            f"{steps} steps at sample rate {sample_rate:.4g}, above privacy.epsilon="
+            f"{privacy.epsilon}; raise the noise multiplier, or leave it null to calibrate"
+        )
+    return PrivacyPlan(
+        private=True,
+        sample_rate=sample_rate,
+        expected_batch_size=sample_rate * dataset_size,
+        noise_multiplier=noise_multiplier,
+        epsilon=epsilon,
+        delta=privacy.delta,
+        mechanism=config.mechanism,
+        accountant=privacy.accountant,
+    )
+
+
+def prepare_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """Refuse to write over a finished run's records unless asked to."""
+    if (output_dir / SUMMARY_FILE).exists() and not overwrite:
+        raise ConfigError(
+            f"--output-dir {str(output_dir)!r} already holds a finished run ({SUMMARY_FILE}); "
+            "choose another directory (or pass --overwrite)"
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass
+class RunContext:
+    """What the training loop works on, built once the inputs are known to be good."""
+
+    config: RunConfig
+    plan: PrivacyPlan
+    loaded: LoadedModel
+    task: PromptClassificationTask
+    train: EncodedExamples
+    test: EncodedExamples
+    shards: list[ParameterShard]
+
+
+def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
+    splits = load_splits(config.task)
+    plan = plan_privacy(config, len(splits.train))
+    loaded = load_model(config.model, cache_dir, progress=progress)
+    task = build_task(config.task, loaded.tokenizer, loaded.kind)
+    task.check_rows(splits.train, "training data")
+    task.check_rows(splits.test, "test data")
+    shards = full_shards(trainable_parameters(loaded.model, config.model.trainable))
+    return RunContext(
+        config, plan, loaded, task, task.encode(splits.train), task.encode(splits.test), shards
+    )
+
+
+def run(
+    config: RunConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    overwrite: bool = False,
+    tracking_root: Path | None = None,
+) -> dict[str, Any]:
+    """Fine-tune, evaluate and record one run; returns the summary written to summary.json."""
+    output_dir = Path(output_dir).resolve()
+    prepare_output_dir(output_dir, overwrite)
+    context = build_context(config, cache_dir, progress)
+    tracking = config.tracking
+    tracker = make_tracker(
+        tracking.backend,
+        uri=tracking.uri,
+        experiment=tracking.experiment,
+        output_root=(tracking_root or output_dir.parent).resolve(),
+        run_name=tracking.run_name or output_dir.name,
+        tags=_run_tags(context),
+    )
+    (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    with tracker:
+        tracker.log_params(config.model_dump(mode="json"))
+        summary = _train_and_evaluate(context, tracker, output_dir, progress)
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
+            tracker.log_artifact(output_dir / name)
+    return summary
+
+
+def _run_tags(context: RunContext) -> dict[str, str]:
+    config = context.config
+    parameters = sum(shard.size for shard in context.shards)
+    return {
+        "privzo.model": config.model.name_or_path,
+        "privzo.task": config.task.name,
+        "privzo.algorithm": config.optimizer.algorithm,
+        "privzo.trainable_parameters": str(parameters),
+        "privzo.private": str(context.plan.private).lower(),
+    }
+
+
+def _train_and_evaluate(
+    context: RunContext, tracker: Tracker, output_dir: Path, progress: bool
+) -> dict[str, Any]:
+    config = context.config
+    memory = PeakMemory(context.loaded.device)
+    evaluate = _evaluator(context, memory)
+    started = time.perf_counter()
+    accuracy_before = evaluate() if config.eval_before else None
+    if accuracy_before is not None:
+        tracker.log_metrics({"test_accuracy": accuracy_before}, step=0)
+    loop = TrainingLoop(context, tracker, memory)
+    loop.peak_mb = memory.peak_mb()
+    recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not loop.private)
+    try:
+        loop.run(recorder, progress)
+    finally:  # a failed run keeps the steps it made
+        recorder.write(output_dir / TRAJECTORY_FILE)
+    accuracy_after = evaluate()
+    loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
+    summary = _summary(context, loop, tracker, accuracy_before, accuracy_after, started)
+    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], float]:
+    """Test accuracy; resets the peak mark so the evaluation's peak can be read after it."""
+    batch_size = context.config.optimizer.eval_batch_size
+
+    def evaluate() -> float:
+        memory.reset()
+        return context.task.accuracy(context.loaded.model, context.test, batch_size)
+
+    return evaluate
+
+
+def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
+    config = context.config
+    return TrajectoryMeta(
+        perturbation_scale=config.optimizer.perturbation_scale,
+        direction=config.optimizer.direction,
+        device_type=context.loaded.device.type,
+        trainable=config.model.trainable,
+        model=config.model.name_or_path,
+    )
+
+
+class TrainingLoop:
+    """Samples, steps, accounts and logs; holds the per-run state the step function does not."""
+
+    def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
+        self.context = context
+        self.tracker = tracker
+        self.memory = memory
+        config, plan = context.config, context.plan
+        self.sampler = _make_sampler(config, plan, len(context.train))
+        self.estimator = _make_estimator(config, plan)
+        self.ledger = _make_ledger(config, plan)
+        self.directions = DirectionSampler(config.optimizer.direction, context.loaded.device)
+        self.schedule = make_schedule(
+            config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
+        )
+        self.private = context.plan.private
+        self.step_times: list[float] = []
+        self.step_peak_mb = 0.0
+        self.peak_mb = 0.0  # of the whole run: steps and evaluations
+        self.nonfinite = 0
+        self.empty_batches = 0
+
+    def run(self, recorder: TrajectoryRecorder, progress: bool) -> None:
+        config = self.context.config
+        steps = config.optimizer.steps
+        window: list[StepRecord] = []
+        bar = tqdm(range(steps), desc=config.optimizer.algorithm, disable=not progress)
+        for step in bar:
+            record = self.step(step)
+            recorder.append(record)
+            window.append(record)
+            if len(window) == config.tracking.log_every or step == steps - 1:
+                metrics = self._window_metrics(window)
+                self.tracker.log_metrics(metrics, step=step + 1)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+                window = []
+
+    def step(self, step: int) -> StepRecord:
+        context = self.context
+        indices = self.sampler.next_batch()
+        batch = context.task.collate(context.train, indices) if len(indices) else None
+        self.memory.reset()
+        started = time.perf_counter()
+        record = zo_step(
+            step=step,
+            seed=step_seed(context.config.seed, step),
+            shards=context.shards,
+            sampler=self.directions,
+            batch=batch,
+            batch_size=len(indices),
+            loss_fn=lambda b: context.task.per_example_loss(context.loaded.model, b),
+            estimator=self.estimator,
+            learning_rate=self.schedule(step),
+            perturbation_scale=context.config.optimizer.perturbation_scale,
+        )
+        self.step_times.append(time.perf_counter() - started)
+        self.step_peak_mb = max(self.step_peak_mb, self.memory.peak_mb())
+        self.peak_mb = max(self.peak_mb, self.step_peak_mb)
+        self.nonfinite += record.nonfinite
+        self.empty_batches += int(len(indices) == 0)
+        if self.ledger is not None:
+            self.ledger.spend(1)
+        return record
+
+    def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:
+        private = self.private
+        metrics = {
+            "step_time_s": sum(self.step_times[-len(window) :]) / len(window),
+            "learning_rate": window[-1].learning_rate,
+            "projected_gradient_abs": sum(abs(r.projected_gradient) for r in window) / len(window),
+            "nonfinite_differences": float(self.nonfinite),
+        }
+        if self.ledger is not None:
+            metrics["epsilon_spent"] = self.ledger.epsilon_spent
+        losses = [r.mean_loss for r in window if not math.isnan(r.mean_loss)]
+        if losses and (not private or self.context.config.tracking.log_private_train_loss):
+            metrics["train_loss"] = sum(losses) / len(losses)
+        return metrics
+
+
+_SHOWN = ("epsilon_spent", "train_loss", "step_time_s")
+
+
+def _make_sampler(config: RunConfig, plan: PrivacyPlan, dataset_size: int) -> Sampler:
+    if config.privacy.sampler == "poisson":
+        return PoissonSampler(dataset_size, plan.sample_rate)
+    return ShuffleSampler(dataset_size, config.optimizer.batch_size, seed=config.task.data_seed)
+
+
+def _make_estimator(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
+    return make_estimator(
+        config.optimizer.algorithm,
+        mechanism=plan.mechanism,
+        clip=config.privacy.clip,
+        noise_multiplier=plan.noise_multiplier,
+        expected_batch_size=plan.expected_batch_size,
+    )
+
+
+def _make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
+    if not plan.private:
+        return None
+    assert plan.mechanism and plan.accountant and plan.noise_multiplier and plan.delta is not None
+    accountant = make_accountant(
+        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate
+    )
+    return BudgetLedger(accountant, config.privacy.epsilon, plan.delta)
+
+
+def _summary(
+    context: RunContext,
+    loop: TrainingLoop,
+    tracker: Tracker,
+    accuracy_before: float | None,
+    accuracy_after: float,
+    started: float,
+) -> dict[str, Any]:
+    config, plan = context.config, context.plan
+    times = loop.step_times
+    return {
+        "model": config.model.name_or_path,
+        "task": config.task.name,
+        "algorithm": config.optimizer.algorithm,
+        "metric": "accuracy",
+        "accuracy_before": accuracy_before,
+        "accuracy_after": accuracy_after,
+        "private": plan.private,
+        "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
+        "epsilon_target": config.privacy.epsilon if plan.private else None,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "mechanism": plan.mechanism,
+        "accountant": plan.accountant,
+        "sample_rate": plan.sample_rate,
+        "expected_batch_size": plan.expected_batch_size,
+        "clip": config.privacy.clip if plan.private else None,
+        "steps": len(times),
+        "train_examples": len(context.train),
+        "test_examples": len(context.test),
+        "trainable_parameters": sum(shard.size for shard in context.shards),
+        "peak_memory_mb": loop.peak_mb,
+        "step_peak_memory_mb": loop.step_peak_mb,
+        "mean_step_time_s": sum(times) / len(times),
+        "wall_time_s": time.perf_counter() - started,
+        "nonfinite_differences": loop.nonfinite,
+        "empty_batches": loop.empty_batches,
+        "device": context.loaded.device.type,
+        "dtype": config.model.dtype,
+        "tracking_run_id": tracker.run_id,
+    }
+
+
+def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    keys = (
+        "accuracy_before",
+        "accuracy_after",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "peak_memory_mb",
+        "step_peak_memory_mb",
+        "mean_step_time_s",
+        "wall_time_s",
+    )
+    return {
+        f"final_{key}": float(summary[key])
+        for key in keys
+        if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
+    }
+

@@ -1,0 +1,70 @@
+"""Tasks: datasets, prompt templates, few-shot sampling, per-example losses and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from privzo.config import ConfigError, TaskConfig
+from privzo.tasks.classification import EncodedExamples, PromptClassificationTask, sample_examples
+from privzo.tasks.data import Row, load_hf_rows, read_rows
+
+TASKS = {"prompt-classification": PromptClassificationTask}
+
+
+@dataclass
+class TaskSplits:
+    train: list[Row]
+    test: list[Row]
+
+
+def load_splits(config: TaskConfig) -> TaskSplits:
+    """Read and sample the train and held-out test rows, before any model is loaded."""
+    if config.name not in TASKS:
+        raise ConfigError(f"task.name={config.name!r} is unknown; allowed: {sorted(TASKS)}")
+    if config.train_path is not None:
+        pool = read_rows(config.train_path, "task.train_path")
+        test_pool = read_rows(config.test_path, "task.test_path") if config.test_path else None
+    elif config.hf_dataset is not None:
+        pool, test_pool = load_hf_rows(config.hf_dataset, config.hf_subset)
+    else:
+        raise ConfigError("task: set task.train_path (a local file) or task.hf_dataset")
+    if not pool:
+        raise ConfigError(f"task.train_path={config.train_path!r} holds no rows")
+    if test_pool is None:  # hold out a disjoint test split from the training file
+        pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
+    test = _subsample(test_pool, config.test_size, config.data_seed)
+    train = sample_examples(pool, config.label_field, config.examples_per_class, config.data_seed)
+    return TaskSplits(train=train, test=test)
+
+
+def _hold_out(pool: list[Row], size: int, config: TaskConfig) -> tuple[list[Row], list[Row]]:
+    if size >= len(pool):
+        raise ConfigError(
+            f"task.test_size={size} leaves no training rows out of {len(pool)}; give "
+            "task.test_path or a smaller task.test_size"
+        )
+    order = np.random.default_rng(config.data_seed + 1).permutation(len(pool))
+    return [pool[i] for i in order[size:]], [pool[i] for i in order[:size]]
+
+
+def _subsample(rows: list[Row], size: int | None, seed: int) -> list[Row]:
+    if size is None or size >= len(rows):
+        return list(rows)
+    chosen = np.random.default_rng(seed).choice(len(rows), size=size, replace=False)
+    return [rows[i] for i in sorted(chosen)]
+
+
+def build_task(config: TaskConfig, tokenizer, kind: str) -> PromptClassificationTask:
+    return TASKS[config.name](config, tokenizer, kind)
+
+
+__all__ = [
+    "TASKS",
+    "EncodedExamples",
+    "PromptClassificationTask",
+    "TaskSplits",
+    "build_task",
+    "load_splits",
+]

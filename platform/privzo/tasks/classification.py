@@ -1,0 +1,204 @@
+"""Prompt-based classification scored from the LM head (LM-BFF / MeZO style).
+
+Each example becomes a prompt such as ``"<sentence> It was"`` and its class is read from the LM
+head's logits for single-token label words (``terrible`` / ``great``) at one position: the last
+token for a causal LM, the ``{mask}`` slot for a masked LM. All candidates are scored from one
+forward pass per batch, and the vocabulary projection runs only at that position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from privzo.config import ConfigError, TaskConfig
+from privzo.tasks.data import Row
+
+
+@dataclass
+class EncodedExamples:
+    """Tokenised prompts, the position scored in each, and labels; no raw text kept."""
+
+    input_ids: list[list[int]]
+    positions: list[int]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    positions: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.numel())
+
+
+class PromptClassificationTask:
+    """Encodes rows into prompts and scores them from the LM head."""
+
+    def __init__(
+        self, config: TaskConfig, tokenizer: PreTrainedTokenizerBase, kind: str
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.kind = kind
+        self.template = self._template_for(kind)
+        self.label_token_ids = self._label_token_ids()
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.config.label_words)
+
+    def _template_for(self, kind: str) -> str:
+        template = self.config.template
+        if kind == "causal" and "{mask}" in template:
+            raise ConfigError(
+                f"task.template={template!r} has '{{mask}}' but the model is a causal LM, which "
+                "scores the token after the prompt; remove '{mask}'"
+            )
+        if kind == "masked":
+            if self.tokenizer.mask_token is None:
+                raise ConfigError("the masked LM's tokenizer has no mask token")
+            if "{mask}" not in template:
+                template = template + " {mask}"
+        return template
+
+    def _label_token_ids(self) -> torch.Tensor:
+        ids = []
+        for word in self.config.label_words:
+            tokens = self.tokenizer.encode(" " + word, add_special_tokens=False)
+            if len(tokens) != 1:
+                raise ConfigError(
+                    f"task.label_words: {word!r} is {len(tokens)} tokens for this tokenizer; "
+                    "label words must be single tokens"
+                )
+            ids.append(tokens[0])
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"task.label_words={self.config.label_words} map to equal tokens")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def check_rows(self, rows: Sequence[Row], source: str) -> None:
+        """Reject rows without text or with a label outside the label words, naming the row."""
+        text_field, label_field = self.config.text_field, self.config.label_field
+        for index, row in enumerate(rows):
+            text = row.get(text_field)
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{source} row {index}: field {text_field!r} is missing or empty")
+            label = row.get(label_field)
+            if not isinstance(label, (int, np.integer)) or not 0 <= label < self.num_labels:
+                raise ConfigError(
+                    f"{source} row {index}: {label_field}={label!r} must be an integer in "
+                    f"[0, {self.num_labels}) (one per label word {self.config.label_words})"
+                )
+
+    def encode(self, rows: Sequence[Row]) -> EncodedExamples:
+        input_ids, positions = [], []
+        for row in rows:
+            ids, position = self._encode_prompt(row[self.config.text_field])
+            input_ids.append(ids)
+            positions.append(position)
+        labels = np.array([int(row[self.config.label_field]) for row in rows], dtype=np.int64)
+        return EncodedExamples(input_ids, positions, labels)
+
+    def _encode_prompt(self, text: str) -> tuple[list[int], int]:
+        tokenizer = self.tokenizer
+        prompt = self.template.format(sentence=text.strip(), mask=tokenizer.mask_token or "")
+        if self.kind == "causal":
+            ids = tokenizer.encode(prompt, add_special_tokens=False)
+            if tokenizer.bos_token_id is not None:
+                ids = [tokenizer.bos_token_id, *ids]
+        else:
+            ids = tokenizer.encode(prompt, add_special_tokens=True)
+        limit = self.config.max_length
+        if len(ids) > limit:  # keep the first (special) token and the prompt's end
+            ids = [ids[0], *ids[len(ids) - limit + 1 :]]
+        if self.kind == "causal":
+            return ids, len(ids) - 1
+        return ids, ids.index(tokenizer.mask_token_id)
+
+    def collate(self, examples: EncodedExamples, indices: Sequence[int]) -> Batch:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        length = max(len(examples.input_ids[i]) for i in indices)
+        input_ids = torch.full((len(indices), length), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(indices), length), dtype=torch.long)
+        for row, index in enumerate(indices):
+            ids = examples.input_ids[index]
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        positions = torch.tensor([examples.positions[i] for i in indices], dtype=torch.long)
+        labels = torch.from_numpy(examples.labels[np.asarray(indices, dtype=np.int64)])
+        return Batch(input_ids, attention_mask, positions, labels)
+
+    def label_logits(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+        """fp32 logits of the label words at each example's scored position, shape [B, K]."""
+        device = next(model.parameters()).device
+        input_ids = batch.input_ids.to(device)
+        attention_mask = batch.attention_mask.to(device)
+        positions = batch.positions.to(device)
+        rows = torch.arange(len(positions), device=device)
+        head = _vocabulary_head(model)
+        with torch.inference_mode():
+            if head is None:
+                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+                scored = logits[rows, positions]
+            else:
+                hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
+                scored = head(hidden[rows, positions])
+        return scored[:, self.label_token_ids.to(device)].float()
+
+    def per_example_loss(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+        logits = self.label_logits(model, batch)
+        return F.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
+
+    def accuracy(self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int) -> float:
+        correct = 0
+        for start in range(0, len(examples), batch_size):
+            indices = range(start, min(start + batch_size, len(examples)))
+            batch = self.collate(examples, indices)
+            predictions = self.label_logits(model, batch).argmax(dim=-1).cpu()
+            correct += int((predictions == batch.labels).sum())
+        return correct / max(len(examples), 1)
+
+
+def _vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:
+    """The module mapping final hidden states to vocabulary logits, if the model exposes it.
+
+    Applying it only at the scored position skips the [seq × vocab] projection of a full forward.
+    """
+    for attribute in ("lm_head", "cls"):
+        head = getattr(model, attribute, None)
+        if isinstance(head, torch.nn.Module) and model.base_model is not model:
+            return head
+    return None
+
+
+def sample_examples(
+    rows: Sequence[Row], label_field: str, per_class: int | None, seed: int
+) -> list[Row]:
+    """k examples of every class (all rows when ``per_class`` is None), in a seeded order."""
+    generator = np.random.default_rng(seed)
+    if per_class is None:
+        order = generator.permutation(len(rows))
+        return [rows[i] for i in order]
+    chosen: list[int] = []
+    labels = np.array([row[label_field] for row in rows])
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        if len(members) < per_class:
+            raise ConfigError(
+                f"task.examples_per_class={per_class} but class {label} has only "
+                f"{len(members)} training examples"
+            )
+        chosen.extend(generator.choice(members, size=per_class, replace=False).tolist())
+    generator.shuffle(chosen)
+    return [rows[i] for i in chosen]

@@ -1,0 +1,1 @@
+"""The zeroth-order engine: directions, sweeps, the step, estimators and trajectories."""

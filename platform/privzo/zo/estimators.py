@@ -1,0 +1,121 @@
+"""From per-example loss differences to the one scalar a step releases.
+
+The private estimator is the only place private data turns into a released number, in the
+named stages of Opacus' pre-step: sanitize → clip → aggregate → noise → scale. Distribution
+overrides only ``aggregate`` (an all-reduce of a sum and a count) and ``draw_noise`` (drawn once,
+shared), so the algorithm never asks which rank it is on.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from privzo.config import ALGORITHM_MECHANISM
+from privzo.privacy.mechanisms import get_mechanism
+
+
+@dataclass(frozen=True)
+class ScalarEstimate:
+    """The released projected gradient and counts that describe how it was formed."""
+
+    projected_gradient: float
+    batch_size: int
+    nonfinite: int
+
+
+class GradientEstimator(ABC):
+    """Turns per-example differences d_i = (l_i(θ+εz) − l_i(θ−εz)) / 2ε into g."""
+
+    private: bool = False
+
+    @abstractmethod
+    def estimate(self, differences: torch.Tensor) -> ScalarEstimate: ...
+
+    @staticmethod
+    def sanitize(differences: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Zero non-finite differences (an overflowed loss) so they never reach the weights."""
+        assert differences.dtype in (torch.float32, torch.float64), "differences must be fp32+"
+        finite = torch.isfinite(differences)
+        nonfinite = int((~finite).sum())
+        return torch.where(finite, differences, torch.zeros_like(differences)), nonfinite
+
+
+class MeanEstimator(GradientEstimator):
+    """MeZO: the plain batch mean, no clipping or noise (not private)."""
+
+    def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
+        values, nonfinite = self.sanitize(differences)
+        count = values.numel()
+        mean = float(values.double().sum()) / count if count else 0.0
+        return ScalarEstimate(mean, count, nonfinite)
+
+
+class PrivateEstimator(GradientEstimator):
+    """DPZero / DP-ZO: clip each d_i to [−C, C], sum, add noise of scale σC, ÷ expected batch.
+
+    Dividing by the expected (not the realised) batch size keeps the sensitivity of the released
+    sum at C under add/remove adjacency, which is what the Poisson accountants assume.
+    """
+
+    private = True
+
+    def __init__(
+        self,
+        mechanism: str,
+        clip: float,
+        noise_multiplier: float,
+        expected_batch_size: float,
+    ) -> None:
+        if clip <= 0 or noise_multiplier <= 0 or expected_batch_size <= 0:
+            raise ValueError("clip, noise_multiplier and expected_batch_size must be positive")
+        self.mechanism = get_mechanism(mechanism)
+        self.clip = clip
+        self.noise_multiplier = noise_multiplier
+        self.expected_batch_size = expected_batch_size
+
+    def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
+        values, nonfinite = self.sanitize(differences)
+        clipped = self.clip_each(values)
+        total, count = self.aggregate(float(clipped.double().sum()), clipped.numel())
+        noisy_total = total + self.draw_noise()
+        return ScalarEstimate(noisy_total / self.expected_batch_size, count, nonfinite)
+
+    def clip_each(self, values: torch.Tensor) -> torch.Tensor:
+        return values.clamp(-self.clip, self.clip)
+
+    def aggregate(self, total: float, count: int) -> tuple[float, int]:
+        """Sum over every process's examples; one process here (the distribution seam)."""
+        return total, count
+
+    def draw_noise(self) -> float:
+        """One draw of scale σC from the mechanism's secret generator (the distribution seam)."""
+        return self.mechanism.sample(self.noise_multiplier * self.clip)
+
+
+def make_estimator(
+    algorithm: str,
+    *,
+    mechanism: str | None = None,
+    clip: float | None = None,
+    noise_multiplier: float | None = None,
+    expected_batch_size: float | None = None,
+) -> GradientEstimator:
+    """The estimator registered for ``algorithm`` ('mezo', 'dpzero', 'dpzo-laplace')."""
+    if algorithm not in ESTIMATORS:
+        raise ValueError(f"algorithm={algorithm!r} is unknown; allowed: {sorted(ESTIMATORS)}")
+    if ESTIMATORS[algorithm] is MeanEstimator:
+        return MeanEstimator()
+    assert clip is not None and noise_multiplier is not None and expected_batch_size is not None
+    return PrivateEstimator(
+        mechanism or ALGORITHM_MECHANISM[algorithm], clip, noise_multiplier, expected_batch_size
+    )
+
+
+ESTIMATORS: dict[str, type[GradientEstimator]] = {
+    "mezo": MeanEstimator,
+    "dpzero": PrivateEstimator,
+    "dpzo-laplace": PrivateEstimator,
+}

@@ -1,0 +1,93 @@
+"""One zeroth-order step as a small function with named stages.
+
+    perturb +εz → forward → l⁺ ; perturb −2εz → forward → l⁻ ;
+    d = (l⁺ − l⁻)/2ε in fp32 → estimator (clip → aggregate → noise → scale) → g ;
+    restore and update fused: θ += (ε − ηg)·z
+
+An empty (Poisson) batch makes no forward pass (g is pure noise) but the same three sweeps, so
+replay never needs the realised batch size, which a private run does not release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from privzo.zo.directions import DirectionSampler
+from privzo.zo.estimators import GradientEstimator
+from privzo.zo.sweeps import ParameterShard, sweep
+
+# Maps a batch to per-example losses (any dtype; the step casts them to fp32).
+LossFunction = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What a step releases and replay needs (a trajectory row), plus local diagnostics."""
+
+    step: int
+    seed: int
+    projected_gradient: float
+    learning_rate: float
+    batch_size: int
+    direction_scale: float
+    nonfinite: int
+    mean_loss: float  # of (l⁺ + l⁻)/2 over the batch; computed on private data, never released
+
+
+def zo_step(
+    *,
+    step: int,
+    seed: int,
+    shards: list[ParameterShard],
+    sampler: DirectionSampler,
+    batch: Any,
+    batch_size: int,
+    loss_fn: LossFunction,
+    estimator: GradientEstimator,
+    learning_rate: float,
+    perturbation_scale: float,
+) -> StepRecord:
+    direction_scale = sampler.scale(seed, [(s.name, s.size) for s in shards])
+    radius = perturbation_scale * direction_scale
+    differences, mean_loss = _estimate_differences(
+        shards, sampler, seed, radius, perturbation_scale, batch, batch_size, loss_fn
+    )
+    estimate = estimator.estimate(differences)
+    update = -learning_rate * estimate.projected_gradient * direction_scale
+    sweep(shards, sampler, seed, radius + update)
+    return StepRecord(
+        step=step,
+        seed=seed,
+        projected_gradient=estimate.projected_gradient,
+        learning_rate=learning_rate,
+        batch_size=estimate.batch_size,
+        direction_scale=direction_scale,
+        nonfinite=estimate.nonfinite,
+        mean_loss=mean_loss,
+    )
+
+
+def _estimate_differences(
+    shards: list[ParameterShard],
+    sampler: DirectionSampler,
+    seed: int,
+    radius: float,
+    perturbation_scale: float,
+    batch: Any,
+    batch_size: int,
+    loss_fn: LossFunction,
+) -> tuple[torch.Tensor, float]:
+    """Per-example (l⁺ − l⁻)/2ε in fp32; leaves θ at θ − εz (the update sweep restores it)."""
+    sweep(shards, sampler, seed, radius)
+    losses_plus = loss_fn(batch).float() if batch_size else None
+    sweep(shards, sampler, seed, -2.0 * radius)
+    if losses_plus is None:
+        return torch.zeros(0, dtype=torch.float32), float("nan")
+    losses_minus = loss_fn(batch).float()
+    differences = (losses_plus - losses_minus) / (2.0 * perturbation_scale)
+    mean_loss = float(((losses_plus + losses_minus) / 2).mean())
+    return differences.cpu(), mean_loss

@@ -1,0 +1,117 @@
+"""The trajectory: one row per step, enough to rebuild the fine-tuned weights from the base.
+
+A run's released output is its base-model reference plus this table (a few kilobytes): every
+row holds only public quantities (the step's direction seed and the noised projected gradient).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privzo.zo.directions import DIRECTIONS_VERSION, DirectionSampler
+from privzo.zo.step import StepRecord
+from privzo.zo.sweeps import ParameterShard, sweep
+
+SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("seed", pa.int64()),
+        ("projected_gradient", pa.float64()),
+        ("learning_rate", pa.float64()),
+        ("batch_size", pa.int64()),
+        ("direction_scale", pa.float64()),
+    ]
+)
+_METADATA_KEY = b"privzo"
+
+
+@dataclass(frozen=True)
+class TrajectoryMeta:
+    """What replay needs besides the rows: how directions were drawn and on what."""
+
+    perturbation_scale: float
+    direction: str
+    device_type: str
+    trainable: str
+    model: str
+    directions_version: int = DIRECTIONS_VERSION
+
+
+class TrajectoryRecorder:
+    """Collects step rows in memory (a few dozen bytes each) and writes them as Parquet."""
+
+    def __init__(self, meta: TrajectoryMeta, release_batch_size: bool) -> None:
+        """``release_batch_size=False`` for private runs: the realised Poisson batch size
+        depends on who is in the data and is not covered by the accountant, so it is withheld
+        (null); replay does not need it."""
+        self.meta = meta
+        self.release_batch_size = release_batch_size
+        self._columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+
+    def append(self, record: StepRecord) -> None:
+        for name in SCHEMA.names:
+            self._columns[name].append(getattr(record, name))
+        if not self.release_batch_size:
+            self._columns["batch_size"][-1] = None
+
+    def __len__(self) -> int:
+        return len(self._columns["step"])
+
+    def to_table(self) -> pa.Table:
+        table = pa.table(self._columns, schema=SCHEMA)
+        meta = {_METADATA_KEY: json.dumps(self.meta.__dict__).encode()}
+        return table.replace_schema_metadata(meta)
+
+    def write(self, path: Path) -> None:
+        pq.write_table(self.to_table(), path)
+
+
+def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"trajectory file {str(path)!r} does not exist")
+    table = pq.read_table(path)
+    raw = (table.schema.metadata or {}).get(_METADATA_KEY)
+    if raw is None:
+        raise ValueError(f"{str(path)!r} is not a privzo trajectory (no privzo metadata)")
+    missing = set(SCHEMA.names) - set(table.column_names)
+    if missing:
+        raise ValueError(f"trajectory {str(path)!r} lacks columns {sorted(missing)}")
+    return table, TrajectoryMeta(**json.loads(raw))
+
+
+def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+    columns = {name: table.column(name).to_pylist() for name in SCHEMA.names}
+    for index in range(table.num_rows):
+        yield {name: values[index] for name, values in columns.items()}
+
+
+def replay_sweeps(
+    shards: list[ParameterShard], sampler: DirectionSampler, table: pa.Table, meta: TrajectoryMeta
+) -> int:
+    """Apply every step's sweeps with the training run's exact coefficients; returns steps.
+
+    Training moved θ by +r, −2r, then +(r − ηg·s) with r = ε·s (s the direction scale), even on
+    an empty batch. The same float operations in the same order give the same bits, which a
+    single net update −ηg·s would not.
+    """
+    if meta.directions_version != DIRECTIONS_VERSION:
+        raise ValueError(
+            f"trajectory uses directions version {meta.directions_version}; this privzo draws "
+            f"version {DIRECTIONS_VERSION}, so replay would not reproduce the run"
+        )
+    steps = 0
+    for row in iter_rows(table):
+        radius = meta.perturbation_scale * row["direction_scale"]
+        update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
+        sweep(shards, sampler, row["seed"], radius)
+        sweep(shards, sampler, row["seed"], -2.0 * radius)
+        sweep(shards, sampler, row["seed"], radius + update)
+        steps += 1
+    return steps

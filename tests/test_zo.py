@@ -1,0 +1,210 @@
+"""The zeroth-order engine: directions, sweeps, estimators, the step and trajectories."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_seed, step_seed
+from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
+from privzo.zo.step import zo_step
+from privzo.zo.sweeps import ParameterShard, full_shards, sweep
+from privzo.zo.trajectory import (
+    TrajectoryMeta,
+    TrajectoryRecorder,
+    read_trajectory,
+    replay_sweeps,
+)
+
+SIZE = 2 * BLOCK_SIZE + 1234  # three blocks, the last one partial
+
+
+@pytest.mark.parametrize("distribution", ["gaussian", "rademacher", "sphere"])
+def test_direction_is_a_pure_function_of_seed_name_and_index(distribution):
+    sampler = DirectionSampler(distribution)
+    full = sampler.slice(7, "layer.weight", SIZE, 0, SIZE)
+    again = DirectionSampler(distribution).slice(7, "layer.weight", SIZE, 0, SIZE)
+    assert torch.equal(full, again)
+    for start, stop in [(0, 10), (5, BLOCK_SIZE + 3), (BLOCK_SIZE - 1, SIZE), (SIZE - 1, SIZE)]:
+        assert torch.equal(sampler.slice(7, "layer.weight", SIZE, start, stop), full[start:stop])
+    assert not torch.equal(full, sampler.slice(8, "layer.weight", SIZE, 0, SIZE))
+    assert not torch.equal(full, sampler.slice(7, "layer.bias", SIZE, 0, SIZE))
+
+
+def test_direction_distributions_have_the_right_moments():
+    gaussian = DirectionSampler("gaussian").slice(1, "w", SIZE, 0, SIZE)
+    assert abs(gaussian.mean()) < 0.02 and abs(gaussian.std() - 1) < 0.02
+    rademacher = DirectionSampler("rademacher").slice(1, "w", SIZE, 0, SIZE)
+    assert set(rademacher.unique().tolist()) == {-1.0, 1.0}
+    sphere = DirectionSampler("sphere")
+    scale = sphere.scale(1, [("w", SIZE), ("b", 10)])
+    raw = torch.cat([sphere.slice(1, "w", SIZE, 0, SIZE), sphere.slice(1, "b", 10, 0, 10)])
+    assert math.isclose(float((raw.double() * scale).norm()), math.sqrt(SIZE + 10), rel_tol=1e-9)
+
+
+def test_seeds_spread_and_stay_in_int64():
+    seeds = {step_seed(0, step) for step in range(1000)}
+    assert len(seeds) == 1000 and all(0 <= s < 2**63 for s in seeds)
+    assert block_seed(1, "a", 0) != block_seed(1, "a", 1) != block_seed(1, "b", 0)
+
+
+def _split_shards(tensor: torch.Tensor, name: str, cuts: list[int]) -> list[ParameterShard]:
+    """Shards of one flat parameter as a partitioned layout (ZeRO-3 style) would hold them."""
+    flat = tensor.view(-1)
+    bounds = [0, *cuts, flat.numel()]
+    return [
+        ParameterShard(name, flat[lo:hi], flat.numel(), offset=lo)
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
+def test_sweep_is_independent_of_how_parameters_are_split():
+    base = torch.randn(SIZE)
+    whole = base.clone()
+    sweep([ParameterShard("w", whole, SIZE)], DirectionSampler("gaussian"), 3, 0.5)
+    pieces = base.clone()
+    shards = _split_shards(pieces, "w", [100, BLOCK_SIZE + 7, SIZE - 5])
+    sweep(shards, DirectionSampler("gaussian"), 3, 0.5)
+    assert torch.equal(whole, pieces)
+    assert not torch.equal(whole, base)
+
+
+def test_full_shards_refuse_half_precision():
+    layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="float32"):
+        full_shards(layer.named_parameters())
+
+
+def _quadratic_setup():
+    torch.manual_seed(0)
+    theta = torch.nn.Parameter(torch.randn(50), requires_grad=False)
+    shards = full_shards([("theta", theta)])
+
+    def losses(_batch):
+        return (torch.sin(theta) + 0.5 * theta**2).unsqueeze(0).sum(dim=1)
+
+    return theta, shards, losses
+
+
+def test_zo_estimate_converges_to_the_directional_derivative():
+    theta, shards, losses = _quadratic_setup()
+    sampler = DirectionSampler("gaussian")
+    z = sampler.slice(11, "theta", 50, 0, 50).double()
+    true = float(((torch.cos(theta.double()) + theta.double()) * z).sum())
+    errors = []
+    for radius in (0.3, 0.1, 0.03):
+        record = zo_step(
+            step=0,
+            seed=11,
+            shards=shards,
+            sampler=sampler,
+            batch=None,
+            batch_size=1,
+            loss_fn=losses,
+            estimator=MeanEstimator(),
+            learning_rate=0.0,
+            perturbation_scale=radius,
+        )
+        errors.append(abs(record.projected_gradient - true))
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.01 * abs(true)  # O(ε²): 0.03² ≈ 1e-3 of the curvature
+
+
+def test_step_with_zero_learning_rate_restores_the_weights_to_float32_rounding():
+    """+εz, −2εz, +εz restores θ up to fp32 rounding (a few ulps), never more."""
+    theta, shards, losses = _quadratic_setup()
+    before = theta.detach().clone()
+    radius = 1e-3
+    zo_step(
+        step=0,
+        seed=5,
+        shards=shards,
+        sampler=DirectionSampler("gaussian"),
+        batch=None,
+        batch_size=1,
+        loss_fn=losses,
+        estimator=MeanEstimator(),
+        learning_rate=0.0,
+        perturbation_scale=radius,
+    )
+    z = DirectionSampler("gaussian").slice(5, "theta", 50, 0, 50)
+    ulp = torch.finfo(torch.float32).eps * (before.abs() + 2 * radius * z.abs())
+    assert bool(((theta.detach() - before).abs() <= 3 * ulp).all())
+
+
+def test_clipping_bounds_every_contribution():
+    estimator = PrivateEstimator("gaussian", clip=0.5, noise_multiplier=1.0, expected_batch_size=4)
+    differences = torch.tensor([0.1, -3.0, 1e9, -1e9, 0.2])
+    clipped = estimator.clip_each(differences)
+    assert clipped.abs().max() <= 0.5
+    with_outlier = torch.cat([differences, torch.tensor([1e12])])
+    change = estimator.clip_each(with_outlier).sum() - clipped.sum()
+    assert abs(float(change)) <= 0.5
+
+
+def test_nonfinite_differences_are_counted_and_contribute_zero():
+    estimate = MeanEstimator().estimate(torch.tensor([1.0, float("nan"), float("inf"), 3.0]))
+    assert estimate.nonfinite == 2
+    assert estimate.projected_gradient == pytest.approx(1.0)  # (1 + 0 + 0 + 3) / 4
+
+
+def test_private_noise_differs_between_runs_with_the_same_inputs():
+    differences = torch.tensor([0.3, -0.2, 0.1])
+    first = make_estimator("dpzero", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
+    second = make_estimator("dpzero", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
+    draws_first = [first.estimate(differences).projected_gradient for _ in range(5)]
+    draws_second = [second.estimate(differences).projected_gradient for _ in range(5)]
+    assert len(set(draws_first) | set(draws_second)) == 10
+
+
+def test_private_estimate_divides_by_the_expected_batch_size():
+    estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=1e-12, expected_batch_size=8)
+    estimate = estimator.estimate(torch.tensor([0.5, 2.0, -0.25]))
+    assert estimate.projected_gradient == pytest.approx((0.5 + 1.0 - 0.25) / 8, abs=1e-9)
+    assert estimator.estimate(torch.zeros(0)).batch_size == 0
+
+
+def test_laplace_estimator_noise_scale():
+    estimator = make_estimator("dpzo-laplace", clip=2.0, noise_multiplier=1.5, expected_batch_size=1)
+    draws = torch.tensor([estimator.estimate(torch.zeros(0)).projected_gradient for _ in range(20000)])
+    # Laplace(b = σC = 3): mean |x| = b
+    assert float(draws.abs().mean()) == pytest.approx(3.0, rel=0.05)
+
+
+def test_unknown_algorithm_is_rejected():
+    with pytest.raises(ValueError, match="allowed"):
+        make_estimator("sgd")
+
+
+def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
+    theta, shards, losses = _quadratic_setup()
+    base = theta.detach().clone()
+    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", "quadratic")
+    recorder = TrajectoryRecorder(meta, release_batch_size=False)
+    estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
+    sampler = DirectionSampler("gaussian")
+    for step in range(30):
+        recorder.append(
+            zo_step(
+                step=step,
+                seed=step_seed(9, step),
+                shards=shards,
+                sampler=sampler,
+                batch=None,
+                batch_size=step % 3,  # some empty batches
+                loss_fn=losses,
+                estimator=estimator,
+                learning_rate=0.01,
+                perturbation_scale=1e-3,
+            )
+        )
+    recorder.write(tmp_path / "trajectory.parquet")
+    table, loaded_meta = read_trajectory(tmp_path / "trajectory.parquet")
+    assert loaded_meta == meta
+    assert table.column("batch_size").null_count == 30  # withheld in private runs
+    replayed = base.clone()
+    replay_sweeps(full_shards([("theta", torch.nn.Parameter(replayed))]), sampler, table, meta)
+    assert torch.equal(replayed, theta.detach())
+    assert not torch.equal(replayed, base)
