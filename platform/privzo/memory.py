@@ -1,0 +1,100 @@
+"""Peak memory of the current process, per measured section.
+
+Why not the obvious tools:
+
+* sampling RSS (``psutil`` in a thread) misses short spikes, e.g. the moment a perturbed copy of
+  the weights and the activations coexist; the kernel's high-water mark cannot miss them;
+* ``tracemalloc`` only sees allocations made through Python's allocator, not tensor storage;
+* GPU memory is managed by PyTorch's caching allocator, whose own counters are exact.
+
+So on CUDA we use the allocator's peak counters, and on Linux CPU the kernel's peak-RSS mark
+(``VmHWM``), which can be reset by writing ``5`` to ``/proc/self/clear_refs``. Both are
+per-process: in Ray, measure inside each worker and report it with the metrics.
+
+"MB" here means MiB (2**20 bytes), like the figures PyTorch and ``/proc`` tools usually show.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+_MIB = 2**20
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``kB`` field (e.g. ``VmHWM``) of ``/proc/self/status``, or None where unavailable."""
+    try:
+        text = _STATUS.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value.split()[0])
+    return None
+
+
+def _lifetime_peak_rss_mb() -> float:
+    """Peak RSS since process start from ``getrusage`` (kB on Linux, bytes on macOS)."""
+    import resource  # POSIX only, so not imported at module level
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / _MIB if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float:
+    """Resident set size of this process now, in MiB (0.0 where ``/proc`` is unavailable)."""
+    kib = _status_kib("VmRSS")
+    return 0.0 if kib is None else kib / 1024
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's peak-RSS mark to the current RSS; False if not permitted/supported."""
+    try:
+        with _CLEAR_REFS.open("w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakMemory:
+    """Peak memory of this process on ``device`` since the last :meth:`reset`.
+
+    On CPU, if ``/proc/self/clear_refs`` cannot be written (non-Linux, old kernel, restricted
+    container), :attr:`resettable` is False and :meth:`peak_mb` is the peak since process start:
+    still an upper bound, but not specific to the measured section.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.resettable = True
+        self.baseline_mb = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new measurement window and remember the memory in use at its start."""
+        if self.is_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline_mb = torch.cuda.memory_allocated(self.device) / _MIB
+        else:
+            self.resettable = _reset_rss_peak()
+            self.baseline_mb = current_rss_mb()
+
+    def peak_mb(self) -> float:
+        """Highest memory use in the window, in MiB: allocated tensor memory on CUDA, RSS on
+        CPU (the whole process: interpreter, libraries and tensors)."""
+        if self.is_cuda:
+            return torch.cuda.max_memory_allocated(self.device) / _MIB
+        kib = _status_kib("VmHWM")
+        return _lifetime_peak_rss_mb() if kib is None else kib / 1024
+
+    def peak_increase_mb(self) -> float:
+        """Peak minus the memory in use at :meth:`reset`: what the measured section added."""
+        return max(0.0, self.peak_mb() - self.baseline_mb)

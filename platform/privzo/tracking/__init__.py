@@ -1,0 +1,69 @@
+"""Experiment tracking: one :class:`Tracker` interface, backends chosen by name.
+
+Importing this package does not import MLflow (about 2 s); that happens when a run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from privzo.tracking.base import NoopTracker, RunStatus, Tracker, flatten_params
+from privzo.tracking.mlflow_tracker import (
+    MlflowTracker,
+    RunRecord,
+    default_artifact_location,
+    default_tracking_uri,
+    get_or_create_experiment,
+    join_split_params,
+    open_client,
+    read_run,
+    split_param,
+)
+
+TRACKERS: dict[str, type[Tracker]] = {"mlflow": MlflowTracker, "none": NoopTracker}
+"""Backend name (as written in configs) -> tracker class."""
+
+
+def make_tracker(
+    backend: str,
+    *,
+    uri: str | None,
+    experiment: str,
+    output_root: Path,
+    run_name: str | None,
+    tags: Mapping[str, str] | None = None,
+) -> Tracker:
+    """Build (but do not start) the tracker for ``backend``.
+
+    ``uri=None`` means a local sqlite store under ``output_root`` (see
+    :func:`default_tracking_uri`); the library never reads ``MLFLOW_TRACKING_URI`` itself, the
+    caller decides.
+    """
+    try:
+        cls = TRACKERS[backend]
+    except KeyError:
+        allowed = ", ".join(sorted(TRACKERS))
+        raise ValueError(f"unknown tracking backend {backend!r}; allowed: {allowed}") from None
+    return cls(  # type: ignore[call-arg]
+        uri=uri, experiment=experiment, output_root=output_root, run_name=run_name, tags=tags
+    )
+
+
+__all__ = [
+    "TRACKERS",
+    "MlflowTracker",
+    "NoopTracker",
+    "RunRecord",
+    "RunStatus",
+    "Tracker",
+    "default_artifact_location",
+    "default_tracking_uri",
+    "flatten_params",
+    "get_or_create_experiment",
+    "join_split_params",
+    "make_tracker",
+    "open_client",
+    "read_run",
+    "split_param",
+]

@@ -1,0 +1,161 @@
+"""Backend-neutral experiment-tracking interface.
+
+Training and analysis code talk to a :class:`Tracker` only, so a run can go to MLflow, to nothing
+(unit tests, dry runs) or to a future backend without touching the training loop.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
+"""Terminal states a run can end in (the MLflow names, which other backends map onto)."""
+
+_TrackerT = TypeVar("_TrackerT", bound="Tracker")
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten a nested config into ``{"a.b.c": "value"}``.
+
+    Tracking backends store flat string key/value pairs; dotted keys keep the config structure
+    readable and searchable (``params.optim.lr``). Empty mappings are kept as ``"{}"`` so a key
+    that exists in the config never silently disappears from the record.
+    """
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=f"{name}."))
+        elif isinstance(value, Mapping):
+            flat[name] = "{}"
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+class Tracker(abc.ABC):
+    """One tracked run: parameters, step metrics, tags and artifacts.
+
+    Usage::
+
+        with make_tracker("mlflow", uri=None, experiment="e", output_root=root, run_name="r") as t:
+            t.log_params(config)
+            t.log_metrics({"loss": 0.3}, step=1)
+
+    As a context manager it starts the run on entry and on exit ends it ``FINISHED``, ``FAILED``
+    (exception) or ``KILLED`` (``KeyboardInterrupt``), always flushing buffered metrics first, so
+    the values logged before a crash are kept for the post-mortem. Not thread-safe: log from one
+    thread (rank 0) per run.
+    """
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Create the run in the backend; logging before this is an error."""
+
+    @property
+    @abc.abstractmethod
+    def run_id(self) -> str | None:
+        """Backend run id, or ``None`` before :meth:`start` or for a backend without runs."""
+
+    @property
+    @abc.abstractmethod
+    def active(self) -> bool:
+        """True between :meth:`start` and :meth:`finish`."""
+
+    @abc.abstractmethod
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Record the resolved configuration (nested mappings are flattened with dots).
+
+        Parameters are for configuration only, never for data: backends store them as short
+        immutable strings.
+        """
+
+    @abc.abstractmethod
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record scalar metrics at ``step``; backends may buffer until :meth:`flush`."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Send any buffered metrics now."""
+
+    @abc.abstractmethod
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file (or a directory, recursively) into the run's artifact store."""
+
+    @abc.abstractmethod
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Attach or overwrite string tags (tags, unlike params, may change during a run)."""
+
+    @abc.abstractmethod
+    def finish(self, status: RunStatus = "FINISHED") -> None:
+        """Flush buffered metrics and end the run; a second call does nothing."""
+
+    def __enter__(self: _TrackerT) -> _TrackerT:
+        if not self.active:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish(_status_for(exc_type))
+
+
+def _status_for(exc_type: type[BaseException] | None) -> RunStatus:
+    """Map how a ``with`` block ended onto a run status."""
+    if exc_type is None:
+        return "FINISHED"
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "KILLED"
+    return "FAILED"
+
+
+class NoopTracker(Tracker):
+    """Tracker that records nothing, for tests and dry runs; keeps the same call contract."""
+
+    def __init__(
+        self,
+        *,
+        uri: str | None = None,
+        experiment: str = "",
+        output_root: Path | None = None,
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        self._active = False
+
+    def start(self) -> None:
+        self._active = True
+
+    @property
+    def run_id(self) -> str | None:
+        return None
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        flatten_params(params)  # same input contract as real backends: fail on non-mappings
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def finish(self, status: RunStatus = "FINISHED") -> None:
+        self._active = False

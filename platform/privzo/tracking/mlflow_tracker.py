@@ -1,0 +1,361 @@
+"""MLflow backend for :class:`~privzo.tracking.base.Tracker`, built on ``MlflowClient``.
+
+Why the client API and not ``mlflow.start_run`` / ``mlflow.log_metric``: the fluent API keeps the
+active run and tracking URI in process-global state (and reads ``MLFLOW_*`` environment
+variables), which breaks as soon as two runs share a process (Tune trials, tests). Here every
+run owns its client and URI explicitly.
+
+``import mlflow`` costs about 2 s, so it is deferred until a tracker actually starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+
+from privzo.tracking.base import RunStatus, Tracker, flatten_params
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+PARAM_VALUE_LIMIT = 6000
+"""MLflow's maximum param value length (``MAX_PARAM_VAL_LENGTH``). Longer values are split."""
+PARAM_KEY_LIMIT = 250
+"""MLflow's maximum param/metric/tag key length."""
+PART_MARKER = "/part"
+"""Suffix of continuation keys for split params: ``key``, ``key/part2``, ``key/part3``, ..."""
+
+_PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
+_METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
+_STATUSES: tuple[RunStatus, ...] = ("FINISHED", "FAILED", "KILLED")
+_REMOTE_SCHEMES = ("http://", "https://", "databricks")
+
+_T = TypeVar("_T")
+
+
+def default_tracking_uri(output_root: Path) -> str:
+    """Local sqlite store ``<output_root>/mlflow.db`` with an absolute path.
+
+    Absolute because Ray jobs and Tune trials change the working directory; sqlite is MLflow 3's
+    default store (the file store is legacy).
+    """
+    return f"sqlite:///{(Path(output_root).resolve() / 'mlflow.db').as_posix()}"
+
+
+def default_artifact_location(output_root: Path) -> str:
+    """Absolute ``file://`` URI of ``<output_root>/mlartifacts``.
+
+    MLflow's own default artifact root is relative to the working directory at experiment
+    creation, which scatters artifacts when workers run elsewhere.
+    """
+    return (Path(output_root).resolve() / "mlartifacts").as_uri()
+
+
+def split_param(key: str, value: str, limit: int = PARAM_VALUE_LIMIT) -> list[tuple[str, str]]:
+    """Split an over-long param value into ``key``, ``key/part2``, ... chunks of ``limit`` chars.
+
+    MLflow would otherwise truncate silently (or raise, depending on an environment variable);
+    splitting keeps the value exact and deterministic. :func:`join_split_params` reverses it.
+    """
+    if len(key) > PARAM_KEY_LIMIT:
+        raise ValueError(f"param key longer than {PARAM_KEY_LIMIT} chars: {key[:80]}...")
+    chunks = [value[i : i + limit] for i in range(0, len(value), limit)] or [""]
+    return [(key if i == 0 else f"{key}{PART_MARKER}{i + 1}", c) for i, c in enumerate(chunks)]
+
+
+def join_split_params(params: Mapping[str, str]) -> dict[str, str]:
+    """Reassemble values split by :func:`split_param`; other params pass through unchanged."""
+    joined = dict(params)
+    for key in sorted(params, key=_part_sort_key):
+        base, _, index = key.rpartition(PART_MARKER)
+        if base in params and index.isdigit() and int(index) >= 2:
+            joined[base] += joined.pop(key)
+    return joined
+
+
+def _part_sort_key(key: str) -> tuple[str, int]:
+    base, _, index = key.rpartition(PART_MARKER)
+    return (base, int(index)) if index.isdigit() else (key, 0)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """Database file of a ``sqlite:///`` URI, or ``None`` for other stores / in-memory."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def _is_local_store(uri: str) -> bool:
+    """Stores whose default artifact root would be resolved against the current directory."""
+    return not uri.startswith(_REMOTE_SCHEMES)
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise first-time initialisation of a local sqlite store across processes.
+
+    MLflow runs its schema migrations when it finds an empty database; several processes doing
+    so at once (Tune trials starting together) fail with "table ... already exists" and leave the
+    database at a half-migrated version that no later process can open. An advisory ``flock`` on
+    ``<db>.lock`` makes the first process migrate while the others wait.
+    """
+    db = _sqlite_path(uri)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock available
+        fcntl = None  # type: ignore[assignment]
+    if db is None or fcntl is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_client(uri: str) -> MlflowClient:
+    """``MlflowClient`` for ``uri``, safe to call from several processes on a fresh store."""
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """Id of experiment ``name``, creating it if missing.
+
+    Handles the race where another process creates the same experiment between our lookup and
+    our create (the store answers ``RESOURCE_ALREADY_EXISTS``): we then use theirs. An existing
+    experiment keeps its own artifact location.
+    """
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage != "active":
+        raise ValueError(
+            f"MLflow experiment {name!r} is deleted; restore it or choose another name"
+        )
+    return experiment.experiment_id
+
+
+def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class MlflowTracker(Tracker):
+    """A single MLflow run with buffered metric logging.
+
+    Metrics are buffered and sent with ``log_batch`` every ``flush_every`` points, when
+    ``flush_interval_s`` has passed since the last send (so the UI stays live when steps are
+    slow), and on :meth:`flush` / :meth:`finish`: one ``log_metric`` call costs about 20 ms on
+    sqlite, a 50-point batch about 100 ms. A failed send keeps the points buffered.
+    """
+
+    def __init__(
+        self,
+        *,
+        uri: str | None,
+        experiment: str,
+        output_root: Path,
+        run_name: str | None,
+        tags: Mapping[str, str] | None = None,
+        flush_every: int = 100,
+        flush_interval_s: float = 30.0,
+    ) -> None:
+        if flush_every < 1:
+            raise ValueError("flush_every must be at least 1")
+        self.output_root = Path(output_root).resolve()
+        self.uri = uri or default_tracking_uri(self.output_root)
+        self.experiment = experiment
+        self.run_name = run_name
+        self.artifact_location = (
+            default_artifact_location(self.output_root) if _is_local_store(self.uri) else None
+        )
+        self._tags = {k: str(v) for k, v in (tags or {}).items()}
+        self._flush_every = flush_every
+        self._flush_interval_s = flush_interval_s
+        self._client: MlflowClient | None = None
+        self._run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._active = False
+        self._buffer: list[Metric] = []
+        self._last_flush = time.monotonic()
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run_id
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def start(self) -> None:
+        """Open the store, get or create the experiment and create a RUNNING run."""
+        if self._run_id is not None:
+            raise RuntimeError(f"tracker already started run {self._run_id}")
+        client = open_client(self.uri)
+        self.experiment_id = get_or_create_experiment(
+            client, self.experiment, self.artifact_location
+        )
+        run = client.create_run(self.experiment_id, run_name=self.run_name, tags=self._tags)
+        self._client, self._run_id, self._active = client, run.info.run_id, True
+        self._last_flush = time.monotonic()
+
+    def _require_active(self) -> tuple[MlflowClient, str]:
+        if not self._active or self._client is None or self._run_id is None:
+            raise RuntimeError("tracker is not active: call start() (or use `with`) first")
+        return self._client, self._run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        client, run_id = self._require_active()
+        flat = flatten_params(params)
+        entries = [Param(k, v) for key, value in flat.items() for k, v in split_param(key, value)]
+        for chunk in _chunks(entries, _PARAMS_PER_BATCH):
+            client.log_batch(run_id, params=chunk, synchronous=True)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        self._require_active()
+        timestamp = int(time.time() * 1000)
+        self._buffer.extend(
+            Metric(_metric_key(k), float(v), timestamp, int(step)) for k, v in metrics.items()
+        )
+        overdue = time.monotonic() - self._last_flush >= self._flush_interval_s
+        if len(self._buffer) >= self._flush_every or overdue:
+            self.flush()
+
+    @property
+    def buffered(self) -> int:
+        """Number of metric points not yet sent."""
+        return len(self._buffer)
+
+    def flush(self) -> None:
+        """Send buffered metrics (in chunks of MLflow's per-request limit)."""
+        if self._buffer:
+            client, run_id = self._require_active()
+            while self._buffer:
+                chunk = self._buffer[:_METRICS_PER_BATCH]
+                client.log_batch(run_id, metrics=chunk, synchronous=True)
+                del self._buffer[: len(chunk)]
+        self._last_flush = time.monotonic()
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file to ``artifact_path`` (run root by default) or a directory as
+        ``artifact_path or <dir name>``."""
+        client, run_id = self._require_active()
+        path = Path(path)
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path=artifact_path or path.name)
+        elif path.is_file():
+            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
+        else:
+            raise FileNotFoundError(path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        client, run_id = self._require_active()
+        entries = [RunTag(k, str(v)) for k, v in tags.items()]
+        for chunk in _chunks(entries, _PARAMS_PER_BATCH):
+            client.log_batch(run_id, tags=chunk, synchronous=True)
+
+    def finish(self, status: RunStatus = "FINISHED") -> None:
+        """Flush and end the run; if the final flush fails the run is marked FAILED."""
+        if status not in _STATUSES:
+            raise ValueError(f"status must be one of {_STATUSES}, got {status!r}")
+        if not self._active:
+            return
+        try:
+            self.flush()
+        except BaseException:
+            self._terminate("FAILED")
+            raise
+        self._terminate(status)
+
+    def _terminate(self, status: RunStatus) -> None:
+        client, run_id = self._require_active()
+        self._active = False
+        client.set_terminated(run_id, status=status)
+
+
+def _metric_key(key: str) -> str:
+    """Reject bad keys when logged, not at the next flush where they would block the buffer."""
+    if not isinstance(key, str) or not key or len(key) > PARAM_KEY_LIMIT:
+        raise ValueError(f"metric key must be a non-empty str <= {PARAM_KEY_LIMIT} chars: {key!r}")
+    return key
+
+
+class RunRecord(TypedDict):
+    """Everything :func:`read_run` returns about one run."""
+
+    run_id: str
+    run_name: str
+    experiment_id: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    artifact_uri: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    history: dict[str, list[tuple[int, float]]]
+    tags: dict[str, str]
+    artifacts: list[str]
+
+
+def read_run(uri: str, run_id: str) -> RunRecord:
+    """Read back one run: params (split values rejoined), latest metrics, per-key histories
+    sorted by step then time, tags (including MLflow's ``mlflow.*`` system tags) and the
+    artifact files as paths relative to the run's artifact root."""
+    client = open_client(uri)
+    run = client.get_run(run_id)
+    history = {key: _history(client, run_id, key) for key in run.data.metrics}
+    return RunRecord(
+        run_id=run.info.run_id,
+        run_name=run.info.run_name,
+        experiment_id=run.info.experiment_id,
+        status=run.info.status,
+        start_time=run.info.start_time,
+        end_time=run.info.end_time,
+        artifact_uri=run.info.artifact_uri,
+        params=join_split_params(run.data.params),
+        metrics=dict(run.data.metrics),
+        history=history,
+        tags=dict(run.data.tags),
+        artifacts=sorted(_list_artifacts(client, run_id)),
+    )
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    return [(m.step, m.value) for m in points]
+
+
+def _list_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    files: list[str] = []
+    for info in client.list_artifacts(run_id, path):
+        if info.is_dir:
+            files.extend(_list_artifacts(client, run_id, info.path))
+        else:
+            files.append(info.path)
+    return files

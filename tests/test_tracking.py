@@ -1,0 +1,251 @@
+"""Tracking against a real MLflow sqlite store, one per module (schema creation costs ~5 s)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from privzo.tracking import (
+    TRACKERS,
+    MlflowTracker,
+    NoopTracker,
+    default_artifact_location,
+    default_tracking_uri,
+    get_or_create_experiment,
+    join_split_params,
+    make_tracker,
+    open_client,
+    read_run,
+    split_param,
+)
+
+EXPERIMENT = "privzo-tests"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Output root holding the shared sqlite store, with the test experiment already created."""
+    out = tmp_path_factory.mktemp("tracking")
+    client = open_client(default_tracking_uri(out))
+    get_or_create_experiment(client, EXPERIMENT, default_artifact_location(out))
+    return out
+
+
+def _tracker(root: Path, run_name: str, **kwargs: object) -> MlflowTracker:
+    tracker = make_tracker(
+        "mlflow", uri=None, experiment=EXPERIMENT, output_root=root, run_name=run_name, **kwargs
+    )
+    assert isinstance(tracker, MlflowTracker)
+    return tracker
+
+
+CONFIG = {
+    "model": {"name": "opt-125m", "layers": 12},
+    "optim": {"lr": 1e-3, "betas": [0.9, 0.99], "schedule": {"kind": "cosine"}},
+    "dp": {"epsilon": 2.0, "delta": 1e-5},
+    "empty": {},
+    "long": "abcdefghij" * 1500,  # 15000 chars: over MLflow's 6000-char param limit
+}
+
+EXPECTED_PARAMS = {
+    "model.name": "opt-125m",
+    "model.layers": "12",
+    "optim.lr": "0.001",
+    "optim.betas": "[0.9, 0.99]",
+    "optim.schedule.kind": "cosine",
+    "dp.epsilon": "2.0",
+    "dp.delta": "1e-05",
+    "empty": "{}",
+    "long": "abcdefghij" * 1500,
+}
+
+
+def _metrics(step: int) -> dict[str, float]:
+    return {"loss": 1.0 / (step + 1), "acc": step / 64, "eps_spent": 0.25 * step}
+
+
+def test_full_run_round_trip(root: Path, tmp_path: Path) -> None:
+    tracker = _tracker(root, "round-trip", tags={"suite": "tracking"})
+    tracker.start()
+    run_id = tracker.run_id
+    assert run_id is not None
+    tracker.log_params(CONFIG)
+
+    steps = range(60)  # 3 metrics x 60 steps = 180 points; batch size 100
+    for step in steps:
+        tracker.log_metrics(_metrics(step), step=step)
+        if step == 33:  # the 102nd point triggered a batch send
+            assert tracker.buffered == 0
+    assert tracker.buffered == 180 - 102
+
+    mid = read_run(tracker.uri, run_id)
+    assert mid["status"] == "RUNNING"
+    assert [s for s, _ in mid["history"]["loss"]] == list(range(34))
+
+    (tmp_path / "config.yaml").write_text("lr: 0.001\n")
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    (evals / "a.json").write_text("{}")
+    (evals / "b.json").write_text("[]")
+    tracker.log_artifact(tmp_path / "config.yaml")
+    tracker.log_artifact(evals)
+    tracker.set_tags({"phase": "done"})
+    tracker.finish()
+    assert tracker.buffered == 0
+    assert not tracker.active
+
+    record = read_run(tracker.uri, run_id)
+    assert record["status"] == "FINISHED"
+    assert record["end_time"] is not None
+    assert record["run_name"] == "round-trip"
+    assert record["params"] == EXPECTED_PARAMS
+    for key in ("loss", "acc", "eps_spent"):
+        assert record["history"][key] == [(s, _metrics(s)[key]) for s in steps]
+    assert record["metrics"] == _metrics(59)
+    assert record["tags"]["suite"] == "tracking"
+    assert record["tags"]["phase"] == "done"
+    assert record["tags"]["mlflow.runName"] == "round-trip"
+    assert record["artifacts"] == ["config.yaml", "evals/a.json", "evals/b.json"]
+    artifact_dir = Path(urlparse(record["artifact_uri"]).path)
+    assert (artifact_dir / "config.yaml").read_text() == "lr: 0.001\n"
+
+
+def test_long_param_is_stored_in_parts(root: Path) -> None:
+    with _tracker(root, "long-param") as tracker:
+        tracker.log_params({"long": CONFIG["long"]})
+    raw = open_client(tracker.uri).get_run(tracker.run_id).data.params
+    assert sorted(raw) == ["long", "long/part2", "long/part3"]
+    assert [len(raw[k]) for k in ("long", "long/part2", "long/part3")] == [6000, 6000, 3000]
+
+
+def test_split_and_join_params() -> None:
+    parts = split_param("k", "abcdefghij", limit=4)
+    assert parts == [("k", "abcd"), ("k/part2", "efgh"), ("k/part3", "ij")]
+    assert join_split_params(dict(parts)) == {"k": "abcdefghij"}
+    assert split_param("k", "") == [("k", "")]
+    # A "/partN" key without its base key is an ordinary param, left alone.
+    assert join_split_params({"x/part2": "v"}) == {"x/part2": "v"}
+    many = dict(split_param("k", "".join(str(i % 10) for i in range(12)), limit=1))
+    assert join_split_params(many)["k"] == "012345678901"  # part10 after part9
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [(None, "FINISHED"), (RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED")],
+)
+def test_context_manager_status_keeps_buffered_metrics(
+    root: Path, error: type[BaseException] | None, status: str
+) -> None:
+    tracker = _tracker(root, f"ctx-{status}")
+    with pytest.raises(error) if error else contextlib.nullcontext(), tracker:
+        for step in range(5):
+            tracker.log_metrics({"loss": float(step)}, step=step)
+        assert tracker.buffered == 5  # nothing sent yet: exit must flush
+        if error:
+            raise error("boom")
+    record = read_run(tracker.uri, tracker.run_id)
+    assert record["status"] == status
+    assert record["history"]["loss"] == [(s, float(s)) for s in range(5)]
+
+
+def test_artifact_location_is_absolute_under_output_root(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(root.parent)  # relative output_root, as a Ray job's working dir might give
+    with _tracker(Path(root.name), "location") as tracker:
+        pass
+    assert tracker.uri == f"sqlite:///{root.resolve()}/mlflow.db"
+    experiment = open_client(tracker.uri).get_experiment(tracker.experiment_id)
+    assert experiment.artifact_location == (root.resolve() / "mlartifacts").as_uri()
+    artifact_uri = read_run(tracker.uri, tracker.run_id)["artifact_uri"]
+    artifact_path = Path(urlparse(artifact_uri).path)
+    assert artifact_path.is_absolute()
+    assert artifact_path.is_relative_to(root.resolve() / "mlartifacts")
+
+
+def test_experiment_creation_race_uses_existing(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = open_client(default_tracking_uri(root))
+    existing = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    real_lookup = client.get_experiment_by_name
+    lookups: list[str] = []
+
+    def lookup_missing_first(name: str):  # another process creates it right after our lookup
+        lookups.append(name)
+        return None if len(lookups) == 1 else real_lookup(name)
+
+    monkeypatch.setattr(client, "get_experiment_by_name", lookup_missing_first)
+    assert get_or_create_experiment(client, EXPERIMENT, None) == existing
+    assert lookups == [EXPERIMENT, EXPERIMENT]
+
+
+def test_misuse_is_reported(root: Path) -> None:
+    tracker = _tracker(root, "misuse")
+    with pytest.raises(RuntimeError, match="start"):
+        tracker.log_metrics({"loss": 1.0}, step=0)
+    tracker.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        tracker.start()
+    with pytest.raises(ValueError, match="metric key"):
+        tracker.log_metrics({"": 1.0}, step=0)
+    with pytest.raises(ValueError, match="status"):
+        tracker.finish("DONE")  # type: ignore[arg-type]
+    tracker.finish("KILLED")
+    tracker.finish()  # second finish is a no-op, status stays
+    assert read_run(tracker.uri, tracker.run_id)["status"] == "KILLED"
+
+
+def test_unknown_backend_names_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown tracking backend 'wandb'") as info:
+        make_tracker("wandb", uri=None, experiment="e", output_root=tmp_path, run_name=None)
+    assert "mlflow" in str(info.value)
+    assert "none" in str(info.value)
+    assert set(TRACKERS) == {"mlflow", "none"}
+
+
+def test_noop_tracker_keeps_interface_and_writes_nothing(tmp_path: Path) -> None:
+    tracker = make_tracker("none", uri=None, experiment="e", output_root=tmp_path, run_name="r")
+    assert isinstance(tracker, NoopTracker)
+    with tracker as active:
+        assert active is tracker
+        assert tracker.active
+        tracker.log_params(CONFIG)
+        tracker.log_metrics({"loss": 1.0}, step=0)
+        tracker.set_tags({"a": "b"})
+        tracker.log_artifact(tmp_path / "missing.txt")
+        tracker.flush()
+    assert tracker.run_id is None
+    assert not tracker.active
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_concurrent_start_on_fresh_store(tmp_path: Path) -> None:
+    """Several processes starting runs on a brand-new sqlite store (unlocked, MLflow's schema
+    migrations collide and corrupt the database)."""
+    script = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from privzo.tracking import make_tracker
+        root = Path({str(tmp_path)!r})
+        with make_tracker("mlflow", uri=None, experiment="x", output_root=root, run_name=None) as t:
+            t.log_metrics({{"x": 1.0}}, step=0)
+        print(t.experiment_id)
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert len(set(outputs)) == 1
+    runs = open_client(default_tracking_uri(tmp_path)).search_runs([outputs[0]])
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
