@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -9,13 +10,14 @@ import torch
 
 from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_seed, step_seed
 from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
+from privzo.zo.perturbation import InPlacePerturber, VirtualPerturber, make_perturber
 from privzo.zo.step import zo_step
 from privzo.zo.sweeps import ParameterShard, full_shards, sweep
 from privzo.zo.trajectory import (
     TrajectoryMeta,
     TrajectoryRecorder,
     read_trajectory,
-    replay_sweeps,
+    replay_steps,
 )
 
 SIZE = 2 * BLOCK_SIZE + 1234  # three blocks, the last one partial
@@ -56,7 +58,7 @@ def _split_shards(tensor: torch.Tensor, name: str, cuts: list[int]) -> list[Para
     bounds = [0, *cuts, flat.numel()]
     return [
         ParameterShard(name, flat[lo:hi], flat.numel(), offset=lo)
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        for lo, hi in itertools.pairwise(bounds)
     ]
 
 
@@ -71,35 +73,37 @@ def test_sweep_is_independent_of_how_parameters_are_split():
     assert not torch.equal(whole, base)
 
 
-def test_full_shards_refuse_half_precision():
+def test_in_place_perturbation_refuses_half_precision():
     layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
-        full_shards(layer.named_parameters())
+        InPlacePerturber(full_shards(layer.named_parameters()), DirectionSampler("gaussian"))
+    assert isinstance(
+        make_perturber(layer, full_shards(layer.named_parameters()), DirectionSampler("gaussian")),
+        VirtualPerturber,
+    )
 
 
 def _quadratic_setup():
     torch.manual_seed(0)
     theta = torch.nn.Parameter(torch.randn(50), requires_grad=False)
-    shards = full_shards([("theta", theta)])
+    perturber = InPlacePerturber(full_shards([("theta", theta)]), DirectionSampler("gaussian"))
 
     def losses(_batch):
         return (torch.sin(theta) + 0.5 * theta**2).unsqueeze(0).sum(dim=1)
 
-    return theta, shards, losses
+    return theta, perturber, losses
 
 
 def test_zo_estimate_converges_to_the_directional_derivative():
-    theta, shards, losses = _quadratic_setup()
-    sampler = DirectionSampler("gaussian")
-    z = sampler.slice(11, "theta", 50, 0, 50).double()
+    theta, perturber, losses = _quadratic_setup()
+    z = perturber.sampler.slice(11, "theta", 50, 0, 50).double()
     true = float(((torch.cos(theta.double()) + theta.double()) * z).sum())
     errors = []
     for radius in (0.3, 0.1, 0.03):
         record = zo_step(
             step=0,
             seed=11,
-            shards=shards,
-            sampler=sampler,
+            perturber=perturber,
             batch=None,
             batch_size=1,
             loss_fn=losses,
@@ -114,14 +118,13 @@ def test_zo_estimate_converges_to_the_directional_derivative():
 
 def test_step_with_zero_learning_rate_restores_the_weights_to_float32_rounding():
     """+εz, −2εz, +εz restores θ up to fp32 rounding (a few ulps), never more."""
-    theta, shards, losses = _quadratic_setup()
+    theta, perturber, losses = _quadratic_setup()
     before = theta.detach().clone()
     radius = 1e-3
     zo_step(
         step=0,
         seed=5,
-        shards=shards,
-        sampler=DirectionSampler("gaussian"),
+        perturber=perturber,
         batch=None,
         batch_size=1,
         loss_fn=losses,
@@ -167,8 +170,12 @@ def test_private_estimate_divides_by_the_expected_batch_size():
 
 
 def test_laplace_estimator_noise_scale():
-    estimator = make_estimator("dpzo-laplace", clip=2.0, noise_multiplier=1.5, expected_batch_size=1)
-    draws = torch.tensor([estimator.estimate(torch.zeros(0)).projected_gradient for _ in range(20000)])
+    estimator = make_estimator(
+        "dpzo-laplace", clip=2.0, noise_multiplier=1.5, expected_batch_size=1
+    )
+    draws = torch.tensor(
+        [estimator.estimate(torch.zeros(0)).projected_gradient for _ in range(20000)]
+    )
     # Laplace(b = σC = 3): mean |x| = b
     assert float(draws.abs().mean()) == pytest.approx(3.0, rel=0.05)
 
@@ -179,19 +186,17 @@ def test_unknown_algorithm_is_rejected():
 
 
 def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
-    theta, shards, losses = _quadratic_setup()
+    theta, perturber, losses = _quadratic_setup()
     base = theta.detach().clone()
-    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", "quadratic")
+    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", "quadratic", "float32", "inplace")
     recorder = TrajectoryRecorder(meta, release_batch_size=False)
     estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
-    sampler = DirectionSampler("gaussian")
     for step in range(30):
         recorder.append(
             zo_step(
                 step=step,
                 seed=step_seed(9, step),
-                shards=shards,
-                sampler=sampler,
+                perturber=perturber,
                 batch=None,
                 batch_size=step % 3,  # some empty batches
                 loss_fn=losses,
@@ -205,6 +210,86 @@ def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
     assert loaded_meta == meta
     assert table.column("batch_size").null_count == 30  # withheld in private runs
     replayed = base.clone()
-    replay_sweeps(full_shards([("theta", torch.nn.Parameter(replayed))]), sampler, table, meta)
+    shards = full_shards([("theta", torch.nn.Parameter(replayed))])
+    replay_steps(InPlacePerturber(shards, DirectionSampler("gaussian")), table, meta)
     assert torch.equal(replayed, theta.detach())
     assert not torch.equal(replayed, base)
+
+
+def _tiny_half_model(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return model.to(dtype).requires_grad_(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_evaluates_perturbed_weights_without_drift(dtype):
+    model = _tiny_half_model(dtype)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    perturber = make_perturber(
+        model, full_shards(model.named_parameters()), DirectionSampler("gaussian")
+    )
+    inputs = torch.randn(4, 8).to(dtype)
+    plain = model(inputs)
+    for _ in range(50):  # many evaluations at ±εz, no update
+        perturber.perturb(3, 0.05)
+        plus = model(inputs)
+        perturber.perturb(3, -0.05)
+        minus = model(inputs)
+        perturber.update(3, 0.0)
+    assert not torch.equal(plus, minus) and not torch.equal(plus, plain)
+    for name, parameter in model.named_parameters():  # θ never moved
+        assert torch.equal(parameter, before[name]), name
+    assert torch.equal(model(inputs), plain)
+
+
+def test_half_precision_perturbed_forward_matches_explicit_weights():
+    model = _tiny_half_model(torch.bfloat16)
+    shards = full_shards(model.named_parameters())
+    sampler = DirectionSampler("gaussian")
+    perturber = make_perturber(model, shards, sampler)
+    inputs = torch.randn(4, 8).to(torch.bfloat16)
+    perturber.perturb(9, 0.1)
+    virtual = model(inputs)
+    perturber.update(9, 0.0)
+    explicit = _tiny_half_model(torch.bfloat16)
+    for shard, (_name, parameter) in zip(shards, explicit.named_parameters(), strict=True):
+        z = sampler.slice(9, shard.name, shard.size, 0, shard.size)
+        parameter.data.copy_((parameter.float() + 0.1 * z.view_as(parameter)).to(torch.bfloat16))
+    assert torch.equal(virtual, explicit(inputs))
+
+
+def test_half_precision_update_rounds_once_and_replays(tmp_path):
+    model = _tiny_half_model(torch.bfloat16)
+    perturber = make_perturber(
+        model, full_shards(model.named_parameters()), DirectionSampler("gaussian")
+    )
+    meta = TrajectoryMeta(1e-2, "gaussian", "cpu", "full", "mlp", "bfloat16", "virtual")
+    recorder = TrajectoryRecorder(meta, release_batch_size=True)
+    inputs = torch.randn(6, 8).to(torch.bfloat16)
+    for step in range(10):
+        recorder.append(
+            zo_step(
+                step=step,
+                seed=step_seed(1, step),
+                perturber=perturber,
+                batch=inputs,
+                batch_size=6,
+                loss_fn=lambda batch: model(batch).squeeze(-1) ** 2,
+                estimator=MeanEstimator(),
+                learning_rate=0.05,
+                perturbation_scale=1e-2,
+            )
+        )
+    recorder.write(tmp_path / "t.parquet")
+    table, loaded_meta = read_trajectory(tmp_path / "t.parquet")
+    fresh = _tiny_half_model(torch.bfloat16)
+    fresh_perturber = make_perturber(
+        fresh, full_shards(fresh.named_parameters()), DirectionSampler("gaussian")
+    )
+    replay_steps(fresh_perturber, table, loaded_meta)
+    trained = dict(model.named_parameters())
+    for name, parameter in fresh.named_parameters():
+        assert torch.equal(parameter, trained[name]), name
+    with pytest.raises(ValueError, match="perturbation"):
+        replay_steps(InPlacePerturber([], DirectionSampler("gaussian")), table, loaded_meta)

@@ -47,6 +47,9 @@ class TaskConfig(_Section):
     """A prompt-based classification task scored from the LM head."""
 
     name: str = "prompt-classification"
+    builtin_dataset: str | None = Field(
+        None, description="A dataset that ships with privzo: 'demo-sentiment' (synthetic)."
+    )
     train_path: str | None = None
     test_path: str | None = None
     hf_dataset: str | None = Field(None, description="HF datasets id, e.g. 'glue'.")
@@ -138,6 +141,9 @@ class RunConfig(_Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     seed: int = Field(0, ge=0, description="Public seed of the perturbation directions.")
     eval_before: bool = True
+    save_model: bool = Field(
+        False, description="Also save the fine-tuned weights (the trajectory alone rebuilds them)."
+    )
 
     @model_validator(mode="after")
     def _private_settings_consistent(self) -> RunConfig:

@@ -7,8 +7,9 @@ from pathlib import Path
 from privzo.config import ModelConfig
 from privzo.models.loading import LoadedModel, load_model, trainable_parameters
 from privzo.zo.directions import DirectionSampler
+from privzo.zo.perturbation import make_perturber
 from privzo.zo.sweeps import full_shards
-from privzo.zo.trajectory import read_trajectory, replay_sweeps
+from privzo.zo.trajectory import read_trajectory, replay_steps
 
 
 def replay(
@@ -17,12 +18,14 @@ def replay(
     """The base model with every step of the trajectory applied, and the number of steps."""
     table, meta = read_trajectory(trajectory_path)
     model_config = ModelConfig(
-        name_or_path=base, device=meta.device_type, trainable=meta.trainable, dtype="float32"
+        name_or_path=base, device=meta.device_type, trainable=meta.trainable, dtype=meta.dtype
     )
     loaded = load_model(model_config, cache_dir, progress=progress)
     shards = full_shards(trainable_parameters(loaded.model, meta.trainable))
-    sampler = DirectionSampler(meta.direction, loaded.device)
-    steps = replay_sweeps(shards, sampler, table, meta)
+    perturber = make_perturber(
+        loaded.model, shards, DirectionSampler(meta.direction, loaded.device)
+    )
+    steps = replay_steps(perturber, table, meta)
     return loaded, steps
 
 

@@ -33,6 +33,7 @@ from privzo.tasks import EncodedExamples, PromptClassificationTask, build_task, 
 from privzo.tracking import Tracker, make_tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator, make_estimator
+from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.schedules import make_schedule
 from privzo.zo.step import StepRecord, zo_step
 from privzo.zo.sweeps import ParameterShard, full_shards
@@ -41,6 +42,7 @@ from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
 SUMMARY_FILE = "summary.json"
 TRAJECTORY_FILE = "trajectory.parquet"
 CONFIG_FILE = "config.yaml"
+MODEL_DIR = "model"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class RunContext:
     train: EncodedExamples
     test: EncodedExamples
     shards: list[ParameterShard]
+    perturber: Perturber
 
 
 def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
@@ -129,9 +132,10 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     task.check_rows(splits.train, "training data")
     task.check_rows(splits.test, "test data")
     shards = full_shards(trainable_parameters(loaded.model, config.model.trainable))
-    return RunContext(
-        config, plan, loaded, task, task.encode(splits.train), task.encode(splits.test), shards
-    )
+    directions = DirectionSampler(config.optimizer.direction, loaded.device)
+    perturber = make_perturber(loaded.model, shards, directions)
+    train, test = task.encode(splits.train), task.encode(splits.test)
+    return RunContext(config, plan, loaded, task, train, test, shards, perturber)
 
 
 def run(
@@ -195,6 +199,9 @@ def _train_and_evaluate(
     finally:  # a failed run keeps the steps it made
         recorder.write(output_dir / TRAJECTORY_FILE)
     accuracy_after = evaluate()
+    if config.save_model:
+        context.loaded.model.save_pretrained(output_dir / MODEL_DIR)
+        context.loaded.tokenizer.save_pretrained(output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, accuracy_before, accuracy_after, started)
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
@@ -221,6 +228,8 @@ def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
         device_type=context.loaded.device.type,
         trainable=config.model.trainable,
         model=config.model.name_or_path,
+        dtype=config.model.dtype,
+        perturbation=context.perturber.mode,
     )
 
 
@@ -235,7 +244,6 @@ class TrainingLoop:
         self.sampler = _make_sampler(config, plan, len(context.train))
         self.estimator = _make_estimator(config, plan)
         self.ledger = _make_ledger(config, plan)
-        self.directions = DirectionSampler(config.optimizer.direction, context.loaded.device)
         self.schedule = make_schedule(
             config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
         )
@@ -270,8 +278,7 @@ class TrainingLoop:
         record = zo_step(
             step=step,
             seed=step_seed(context.config.seed, step),
-            shards=context.shards,
-            sampler=self.directions,
+            perturber=context.perturber,
             batch=batch,
             batch_size=len(indices),
             loss_fn=lambda b: context.task.per_example_loss(context.loaded.model, b),
@@ -393,4 +400,3 @@ def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         for key in keys
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
     }
-

@@ -13,6 +13,16 @@ from privzo.tasks.data import Row, load_hf_rows, read_rows
 TASKS = {"prompt-classification": PromptClassificationTask}
 
 
+def _demo_sentiment() -> tuple[list[Row], list[Row]]:
+    """The embedded demo's private task: 2000 synthetic reviews to train on, 1000 to test."""
+    from privzo.demo_data import private_sentiment_task
+
+    return private_sentiment_task(num_train=2000, num_test=1000, seed=0)
+
+
+BUILTIN_DATASETS = {"demo-sentiment": _demo_sentiment}
+
+
 @dataclass
 class TaskSplits:
     train: list[Row]
@@ -23,13 +33,22 @@ def load_splits(config: TaskConfig) -> TaskSplits:
     """Read and sample the train and held-out test rows, before any model is loaded."""
     if config.name not in TASKS:
         raise ConfigError(f"task.name={config.name!r} is unknown; allowed: {sorted(TASKS)}")
-    if config.train_path is not None:
+    if config.builtin_dataset is not None:
+        if config.builtin_dataset not in BUILTIN_DATASETS:
+            raise ConfigError(
+                f"task.builtin_dataset={config.builtin_dataset!r} is unknown; allowed: "
+                f"{sorted(BUILTIN_DATASETS)}"
+            )
+        pool, test_pool = BUILTIN_DATASETS[config.builtin_dataset]()
+    elif config.train_path is not None:
         pool = read_rows(config.train_path, "task.train_path")
         test_pool = read_rows(config.test_path, "task.test_path") if config.test_path else None
     elif config.hf_dataset is not None:
         pool, test_pool = load_hf_rows(config.hf_dataset, config.hf_subset)
     else:
-        raise ConfigError("task: set task.train_path (a local file) or task.hf_dataset")
+        raise ConfigError(
+            "task: set task.train_path (a local file), task.hf_dataset or task.builtin_dataset"
+        )
     if not pool:
         raise ConfigError(f"task.train_path={config.train_path!r} holds no rows")
     if test_pool is None:  # hold out a disjoint test split from the training file

@@ -46,9 +46,7 @@ class Batch:
 class PromptClassificationTask:
     """Encodes rows into prompts and scores them from the LM head."""
 
-    def __init__(
-        self, config: TaskConfig, tokenizer: PreTrainedTokenizerBase, kind: str
-    ) -> None:
+    def __init__(self, config: TaskConfig, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.kind = kind
@@ -141,20 +139,7 @@ class PromptClassificationTask:
 
     def label_logits(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         """fp32 logits of the label words at each example's scored position, shape [B, K]."""
-        device = next(model.parameters()).device
-        input_ids = batch.input_ids.to(device)
-        attention_mask = batch.attention_mask.to(device)
-        positions = batch.positions.to(device)
-        rows = torch.arange(len(positions), device=device)
-        head = _vocabulary_head(model)
-        with torch.inference_mode():
-            if head is None:
-                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-                scored = logits[rows, positions]
-            else:
-                hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
-                scored = head(hidden[rows, positions])
-        return scored[:, self.label_token_ids.to(device)].float()
+        return score_label_logits(model, batch, self.label_token_ids)
 
     def per_example_loss(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         logits = self.label_logits(model, batch)
@@ -168,6 +153,30 @@ class PromptClassificationTask:
             predictions = self.label_logits(model, batch).argmax(dim=-1).cpu()
             correct += int((predictions == batch.labels).sum())
         return correct / max(len(examples), 1)
+
+
+def score_label_logits(
+    model: PreTrainedModel, batch: Batch, label_token_ids: torch.Tensor
+) -> torch.Tensor:
+    """fp32 logits of ``label_token_ids`` at each example's scored position, shape [B, K].
+
+    One forward pass scores every candidate; logits are cast to fp32 before any loss is formed,
+    so loss differences are fp32 even when the model runs in half precision.
+    """
+    device = next(model.parameters()).device
+    input_ids = batch.input_ids.to(device)
+    attention_mask = batch.attention_mask.to(device)
+    positions = batch.positions.to(device)
+    rows = torch.arange(len(positions), device=device)
+    head = _vocabulary_head(model)
+    with torch.inference_mode():
+        if head is None:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            scored = logits[rows, positions]
+        else:
+            hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
+            scored = head(hidden[rows, positions])
+    return scored[:, label_token_ids.to(device)].float()
 
 
 def _vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:

@@ -45,7 +45,9 @@ def _read_json_rows(path: Path, field: str) -> list[Row]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ConfigError(f"{str(path)!r} line {number}: not valid JSON ({error.msg})") from None
+            raise ConfigError(
+                f"{str(path)!r} line {number}: not valid JSON ({error.msg})"
+            ) from None
     return rows
 
 

@@ -71,9 +71,7 @@ class DirectionSampler:
 
     def __init__(self, distribution: str, device: torch.device | str = "cpu") -> None:
         if distribution not in _DRAWS:
-            raise ValueError(
-                f"direction={distribution!r} is unknown; allowed: {list(DIRECTIONS)}"
-            )
+            raise ValueError(f"direction={distribution!r} is unknown; allowed: {list(DIRECTIONS)}")
         self.distribution = distribution
         self.device = torch.device(device)
         self._draw = _DRAWS[distribution]

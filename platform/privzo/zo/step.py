@@ -1,8 +1,8 @@
 """One zeroth-order step as a small function with named stages.
 
-    perturb +εz → forward → l⁺ ; perturb −2εz → forward → l⁻ ;
+    evaluate at θ+εz → l⁺ ; evaluate at θ−εz → l⁻ ;
     d = (l⁺ − l⁻)/2ε in fp32 → estimator (clip → aggregate → noise → scale) → g ;
-    restore and update fused: θ += (ε − ηg)·z
+    update: θ ← θ − ηg·z  (fused with the restore for in-place fp32 weights)
 
 An empty (Poisson) batch makes no forward pass (g is pure noise) but the same three sweeps, so
 replay never needs the realised batch size, which a private run does not release.
@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
-from privzo.zo.directions import DirectionSampler
 from privzo.zo.estimators import GradientEstimator
-from privzo.zo.sweeps import ParameterShard, sweep
+from privzo.zo.perturbation import Perturber
 
 # Maps a batch to per-example losses (any dtype; the step casts them to fp32).
 LossFunction = Callable[[Any], torch.Tensor]
@@ -42,8 +41,7 @@ def zo_step(
     *,
     step: int,
     seed: int,
-    shards: list[ParameterShard],
-    sampler: DirectionSampler,
+    perturber: Perturber,
     batch: Any,
     batch_size: int,
     loss_fn: LossFunction,
@@ -51,14 +49,13 @@ def zo_step(
     learning_rate: float,
     perturbation_scale: float,
 ) -> StepRecord:
-    direction_scale = sampler.scale(seed, [(s.name, s.size) for s in shards])
+    direction_scale = perturber.sampler.scale(seed, perturber.sizes)
     radius = perturbation_scale * direction_scale
     differences, mean_loss = _estimate_differences(
-        shards, sampler, seed, radius, perturbation_scale, batch, batch_size, loss_fn
+        perturber, seed, radius, perturbation_scale, batch, batch_size, loss_fn
     )
     estimate = estimator.estimate(differences)
-    update = -learning_rate * estimate.projected_gradient * direction_scale
-    sweep(shards, sampler, seed, radius + update)
+    perturber.update(seed, -learning_rate * estimate.projected_gradient * direction_scale)
     return StepRecord(
         step=step,
         seed=seed,
@@ -72,8 +69,7 @@ def zo_step(
 
 
 def _estimate_differences(
-    shards: list[ParameterShard],
-    sampler: DirectionSampler,
+    perturber: Perturber,
     seed: int,
     radius: float,
     perturbation_scale: float,
@@ -81,10 +77,10 @@ def _estimate_differences(
     batch_size: int,
     loss_fn: LossFunction,
 ) -> tuple[torch.Tensor, float]:
-    """Per-example (l⁺ − l⁻)/2ε in fp32; leaves θ at θ − εz (the update sweep restores it)."""
-    sweep(shards, sampler, seed, radius)
+    """Per-example (l⁺ − l⁻)/2ε in fp32; leaves the model at θ − εz until the update."""
+    perturber.perturb(seed, radius)
     losses_plus = loss_fn(batch).float() if batch_size else None
-    sweep(shards, sampler, seed, -2.0 * radius)
+    perturber.perturb(seed, -radius)
     if losses_plus is None:
         return torch.zeros(0, dtype=torch.float32), float("nan")
     losses_minus = loss_fn(batch).float()

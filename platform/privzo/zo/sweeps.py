@@ -36,11 +36,6 @@ def full_shards(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> list[Pa
     """Shards covering whole parameters, for a model held entirely by this process."""
     shards = []
     for name, parameter in named_parameters:
-        if parameter.dtype != torch.float32:
-            raise ValueError(
-                f"parameter {name!r} is {parameter.dtype}: in-place sweeps need float32 weights "
-                "so that +εz, −2εz, +εz restores them exactly; use model.dtype=float32"
-            )
         if not parameter.is_contiguous():
             raise ValueError(f"parameter {name!r} is not contiguous; sweeps need a flat view")
         shards.append(ParameterShard(name, parameter.data.view(-1), parameter.numel()))

@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from privzo.zo.directions import DIRECTIONS_VERSION, DirectionSampler
+from privzo.zo.directions import DIRECTIONS_VERSION
+from privzo.zo.perturbation import Perturber
 from privzo.zo.step import StepRecord
-from privzo.zo.sweeps import ParameterShard, sweep
 
 SCHEMA = pa.schema(
     [
@@ -41,6 +41,8 @@ class TrajectoryMeta:
     device_type: str
     trainable: str
     model: str
+    dtype: str
+    perturbation: str  # "inplace" (fp32) or "virtual" (half precision)
     directions_version: int = DIRECTIONS_VERSION
 
 
@@ -92,26 +94,30 @@ def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
         yield {name: values[index] for name, values in columns.items()}
 
 
-def replay_sweeps(
-    shards: list[ParameterShard], sampler: DirectionSampler, table: pa.Table, meta: TrajectoryMeta
-) -> int:
-    """Apply every step's sweeps with the training run's exact coefficients; returns steps.
+def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) -> int:
+    """Apply every step with the training run's exact calls and coefficients; returns steps.
 
-    Training moved θ by +r, −2r, then +(r − ηg·s) with r = ε·s (s the direction scale), even on
-    an empty batch. The same float operations in the same order give the same bits, which a
-    single net update −ηg·s would not.
+    Training evaluated at +r and −r (r = ε·s, s the direction scale) and then updated by −ηg·s,
+    even on an empty batch. Making the same perturber calls in the same order performs the same
+    float operations (for in-place fp32 weights: +r, −2r, then +(r − ηg·s)), so the weights come
+    out bit-identical, which a single net update −ηg·s would not.
     """
     if meta.directions_version != DIRECTIONS_VERSION:
         raise ValueError(
             f"trajectory uses directions version {meta.directions_version}; this privzo draws "
             f"version {DIRECTIONS_VERSION}, so replay would not reproduce the run"
         )
+    if meta.perturbation != perturber.mode:
+        raise ValueError(
+            f"trajectory was trained with {meta.perturbation} perturbation but the replay "
+            f"model's weights use {perturber.mode}; load the base model in the training dtype"
+        )
     steps = 0
     for row in iter_rows(table):
         radius = meta.perturbation_scale * row["direction_scale"]
+        perturber.perturb(row["seed"], radius)
+        perturber.perturb(row["seed"], -radius)
         update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
-        sweep(shards, sampler, row["seed"], radius)
-        sweep(shards, sampler, row["seed"], -2.0 * radius)
-        sweep(shards, sampler, row["seed"], radius + update)
+        perturber.update(row["seed"], update)
         steps += 1
     return steps

@@ -1,0 +1,176 @@
+"""How the model is evaluated at θ + c·z, and how the step's update lands on θ.
+
+Two ways, chosen by the weights' dtype:
+
+- ``InPlacePerturber`` (fp32): the three fused sweeps. θ is moved to +εz, then to −εz, and the
+  last sweep restores and updates at once, +(ε − ηg)z. In fp32 the round trip leaves only a few
+  ulps of rounding, and replay repeats the same operations, so it is bit-identical.
+- ``VirtualPerturber`` (bf16 / fp16): in half precision θ + εz − 2εz + εz drifts visibly from θ
+  (a bf16 ulp is 2⁻⁸ relative), so θ is never perturbed in place. A forward pre-hook on each
+  module that owns trainable weights swaps in θ + c·z (computed in fp32, block by block, rounded
+  once) for that module's forward only, and the update is one fp32 sweep rounded once. Extra
+  memory: one module's weights at a time.
+
+Both expose the same three calls, used identically by training and by replay.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+from privzo.zo.directions import BLOCK_SIZE, DirectionSampler
+from privzo.zo.sweeps import ParameterShard, sweep
+
+
+class Perturber(ABC):
+    """Evaluation point and update of the trainable weights, driven by (seed, coefficient)."""
+
+    mode: str
+
+    def __init__(self, shards: list[ParameterShard], sampler: DirectionSampler) -> None:
+        self.shards = shards
+        self.sampler = sampler
+
+    @property
+    def sizes(self) -> list[tuple[str, int]]:
+        return [(shard.name, shard.size) for shard in self.shards]
+
+    @abstractmethod
+    def perturb(self, seed: int, coefficient: float) -> None:
+        """From now on the model evaluates at θ + coefficient · z(seed)."""
+
+    @abstractmethod
+    def update(self, seed: int, coefficient: float) -> None:
+        """End the step: θ ← θ + coefficient · z(seed), and evaluate at θ again."""
+
+
+class InPlacePerturber(Perturber):
+    """fp32 weights moved in place; tracks the current offset so every move is one sweep."""
+
+    mode = "inplace"
+
+    def __init__(self, shards: list[ParameterShard], sampler: DirectionSampler) -> None:
+        super().__init__(shards, sampler)
+        for shard in shards:
+            if shard.tensor.dtype != torch.float32:
+                raise ValueError(
+                    f"parameter {shard.name!r} is {shard.tensor.dtype}: in-place perturbation "
+                    "needs float32 (half precision uses the virtual perturber)"
+                )
+        self._offset = 0.0
+
+    def perturb(self, seed: int, coefficient: float) -> None:
+        sweep(self.shards, self.sampler, seed, coefficient - self._offset)
+        self._offset = coefficient
+
+    def update(self, seed: int, coefficient: float) -> None:
+        sweep(self.shards, self.sampler, seed, coefficient - self._offset)
+        self._offset = 0.0
+
+
+class VirtualPerturber(Perturber):
+    """Half-precision weights stay untouched during evaluation (see the module docstring)."""
+
+    mode = "virtual"
+
+    def __init__(
+        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> None:
+        super().__init__(shards, sampler)
+        assert all(shard.offset == 0 and shard.tensor.numel() == shard.size for shard in shards)
+        self._seed = 0
+        self._coefficient = 0.0
+        self._handles = []
+        for module in model.modules():
+            owned = _match_owned(module, shards)
+            if owned:
+                self._handles.append(module.register_forward_pre_hook(self._swap_in(owned)))
+                self._handles.append(module.register_forward_hook(self._swap_out(owned)))
+
+    def perturb(self, seed: int, coefficient: float) -> None:
+        self._seed, self._coefficient = seed, coefficient
+
+    def update(self, seed: int, coefficient: float) -> None:
+        self._coefficient = 0.0
+        for shard in self.shards:
+            _rounded_sweep(shard, self.sampler, seed, coefficient)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
+        def hook(module: nn.Module, _inputs: Any) -> None:
+            if self._coefficient == 0.0:
+                return
+            for attribute, (parameter, shard) in owned.items():
+                perturbed = _perturbed_copy(shard, self.sampler, self._seed, self._coefficient)
+                module._parameters[attribute] = nn.Parameter(
+                    perturbed.view_as(parameter), requires_grad=False
+                )
+
+        return hook
+
+    def _swap_out(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
+        def hook(module: nn.Module, _inputs: Any, _output: Any) -> None:
+            for attribute, (parameter, _shard) in owned.items():
+                module._parameters[attribute] = parameter
+
+        return hook
+
+
+def _match_owned(
+    module: nn.Module, shards: list[ParameterShard]
+) -> dict[str, tuple[nn.Parameter, ParameterShard]]:
+    """The module's own parameters that are trainable, each with its shard (by storage)."""
+    by_pointer = {shard.tensor.data_ptr(): shard for shard in shards}
+    owned = {}
+    for attribute, parameter in module.named_parameters(recurse=False):
+        shard = by_pointer.get(parameter.data_ptr())
+        if shard is not None and shard.tensor.numel() == parameter.numel():
+            owned[attribute] = (parameter, shard)
+    return owned
+
+
+@torch.no_grad()
+def _perturbed_copy(
+    shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
+) -> torch.Tensor:
+    """θ + c·z computed in fp32 block by block and rounded once to θ's dtype."""
+    result = torch.empty_like(shard.tensor)
+    for start in range(0, shard.size, BLOCK_SIZE):
+        stop = min(start + BLOCK_SIZE, shard.size)
+        direction = sampler.block(seed, shard.name, start // BLOCK_SIZE, stop - start)
+        block = shard.tensor[start:stop].float().add_(direction, alpha=coefficient)
+        result[start:stop] = block
+    return result
+
+
+@torch.no_grad()
+def _rounded_sweep(
+    shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
+) -> None:
+    """θ ← round(θ + c·z) with the arithmetic in fp32: one rounding per step."""
+    if coefficient == 0.0:
+        return
+    for start in range(0, shard.size, BLOCK_SIZE):
+        stop = min(start + BLOCK_SIZE, shard.size)
+        direction = sampler.block(seed, shard.name, start // BLOCK_SIZE, stop - start)
+        view = shard.tensor[start:stop]
+        view.copy_(view.float().add_(direction, alpha=coefficient))
+
+
+def make_perturber(
+    model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+) -> Perturber:
+    """In-place sweeps for fp32 weights, virtual perturbation for half precision."""
+    dtypes = {shard.tensor.dtype for shard in shards}
+    if dtypes == {torch.float32}:
+        return InPlacePerturber(shards, sampler)
+    if len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16}:
+        return VirtualPerturber(model, shards, sampler)
+    raise ValueError(f"trainable weights mix dtypes {sorted(map(str, dtypes))}; use one dtype")

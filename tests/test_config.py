@@ -1,0 +1,119 @@
+"""Config loading, overrides and every validation error, and every shipped config file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from privzo.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+
+
+def test_defaults_are_valid():
+    config = load_config()
+    assert isinstance(config, RunConfig)
+    assert config.optimizer.algorithm == "dpzero" and config.mechanism == "gaussian"
+
+
+def test_overrides_are_typed_and_nested():
+    config = load_config(
+        None,
+        [
+            "optimizer.learning_rate=1e-3",
+            "privacy.epsilon=4",
+            "task.examples_per_class=null",
+            "optimizer.algorithm=mezo",
+            "tracking.backend=none",
+        ],
+    )
+    assert config.optimizer.learning_rate == 1e-3
+    assert config.privacy.epsilon == 4.0
+    assert config.task.examples_per_class is None
+    assert config.optimizer.algorithm == "mezo" and not config.optimizer.is_private
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(None, ["seed=5", "optimizer.steps=7"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "value_text"),
+    [
+        ("privacy.epsilon=0", "privacy.epsilon", "0"),
+        ("privacy.epsilon=-1", "privacy.epsilon", "-1"),
+        ("privacy.delta=1", "privacy.delta", "1"),
+        ("privacy.delta=1.5", "privacy.delta", "1.5"),
+        ("optimizer.steps=0", "optimizer.steps", "0"),
+        ("privacy.clip=0", "privacy.clip", "0"),
+        ("privacy.clip=-2", "privacy.clip", "-2"),
+        ("optimizer.algorithm=adam", "optimizer.algorithm", "adam"),
+        ("optimizer.direction=cauchy", "optimizer.direction", "cauchy"),
+        ("privacy.accountant=moments", "privacy.accountant", "moments"),
+        ("model.dtype=float64", "model.dtype", "float64"),
+        ("optimizer.learning_rate=0", "optimizer.learning_rate", "0"),
+        ("optimizer.batch_size=0", "optimizer.batch_size", "0"),
+        ("privacy.noise_multiplier=-1", "privacy.noise_multiplier", "-1"),
+    ],
+)
+def test_out_of_range_values_name_field_and_value(override, field, value_text):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [override])
+    message = str(error.value)
+    assert field in message and value_text in message
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"privacy\.epsilonn: unknown key"):
+        load_config(None, ["privacy.epsilonn=1"])
+    with pytest.raises(ConfigError, match=r"optimiser: unknown key"):
+        load_config(None, ["optimiser.steps=1"])
+
+
+def test_inconsistent_private_settings_are_rejected():
+    with pytest.raises(ConfigError, match="Poisson"):
+        load_config(None, ["privacy.sampler=shuffle"])
+    with pytest.raises(ConfigError, match="pure"):
+        load_config(None, ["privacy.accountant=pure"])
+    with pytest.raises(ConfigError, match="RDP"):
+        load_config(None, ["optimizer.algorithm=dpzo-laplace", "privacy.accountant=rdp"])
+    with pytest.raises(ConfigError, match="delta"):
+        load_config(None, ["privacy.delta=0"])
+    laplace = load_config(
+        None, ["optimizer.algorithm=dpzo-laplace", "privacy.accountant=pure", "privacy.delta=0"]
+    )
+    assert laplace.mechanism == "laplace"
+    assert load_config(None, ["optimizer.algorithm=mezo", "privacy.sampler=shuffle"])
+
+
+def test_template_needs_the_sentence_slot():
+    with pytest.raises(ConfigError, match=r"task\.template"):
+        load_config(None, ["task.template=It was"])
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"key\.sub=value"):
+        apply_overrides({}, ["optimizer.steps"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_non_finite_numbers_are_rejected():
+    with pytest.raises(ConfigError, match="finite"):
+        load_config(None, ["optimizer.learning_rate=.inf"])
+
+
+def test_shipped_configs_exist():
+    assert CONFIGS, "configs/ holds no YAML files"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_shipped_config_loads(path):
+    assert isinstance(load_config(path), RunConfig)

@@ -1,0 +1,203 @@
+"""End-to-end runs on a tiny model with real MLflow (sqlite in a temp dir), replay, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.cli import main
+from privzo.config import ConfigError, load_config
+from privzo.privacy import compute_epsilon
+from privzo.replay import replay
+from privzo.run import run
+from privzo.tracking import read_run
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=12",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=1e-3",
+            "tracking.log_every=5",
+            "privacy.epsilon=3",
+            *extra,
+        ],
+    )
+
+
+def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "save_model=true")
+    output = tmp_path / "runs" / "dp"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+
+    on_disk = json.loads((output / "summary.json").read_text())
+    assert on_disk == summary
+    assert summary["steps"] == 12 and summary["private"] is True
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-6)
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=8 / 64,
+        steps=12,
+        delta=1e-5,
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert summary["peak_memory_mb"] > 0 and summary["mean_step_time_s"] > 0
+    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+    assert load_config(output / "config.yaml") == config
+
+    trajectory = pq.read_table(output / "trajectory.parquet")
+    assert trajectory.column("step").to_pylist() == list(range(12))
+    assert trajectory.column("batch_size").null_count == 12  # withheld in private runs
+    assert len(set(trajectory.column("seed").to_pylist())) == 12
+
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    assert record["params"]["optimizer.algorithm"] == "dpzero"
+    assert float(record["params"]["privacy.epsilon"]) == 3.0
+    assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
+    assert record["metrics"]["final_accuracy_after"] == pytest.approx(summary["accuracy_after"])
+    steps = [step for step, _ in record["history"]["epsilon_spent"]]
+    assert steps == [5, 10, 12]
+    epsilons = [value for _, value in record["history"]["epsilon_spent"]]
+    assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary["epsilon"])
+    assert "train_loss" not in record["history"]  # private data: not logged by default
+    assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
+    assert not any("film" in value for value in record["params"].values())  # no raw data
+
+
+def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "save_model=true", "tracking.backend=none")
+    output = tmp_path / "dp"
+    run(config, output, cache_dir=cache_dir, progress=False)
+    trained = load_file(output / "model" / "model.safetensors")
+    loaded, steps = replay("tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir)
+    assert steps == 12
+    replayed = loaded.model.state_dict()
+    changed = 0
+    for name, tensor in trained.items():
+        assert torch.equal(replayed[name], tensor), name
+    base = replay_base(cache_dir)
+    changed = sum(not torch.equal(base[name], tensor) for name, tensor in trained.items())
+    assert changed == len(trained)  # full fine-tuning moved every tensor
+
+
+def replay_base(cache_dir: Path) -> dict[str, torch.Tensor]:
+    from privzo.config import ModelConfig
+    from privzo.models.loading import load_model
+
+    return load_model(ModelConfig(name_or_path="tiny-opt"), cache_dir).model.state_dict()
+
+
+def test_replay_command_saves_hf_weights(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "save_model=true", "tracking.backend=none")
+    run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
+    code = main(
+        [
+            "replay",
+            "--base",
+            "tiny-opt",
+            "--trajectory",
+            str(tmp_path / "run" / "trajectory.parquet"),
+            "--output-dir",
+            str(tmp_path / "rebuilt"),
+            "--cache-dir",
+            str(cache_dir),
+        ]
+    )
+    assert code == 0
+    rebuilt = load_file(tmp_path / "rebuilt" / "model.safetensors")
+    trained = load_file(tmp_path / "run" / "model" / "model.safetensors")
+    assert rebuilt.keys() == trained.keys()
+    assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
+
+
+def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
+    summary = run(config, tmp_path / "runs" / "mezo", cache_dir=cache_dir, progress=False)
+    assert summary["private"] is False and summary["epsilon"] is None
+    trajectory = pq.read_table(tmp_path / "runs" / "mezo" / "trajectory.parquet")
+    assert trajectory.column("batch_size").to_pylist() == [8] * 12
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert [step for step, _ in record["history"]["train_loss"]] == [5, 10, 12]
+
+
+def test_masked_lm_run(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "model.name_or_path=tiny-roberta",
+        "tracking.backend=none",
+        "task.template={sentence} It was {mask} .",
+    )
+    summary = run(config, tmp_path / "mlm", cache_dir=cache_dir, progress=False)
+    assert summary["steps"] == 12
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.name_or_path=/nonexistent/model-dir", "/nonexistent/model-dir"),
+        ("task.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
+        ("optimizer.batch_size=1000", "optimizer.batch_size=1000"),
+        ("task.label_words=[terrible, nonexistentword]", "nonexistentword"),
+        ("privacy.noise_multiplier=0.01", "privacy.noise_multiplier=0.01"),
+    ],
+)
+def test_bad_input_fails_before_compute_and_keeps_records(
+    tmp_path, sentiment_files, cache_dir, override, message
+):
+    output = tmp_path / "runs" / "bad"
+    output.mkdir(parents=True)
+    (output / "notes.txt").write_text("kept")
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        run(_config(*sentiment_files, override), output, cache_dir=cache_dir, progress=False)
+    assert (output / "notes.txt").read_text() == "kept"
+    assert not (output / "trajectory.parquet").exists()
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing recorded
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=2")
+    run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
+    before = (tmp_path / "r" / "summary.json").read_text()
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
+    assert (tmp_path / "r" / "summary.json").read_text() == before
+
+
+def test_cli_run_prints_summary_and_rejects_bad_config(
+    tmp_path, sentiment_files, cache_dir, capsys
+):
+    train, test = sentiment_files
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(
+        f"model: {{name_or_path: tiny-opt}}\ntask: {{train_path: {train}, test_path: {test}}}\n"
+        "optimizer: {steps: 3, batch_size: 8}\ntracking: {backend: none}\n"
+    )
+    args = [
+        "run",
+        str(config_path),
+        "privacy.epsilon=5",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(cache_dir),
+        "--quiet",
+    ]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy_after" in printed and "epsilon" in printed
+    bad = ["run", str(config_path), "privacy.delta=2", "--output-dir", str(tmp_path / "o2")]
+    assert main(bad) == 2
+    assert "privacy.delta" in capsys.readouterr().err
