@@ -1,0 +1,63 @@
+"""Differential privacy for zeroth-order training: noise, sampling, accounting and budgets.
+
+See ``accounting`` for what each accountant assumes (Poisson sampling, add/remove adjacency,
+sensitivity C with noise scale σ·C).
+"""
+
+from privzo.privacy.accounting import (
+    ACCOUNTANTS,
+    CALIBRATION_RTOL,
+    MAX_NOISE_MULTIPLIER,
+    MECHANISM_NAMES,
+    MIN_NOISE_MULTIPLIER,
+    PLD_VALUE_DISCRETIZATION,
+    Accountant,
+    PldAccountant,
+    PureLaplaceAccountant,
+    RdpAccountant,
+    accountant_from_state,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    get_accountant,
+    make_accountant,
+)
+from privzo.privacy.ledger import BudgetExceededError, BudgetLedger, check_feasible
+from privzo.privacy.mechanisms import (
+    MECHANISMS,
+    GaussianMechanism,
+    LaplaceMechanism,
+    Mechanism,
+    SecretGenerator,
+    get_mechanism,
+)
+from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
+
+__all__ = [
+    "ACCOUNTANTS",
+    "CALIBRATION_RTOL",
+    "MAX_NOISE_MULTIPLIER",
+    "MECHANISMS",
+    "MECHANISM_NAMES",
+    "MIN_NOISE_MULTIPLIER",
+    "PLD_VALUE_DISCRETIZATION",
+    "Accountant",
+    "BudgetExceededError",
+    "BudgetLedger",
+    "GaussianMechanism",
+    "LaplaceMechanism",
+    "Mechanism",
+    "PldAccountant",
+    "PoissonSampler",
+    "PureLaplaceAccountant",
+    "RdpAccountant",
+    "Sampler",
+    "SecretGenerator",
+    "ShuffleSampler",
+    "accountant_from_state",
+    "calibrate_noise_multiplier",
+    "check_feasible",
+    "compute_epsilon",
+    "get_accountant",
+    "get_mechanism",
+    "make_accountant",
+]

@@ -1,0 +1,113 @@
+"""Batch samplers: which example indices go into each step's batch.
+
+The privacy accountants assume Poisson subsampling (every example in independently with
+probability p, so batch sizes vary and batches can be empty) and that nobody can tell which
+examples were drawn. ``PoissonSampler`` therefore draws from its own ``SecretGenerator`` and takes
+no seed. ``ShuffleSampler`` is the seeded, fixed-size sampler for non-private runs only: its
+batches are reproducible from a logged seed, so no subsampling amplification may be claimed.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+from privzo.privacy.mechanisms import SecretGenerator
+
+__all__ = ["PoissonSampler", "Sampler", "ShuffleSampler"]
+
+
+def check_count(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """An integer argument within [minimum, maximum]; bools are not counts."""
+    allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name}={value!r} must be an integer {allowed}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name}={value!r} is out of range; allowed: integer {allowed}")
+    return int(value)
+
+
+def check_sample_rate(sample_rate: float) -> float:
+    """A Poisson sampling rate p in (0, 1]; p = 0 would train on nothing and claim no cost."""
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float, np.floating)):
+        raise ValueError(f"sample_rate={sample_rate!r} must be a number in (0, 1]")
+    if not (math.isfinite(sample_rate) and 0 < sample_rate <= 1):
+        raise ValueError(f"sample_rate={sample_rate!r} is out of range; allowed: (0, 1]")
+    return float(sample_rate)
+
+
+class Sampler(ABC):
+    """Yields one array of example indices (int64, sorted or shuffled) per step."""
+
+    name: ClassVar[str]
+    dataset_size: int
+    expected_batch_size: float
+
+    @abstractmethod
+    def next_batch(self) -> np.ndarray:
+        """The indices of the next step's batch."""
+
+
+class PoissonSampler(Sampler):
+    """Each example joins each batch independently with probability ``sample_rate``.
+
+    This is exactly the sampling the subsampled-mechanism accountants assume. Batches are sorted
+    index arrays whose size is Binomial(N, p); divide the noisy sum by ``expected_batch_size``
+    (p·N), not by the realised size, which depends on the data membership being hidden.
+    """
+
+    name: ClassVar[str] = "poisson"
+
+    def __init__(self, dataset_size: int, sample_rate: float) -> None:
+        self.dataset_size = check_count("dataset_size", dataset_size, 1)
+        self.sample_rate = check_sample_rate(sample_rate)
+        self.expected_batch_size = self.sample_rate * self.dataset_size
+        self._generator = SecretGenerator()
+
+    def next_batch(self) -> np.ndarray:
+        if self.sample_rate == 1.0:
+            return np.arange(self.dataset_size, dtype=np.int64)
+        mask = self._generator.uniform(self.dataset_size) < self.sample_rate
+        return np.flatnonzero(mask).astype(np.int64)
+
+    def __repr__(self) -> str:
+        return f"PoissonSampler(dataset_size={self.dataset_size}, sample_rate={self.sample_rate})"
+
+
+class ShuffleSampler(Sampler):
+    """Seeded fixed-size batches from a fresh permutation each epoch (non-private runs only).
+
+    An epoch yields ``dataset_size // batch_size`` full batches; the leftover examples of a
+    permutation are dropped so every batch has exactly ``batch_size`` indices, and the next
+    epoch reshuffles. Reproducible from ``seed``, which is why it must not back a DP claim.
+    """
+
+    name: ClassVar[str] = "shuffle"
+
+    def __init__(self, dataset_size: int, batch_size: int, seed: int) -> None:
+        self.dataset_size = check_count("dataset_size", dataset_size, 1)
+        self.batch_size = check_count("batch_size", batch_size, 1, self.dataset_size)
+        self.seed = check_count("seed", seed, 0)
+        self.expected_batch_size = float(self.batch_size)
+        self._rng = np.random.default_rng(self.seed)
+        self.epoch = 0
+        self._order = self._rng.permutation(self.dataset_size).astype(np.int64)
+        self._position = 0
+
+    def next_batch(self) -> np.ndarray:
+        if self._position + self.batch_size > self.dataset_size:
+            self.epoch += 1
+            self._order = self._rng.permutation(self.dataset_size).astype(np.int64)
+            self._position = 0
+        batch = self._order[self._position : self._position + self.batch_size]
+        self._position += self.batch_size
+        return batch.copy()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShuffleSampler(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
+            f"seed={self.seed})"
+        )
