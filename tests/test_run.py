@@ -151,7 +151,9 @@ def test_masked_lm_run(tmp_path, sentiment_files, cache_dir):
         ("task.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
         ("optimizer.batch_size=1000", "optimizer.batch_size=1000"),
         ("task.label_words=[terrible, nonexistentword]", "nonexistentword"),
-        ("privacy.noise_multiplier=0.01", "privacy.noise_multiplier=0.01"),
+        ("privacy.noise_multiplier=0.2", "privacy.noise_multiplier=0.2"),
+        ("privacy.noise_multiplier=0.01", "noise_multiplier=0.01 is below"),
+        ("privacy.epsilon=1e-6", "privacy settings cannot be met"),
     ],
 )
 def test_bad_input_fails_before_compute_and_keeps_records(

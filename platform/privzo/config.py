@@ -177,8 +177,14 @@ class RunConfig(_Section):
 
 
 def _parse_scalar(text: str) -> Any:
-    """Parse an override value the way YAML would ('1e-3' → float, 'null' → None)."""
-    value = yaml.safe_load(text)
+    """Parse an override value the way YAML would ('1e-3' → float, 'null' → None).
+
+    Text YAML cannot parse (such as ``{sentence} It was``) stays a plain string.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
     if isinstance(value, str):
         try:
             return float(value) if any(c in value for c in ".eE") else value

@@ -79,9 +79,12 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         accountant=privacy.accountant,
     )
     noise_multiplier = privacy.noise_multiplier
-    if noise_multiplier is None:
-        noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
-    epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
+    try:
+        if noise_multiplier is None:
+            noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
+        epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
+    except ValueError as error:  # the accountant's reason, reported as a config error
+        raise ConfigError(f"privacy settings cannot be met: {error}") from None
     if epsilon > privacy.epsilon * (1 + 1e-6):
         raise ConfigError(
             f"privacy.noise_multiplier={noise_multiplier} spends ε={epsilon:.4g} over "
@@ -255,19 +258,25 @@ class TrainingLoop:
         self.empty_batches = 0
 
     def run(self, recorder: TrajectoryRecorder, progress: bool) -> None:
+        """Steps in windows of ``log_every``: each window's privacy cost is booked before it runs
+        (so no step can overspend) and its metrics are logged after it."""
         config = self.context.config
-        steps = config.optimizer.steps
-        window: list[StepRecord] = []
-        bar = tqdm(range(steps), desc=config.optimizer.algorithm, disable=not progress)
-        for step in bar:
-            record = self.step(step)
-            recorder.append(record)
-            window.append(record)
-            if len(window) == config.tracking.log_every or step == steps - 1:
-                metrics = self._window_metrics(window)
-                self.tracker.log_metrics(metrics, step=step + 1)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
-                window = []
+        steps, window_size = config.optimizer.steps, config.tracking.log_every
+        bar = tqdm(total=steps, desc=config.optimizer.algorithm, disable=not progress)
+        for first in range(0, steps, window_size):
+            window_steps = range(first, min(first + window_size, steps))
+            if self.ledger is not None:
+                self.ledger.spend(len(window_steps))
+            window = []
+            for step in window_steps:
+                record = self.step(step)
+                recorder.append(record)
+                window.append(record)
+                bar.update(1)
+            metrics = self._window_metrics(window)
+            self.tracker.log_metrics(metrics, step=window_steps[-1] + 1)
+            bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+        bar.close()
 
     def step(self, step: int) -> StepRecord:
         context = self.context
@@ -291,8 +300,6 @@ class TrainingLoop:
         self.peak_mb = max(self.peak_mb, self.step_peak_mb)
         self.nonfinite += record.nonfinite
         self.empty_batches += int(len(indices) == 0)
-        if self.ledger is not None:
-            self.ledger.spend(1)
         return record
 
     def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:

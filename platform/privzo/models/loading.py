@@ -81,9 +81,7 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     return LoadedModel(model, tokenizer, kind, source, device)
 
 
-def trainable_parameters(
-    model: torch.nn.Module, view: str
-) -> list[tuple[str, torch.nn.Parameter]]:
+def trainable_parameters(model: torch.nn.Module, view: str) -> list[tuple[str, torch.nn.Parameter]]:
     """The (name, parameter) pairs a PEFT view trains, in a fixed order; tied weights once."""
     named = list(model.named_parameters())
     if view == "full":

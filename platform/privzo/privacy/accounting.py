@@ -307,6 +307,12 @@ class PldAccountant(Accountant):
         value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
     ) -> None:
         super().__init__(mechanism, noise_multiplier, sample_rate)
+        if noise_multiplier < MIN_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"noise_multiplier={noise_multiplier} is below {MIN_NOISE_MULTIPLIER}: the PLD "
+                "of so little noise is too wide to compute in reasonable time (and gives almost "
+                "no privacy); use a larger noise multiplier, or the rdp accountant (Gaussian)"
+            )
         self._interval = check_positive(
             "value_discretization_interval", value_discretization_interval
         )

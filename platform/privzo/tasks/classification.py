@@ -80,6 +80,11 @@ class PromptClassificationTask:
                     f"task.label_words: {word!r} is {len(tokens)} tokens for this tokenizer; "
                     "label words must be single tokens"
                 )
+            if tokens[0] == self.tokenizer.unk_token_id:
+                raise ConfigError(
+                    f"task.label_words: {word!r} is not in the tokenizer's vocabulary (it maps "
+                    "to the unknown token)"
+                )
             ids.append(tokens[0])
         if len(set(ids)) != len(ids):
             raise ConfigError(f"task.label_words={self.config.label_words} map to equal tokens")

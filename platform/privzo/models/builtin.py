@@ -1,0 +1,267 @@
+"""Built-in models that need no download: the offline default of the demo and the tests.
+
+Each built-in is a *recipe* (architecture, sizes, and for the demo models a short first-order
+pretraining run on the public synthetic corpus of ``privzo.demo_data``). ``materialize_builtin``
+turns a recipe into an ordinary Hugging Face directory (model + tokenizer), so everything
+downstream loads built-ins exactly like hub checkpoints, with ``from_pretrained``.
+
+The directory name carries a hash of the recipe, so changing a recipe never serves a stale
+cache, and it is written to a temporary directory and renamed, so an interrupted build never
+leaves a half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import (
+    OPTConfig,
+    OPTForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+    RobertaForMaskedLM,
+)
+
+from privzo import demo_data
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
+# Bump when the build code changes in a way the recipe fields do not capture.
+BUILD_FORMAT = 1
+MAX_POSITIONS = 128
+
+
+@dataclass(frozen=True)
+class PretrainRecipe:
+    """A short, seeded first-order causal-LM pretraining run on the public corpus."""
+
+    corpus_sentences: int = 20_000
+    corpus_seed: int = 0
+    steps: int = 600
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 50
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BuiltinRecipe:
+    """Architecture and size of one built-in model, and how (if at all) it is pretrained."""
+
+    arch: Literal["opt", "roberta"]
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    pretrain: PretrainRecipe | None = None
+    init_seed: int = 0
+
+    def version(self) -> str:
+        """A short hash of everything that determines the built files."""
+        payload = {
+            "recipe": asdict(self),
+            "vocab": demo_data.vocabulary(),
+            "fmt": BUILD_FORMAT,
+            # A corpus sample catches generator edits that a version bump might miss.
+            "corpus": demo_data.public_corpus(64, 0) if self.pretrain else None,
+        }
+        blob = json.dumps(payload, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+BUILTIN_MODELS: dict[str, BuiltinRecipe] = {
+    "tiny-opt": BuiltinRecipe("opt", hidden=32, layers=2, heads=4, ffn=64),
+    "tiny-roberta": BuiltinRecipe("roberta", hidden=32, layers=2, heads=4, ffn=64),
+    "demo-opt-s": BuiltinRecipe("opt", 64, 2, 4, 256, PretrainRecipe()),
+    "demo-opt-m": BuiltinRecipe("opt", 128, 3, 4, 512, PretrainRecipe()),
+    "demo-opt-l": BuiltinRecipe("opt", 192, 4, 6, 768, PretrainRecipe()),
+}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is a built-in model rather than a hub id or a path."""
+    return name in BUILTIN_MODELS
+
+
+def build_word_tokenizer(
+    words: Sequence[str], *, append_eos: bool = False
+) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``words``: every word, including label words, is one token.
+
+    Causal models get ``<s> text`` (no trailing ``</s>``, so the last prompt token is the one
+    scored); masked models get ``<s> text </s>`` as RoBERTa expects.
+    """
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for word in words:
+        vocab.setdefault(word.lower(), len(vocab))
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()]
+    )
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    single = "<s> $A </s>" if append_eos else "<s> $A"
+    pair = "<s> $A </s> $B:1 </s>:1" if append_eos else "<s> $A $B:1"
+    core.post_processor = processors.TemplateProcessing(
+        single=single,
+        pair=pair,
+        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A randomly initialised model (seeded, without touching the global RNG)."""
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.init_seed)
+        if recipe.arch == "opt":
+            config = OPTConfig(
+                hidden_size=recipe.hidden,
+                word_embed_proj_dim=recipe.hidden,
+                num_hidden_layers=recipe.layers,
+                num_attention_heads=recipe.heads,
+                ffn_dim=recipe.ffn,
+                max_position_embeddings=MAX_POSITIONS,
+                dropout=0.0,
+                attention_dropout=0.0,
+                **ids,
+            )
+            return OPTForCausalLM(config)
+        config = RobertaConfig(
+            hidden_size=recipe.hidden,
+            num_hidden_layers=recipe.layers,
+            num_attention_heads=recipe.heads,
+            intermediate_size=recipe.ffn,
+            max_position_embeddings=MAX_POSITIONS + 2,  # RoBERTa offsets positions by pad+1
+            type_vocab_size=1,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            **ids,
+        )
+        return RobertaForMaskedLM(config)
+
+
+def _corpus_tensor(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:
+    """``<s> sentence </s>`` per row, right-padded with the pad id."""
+    rows = [ids + [tokenizer.eos_token_id] for ids in tokenizer(list(sentences))["input_ids"]]
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
+
+
+def _lr_factor(step: int, recipe: PretrainRecipe) -> float:
+    """Linear warm-up then linear decay to zero: stable and short."""
+    if step < recipe.warmup_steps:
+        return (step + 1) / recipe.warmup_steps
+    return max(0.0, (recipe.steps - step) / max(1, recipe.steps - recipe.warmup_steps))
+
+
+def pretrain(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    recipe: PretrainRecipe,
+    progress: bool = True,
+) -> list[float]:
+    """Seeded AdamW causal-LM pretraining on the public corpus; returns the loss per step."""
+    data = _corpus_tensor(
+        tokenizer, demo_data.public_corpus(recipe.corpus_sentences, recipe.corpus_seed)
+    )
+    generator = torch.Generator().manual_seed(recipe.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, recipe))
+    model.train()
+    losses: list[float] = []
+    start, every = time.perf_counter(), max(1, recipe.steps // 10)
+    for step in range(recipe.steps):
+        batch = data[torch.randint(len(data), (recipe.batch_size,), generator=generator)]
+        mask = batch.ne(tokenizer.pad_token_id)
+        labels = batch.masked_fill(~mask, -100)
+        loss = model(input_ids=batch, attention_mask=mask.long(), labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if progress and (step % every == 0 or step == recipe.steps - 1):
+            elapsed = time.perf_counter() - start
+            print(
+                f"[privzo] pretraining step {step + 1}/{recipe.steps} "
+                f"loss {loss.item():.3f} ({elapsed:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    model.eval()
+    return losses
+
+
+def _build(name: str, recipe: BuiltinRecipe, target: Path, progress: bool) -> None:
+    """Build the model and tokenizer of ``recipe`` and save both to ``target``."""
+    tokenizer = build_word_tokenizer(demo_data.vocabulary(), append_eos=recipe.arch == "roberta")
+    model = _build_model(recipe, tokenizer)
+    if recipe.pretrain is not None:
+        if progress:
+            print(f"[privzo] building built-in model {name!r} (one-off)", file=sys.stderr)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(recipe.pretrain.seed)
+            pretrain(model, tokenizer, recipe.pretrain, progress)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    info = {"name": name, "version": recipe.version(), "recipe": asdict(recipe)}
+    (target / "privzo_builtin.json").write_text(json.dumps(info, indent=2))
+
+
+def materialize_builtin(name: str, cache_dir: str | Path, progress: bool = True) -> Path:
+    """The HF-format directory of built-in ``name`` under ``cache_dir``, building it once.
+
+    Later calls (from any process) reuse ``cache_dir/<name>-<recipe hash>/``.
+    """
+    if name not in BUILTIN_MODELS:
+        raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_MODELS)}")
+    recipe = BUILTIN_MODELS[name]
+    cache_dir = Path(cache_dir)
+    final = cache_dir / f"{name}-{recipe.version()}"
+    if (final / "privzo_builtin.json").is_file():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
+    try:
+        _build(name, recipe, staging, progress)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "privzo_builtin.json").is_file():  # not a concurrent winner
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
