@@ -203,3 +203,20 @@ def test_cli_run_prints_summary_and_rejects_bad_config(
     bad = ["run", str(config_path), "privacy.delta=2", "--output-dir", str(tmp_path / "o2")]
     assert main(bad) == 2
     assert "privacy.delta" in capsys.readouterr().err
+
+
+def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_files, cache_dir):
+    """Directions are public and repeat; the noise and the Poisson batches are secret and don't."""
+    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=4")
+    tables = []
+    for name in ("first", "second"):
+        run(config, tmp_path / name, cache_dir=cache_dir, progress=False, tracking_root=tmp_path)
+        tables.append(pq.read_table(tmp_path / name / "trajectory.parquet"))
+    first, second = tables
+    assert first.column("seed").to_pylist() == second.column("seed").to_pylist()
+    gradients = zip(
+        first.column("projected_gradient").to_pylist(),
+        second.column("projected_gradient").to_pylist(),
+        strict=True,
+    )
+    assert all(a != b for a, b in gradients)

@@ -22,10 +22,23 @@ def _add_cache_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _quiet_libraries() -> None:
+    """Silence per-load progress bars and info logs of transformers and mlflow on the console."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def _run_command(args: argparse.Namespace) -> int:
     from privzo.config import load_config
     from privzo.run import run
 
+    _quiet_libraries()
     overrides = list(args.overrides)
     config = load_config(args.config, overrides)
     if config.tracking.uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
@@ -67,6 +80,7 @@ def _print_summary(summary: dict[str, Any], output_dir: Path) -> None:
 def _replay_command(args: argparse.Namespace) -> int:
     from privzo.replay import replay_to_directory
 
+    _quiet_libraries()
     steps = replay_to_directory(
         args.base, args.trajectory, args.output_dir, cache_dir=args.cache_dir
     )
@@ -161,6 +175,7 @@ def _bench_command(args: argparse.Namespace) -> int:
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
+    _quiet_libraries()
     run_demo(args.output_dir, cache_dir=args.cache_dir, quick=args.quick)
     return 0
 

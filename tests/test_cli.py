@@ -1,0 +1,141 @@
+"""The ``privzo privacy`` and ``privzo bench`` commands, run through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privzo.cli import main
+from privzo.privacy import compute_epsilon
+
+KEYS = {"noise_multiplier", "epsilon", "delta", "sample_rate", "steps", "mechanism", "accountant"}
+
+
+def _json(capsys, args: list[str]) -> dict:
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_calibrate_json_round_trips_through_epsilon(capsys):
+    calibrated = _json(
+        capsys,
+        [
+            "privacy",
+            "calibrate",
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--batch-size",
+            "32",
+            "--dataset-size",
+            "1000",
+            "--steps",
+            "300",
+            "--json",
+        ],
+    )
+    assert set(calibrated) == KEYS
+    assert calibrated["sample_rate"] == pytest.approx(0.032)
+    assert calibrated["mechanism"] == "gaussian" and calibrated["accountant"] == "pld"
+    assert calibrated["epsilon"] <= 2.0 and calibrated["epsilon"] == pytest.approx(2.0, rel=0.01)
+    again = _json(
+        capsys,
+        [
+            "privacy",
+            "epsilon",
+            "--noise-multiplier",
+            str(calibrated["noise_multiplier"]),
+            "--delta",
+            "1e-5",
+            "--sample-rate",
+            "0.032",
+            "--steps",
+            "300",
+            "--json",
+        ],
+    )
+    assert again["epsilon"] == pytest.approx(calibrated["epsilon"], rel=1e-9)
+
+
+def test_epsilon_for_laplace_pure_matches_the_closed_form(capsys):
+    result = _json(
+        capsys,
+        [
+            "privacy",
+            "epsilon",
+            "--noise-multiplier",
+            "4",
+            "--delta",
+            "0",
+            "--sample-rate",
+            "1",
+            "--steps",
+            "10",
+            "--mechanism",
+            "laplace",
+            "--accountant",
+            "pure",
+            "--json",
+        ],
+    )
+    assert result["epsilon"] == pytest.approx(10 / 4)
+    expected = compute_epsilon(
+        noise_multiplier=4,
+        sample_rate=1,
+        steps=10,
+        delta=0,
+        mechanism="laplace",
+        accountant="pure",
+    )
+    assert result["epsilon"] == expected
+
+
+def test_human_readable_output(capsys):
+    assert (
+        main(
+            [
+                "privacy",
+                "calibrate",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-5",
+                "--sample-rate",
+                "0.01",
+                "--steps",
+                "100",
+                "--accountant",
+                "rdp",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "noise multiplier" in printed and "rdp" in printed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sample-rate", "0.1", "--batch-size", "3", "--dataset-size", "30"], "not both"),
+        (["--batch-size", "3"], "--dataset-size"),
+        (["--batch-size", "50", "--dataset-size", "30"], "batch size"),
+        (["--sample-rate", "1.5"], "sample_rate"),
+        (["--sample-rate", "0.1", "--mechanism", "laplace", "--accountant", "rdp"], "laplace"),
+    ],
+)
+def test_bad_privacy_arguments_exit_2_with_a_message(capsys, args, message):
+    base = ["privacy", "epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--steps", "10"]
+    assert main(base + args) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_zo_step_prints_measured_ratios(capsys):
+    result = _json(capsys, ["bench", "zo-step", "--json", "--repeats", "1"])
+    assert result["model"]["parameters"] >= 5_000_000
+    for name in ("forward", "mezo", "dpzero", "mezo_4sweep", "dpzero_4sweep"):
+        assert result["seconds"][name] > 0 and result["peak_memory_mb"][name] > 0
+    assert result["ratios"]["dpzero_step_over_two_forwards"] > 0
