@@ -26,7 +26,7 @@ from privzo.privacy import (
     Sampler,
     ShuffleSampler,
     calibrate_noise_multiplier,
-    compute_epsilon,
+    check_feasible,
     make_accountant,
 )
 from privzo.tasks import EncodedExamples, PromptClassificationTask, build_task, load_splits
@@ -82,15 +82,13 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     try:
         if noise_multiplier is None:
             noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
-        epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
-    except ValueError as error:  # the accountant's reason, reported as a config error
-        raise ConfigError(f"privacy settings cannot be met: {error}") from None
-    if epsilon > privacy.epsilon * (1 + 1e-6):
-        raise ConfigError(
-            f"privacy.noise_multiplier={noise_multiplier} spends ε={epsilon:.4g} over "
-            f"{steps} steps at sample rate {sample_rate:.4g}, above privacy.epsilon="
-            f"{privacy.epsilon}; raise the noise multiplier, or leave it null to calibrate"
+        epsilon = check_feasible(
+            noise_multiplier=noise_multiplier, epsilon=privacy.epsilon, **common
         )
+    except ValueError as error:  # the accountant's reason, reported as a config error
+        field = "privacy.noise_multiplier" if privacy.noise_multiplier else "privacy"
+        value = f"={privacy.noise_multiplier}" if privacy.noise_multiplier else ""
+        raise ConfigError(f"{field}{value}: settings cannot be met: {error}") from None
     return PrivacyPlan(
         private=True,
         sample_rate=sample_rate,
