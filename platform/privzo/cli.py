@@ -30,7 +30,8 @@ def _quiet_libraries() -> None:
 
     transformers_logging.set_verbosity_error()
     transformers_logging.disable_progress_bar()
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # mlflow sets its own level when it is imported (lazily, at the first run): tell it first.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 

@@ -3,25 +3,30 @@
 Nothing here is downloaded: the public pretraining corpus and the private task are generated
 from a seed, so the README demo and the test suite run anywhere and give the same numbers.
 
-The design (why the demo is honest):
+Why the demo is honest and meaningful:
 
 * The **public corpus** teaches the words. Opinion sentences about everyday *public subjects*
-  (the soup, the weather, the bus, ...) pair a sentiment adjective with a reaction of the same
-  polarity ("the soup was bland , so ava frowned ."), so adjectives acquire a sentiment
-  direction from their context. The label words "great" and "terrible" are ordinary adjectives
-  there. "it was" is only ever followed by a time word ("it was monday").
-* The **private task** is a different register: short product and place *reviews* written with
-  their own openers and *private subjects* (the hotel, the laptop, ...) that the public corpus
-  only mentions in neutral sentences. The corpus never shows a review followed by a verdict, so
-  zero-shot scoring of "{review} It was" -> great/terrible rests on an indirect association.
-* Private **train and test use disjoint adjectives** (and the label words never occur inside a
-  review), so no single token shared by train and test decides the label: fine-tuning has to
-  map the pretrained sentiment direction onto the two label words, which is the low-dimensional
-  adaptation zeroth-order methods are good at.
+  (the soup, the bus, ...) pair sentiment adjectives with each other and with a reaction of the
+  same polarity ("the soup was bland , so ava frowned ."; "what a lovely cozy garden !"), so
+  adjectives acquire a sentiment direction from context; a contrastive form teaches that after
+  "but" the second clause decides. Adjective frequencies are Zipfian, so some are rare.
+* The label words are **rare feelings there, never verdicts**: "great"/"terrible" occur only
+  in about 1 % of sentences, as "<name> felt great" after a matching opinion; "it was" is only
+  ever followed by a time word ("it was monday"). So zero-shot scoring of
+  "{review} It was" -> great/terrible is near chance: the knowledge is in the model, the
+  mapping to the label words is not.
+* The **private task** is another register: product and place *reviews* with their own
+  openers ("we booked the hotel . the staff was lovely .") about *private subjects* that the
+  corpus only mentions in neutral sentences; 30 % are contrastive ("the price was poor but the
+  staff was lovely": label from the clause after "but").
+* Private **train and test use disjoint adjectives** and reviews never contain a label word, so
+  no single token shared by train and test decides the label: fine-tuning has to map the
+  pretrained sentiment direction onto the two label words, a low-dimensional adaptation that
+  zeroth-order methods manage in a few hundred steps.
 
-Disjointness from the corpus holds by construction (private sentences start with a review
-opener and contain a private subject, and no corpus template produces either combination); the
-tests check it on generated data as well.
+Disjointness from the corpus holds by construction: every review starts with a review opener
+("i tried", "we booked", "my friend bought", "last week", ...), whose first word never starts a
+corpus sentence; the tests check it on generated data too.
 """
 
 from __future__ import annotations
@@ -138,7 +143,9 @@ def _opinion(rng: random.Random) -> str:
     if form == 2:
         return f"the {subject} was {adjective} and the {other} was {second} ."
     if form == 3:
-        return f"{name} went to the {subject} . the {subject} was {adjective} and {name} {reaction} ."
+        return (
+            f"{name} went to the {subject} . the {subject} was {adjective} and {name} {reaction} ."
+        )
     if form == 4:
         return f"the {subject} was {adjective} and {second} ."
     if form == 5:

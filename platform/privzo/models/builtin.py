@@ -90,7 +90,7 @@ BUILTIN_MODELS: dict[str, BuiltinRecipe] = {
     "tiny-roberta": BuiltinRecipe("roberta", hidden=32, layers=2, heads=4, ffn=64),
     "demo-opt-s": BuiltinRecipe("opt", 64, 2, 4, 256, PretrainRecipe(), init_std=0.1),
     "demo-opt-m": BuiltinRecipe("opt", 128, 3, 4, 512, PretrainRecipe(), init_std=0.1),
-    "demo-opt-l": BuiltinRecipe("opt", 192, 4, 6, 768, PretrainRecipe(), init_std=0.1),
+    "demo-opt-l": BuiltinRecipe("opt", 160, 3, 4, 640, PretrainRecipe(), init_std=0.1),
 }
 
 
@@ -175,7 +175,7 @@ def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> P
 
 def _corpus_tensor(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:
     """``<s> sentence </s>`` per row, right-padded with the pad id."""
-    rows = [ids + [tokenizer.eos_token_id] for ids in tokenizer(list(sentences))["input_ids"]]
+    rows = [[*ids, tokenizer.eos_token_id] for ids in tokenizer(list(sentences))["input_ids"]]
     width = max(len(r) for r in rows)
     out = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     for i, row in enumerate(rows):
