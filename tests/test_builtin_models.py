@@ -1,0 +1,155 @@
+"""The offline built-in models and the synthetic demo data they are pretrained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+from privzo import demo_data
+from privzo.models import builtin
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("builtin-cache")
+
+
+def test_tokenizer_round_trip_and_single_token_label_words(tmp_path: Path) -> None:
+    builtin.build_word_tokenizer(demo_data.vocabulary()).save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    text = "I tried the hotel . The staff was Lovely ! It was"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id and ids[-1] != tok.eos_token_id
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == text.lower()
+    for word in demo_data.LABEL_WORDS:
+        (word_id,) = tok(f" {word}", add_special_tokens=False)["input_ids"]
+        assert word_id != tok.unk_token_id and tok.convert_ids_to_tokens(word_id) == word
+    specials = (tok.pad_token, tok.bos_token, tok.eos_token, tok.unk_token, tok.mask_token)
+    assert specials == builtin.SPECIAL_TOKENS
+    assert tok("a <mask> .", add_special_tokens=False)["input_ids"][1] == tok.mask_token_id
+
+
+def test_every_generated_word_is_in_the_vocabulary() -> None:
+    tok = builtin.build_word_tokenizer(demo_data.vocabulary())
+    train, test = demo_data.private_sentiment_task(200, 200, seed=3)
+    texts = demo_data.public_corpus(500, seed=3) + [r["sentence"] for r in train + test]
+    for ids in tok(texts, add_special_tokens=False)["input_ids"]:
+        assert tok.unk_token_id not in ids
+
+
+@pytest.mark.parametrize(
+    ("name", "auto_cls"),
+    [("tiny-opt", AutoModelForCausalLM), ("tiny-roberta", AutoModelForMaskedLM)],
+)
+def test_tiny_models_build_and_reload(name: str, auto_cls: type, cache_dir: Path) -> None:
+    path = builtin.materialize_builtin(name, cache_dir, progress=False)
+    assert path.parent == cache_dir and path.name.startswith(f"{name}-")
+    model = auto_cls.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    template = demo_data.TEMPLATE + (" <mask>" if name == "tiny-roberta" else "")
+    prompts = [template.format(sentence=s) for s in ("the room was clean .", "i tried it .")]
+    batch = tok(prompts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits
+    assert logits.shape == (*batch["input_ids"].shape, len(tok))
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+
+
+def test_cache_is_reused_without_rebuilding(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = builtin.materialize_builtin("tiny-opt", cache_dir, progress=False)
+    stamp = (first / "privzo_builtin.json").stat().st_mtime_ns
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached built-in was rebuilt")
+
+    monkeypatch.setattr(builtin, "_build", fail)
+    assert builtin.materialize_builtin("tiny-opt", cache_dir, progress=False) == first
+    assert (first / "privzo_builtin.json").stat().st_mtime_ns == stamp
+    info = json.loads((first / "privzo_builtin.json").read_text())
+    assert info["version"] == builtin.BUILTIN_MODELS["tiny-opt"].version()
+
+
+def test_builds_are_reproducible(tmp_path: Path) -> None:
+    first = builtin.materialize_builtin("tiny-opt", tmp_path / "a", progress=False)
+    second = builtin.materialize_builtin("tiny-opt", tmp_path / "b", progress=False)
+    a, b = (AutoModelForCausalLM.from_pretrained(p).state_dict() for p in (first, second))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_interrupted_build_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(name: str, recipe: object, target: Path, progress: bool) -> None:
+        (target / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builtin, "_build", crash)
+    with pytest.raises(KeyboardInterrupt):
+        builtin.materialize_builtin("tiny-opt", tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_registry_and_versions() -> None:
+    assert set(builtin.BUILTIN_MODELS) == {
+        "tiny-opt", "tiny-roberta", "demo-opt-s", "demo-opt-m", "demo-opt-l"
+    }  # fmt: skip
+    assert builtin.is_builtin("demo-opt-s") and not builtin.is_builtin("facebook/opt-125m")
+    versions = {recipe.version() for recipe in builtin.BUILTIN_MODELS.values()}
+    assert len(versions) == len(builtin.BUILTIN_MODELS)
+    with pytest.raises(KeyError, match="unknown built-in"):
+        builtin.materialize_builtin("opt-huge", Path("/nonexistent"), progress=False)
+
+
+def test_demo_data_is_deterministic_by_seed() -> None:
+    assert demo_data.public_corpus(300, seed=1) == demo_data.public_corpus(300, seed=1)
+    assert demo_data.public_corpus(300, seed=1) != demo_data.public_corpus(300, seed=2)
+    task = demo_data.private_sentiment_task
+    assert task(50, 20, seed=1) == task(50, 20, seed=1)
+    assert task(50, 20, seed=1) != task(50, 20, seed=2)
+
+
+def test_private_task_is_balanced_and_disjoint_from_public_corpus() -> None:
+    corpus = demo_data.public_corpus(20_000, seed=0)
+    train, test = demo_data.private_sentiment_task(1000, 501, seed=0)
+    assert len(train) == 1000 and len(test) == 501
+    assert sum(r["label"] for r in train) == 500
+    assert sum(r["label"] for r in test) in (250, 251)
+    public = set(corpus)
+    assert not any(r["sentence"] in public for r in train + test)
+    # No corpus sentence even contains a review as a substring.
+    joined = "\n".join(corpus)
+    assert not any(str(r["sentence"]) in joined for r in train[:100] + test[:100])
+
+
+def test_label_is_not_one_shared_token_away() -> None:
+    """Train and test use disjoint adjectives, and reviews never contain the label words."""
+    train, test = demo_data.private_sentiment_task(1000, 500, seed=0)
+
+    def words(rows: list[dict[str, object]]) -> set[str]:
+        return {w for r in rows for w in str(r["sentence"]).split()}
+
+    adjectives = set(demo_data.POSITIVE_ADJECTIVES) | set(demo_data.NEGATIVE_ADJECTIVES)
+    assert not (words(train) & words(test) & adjectives)
+    assert not (words(train) | words(test)) & set(demo_data.LABEL_WORDS)
+
+
+def test_write_jsonl_round_trip(tmp_path: Path) -> None:
+    rows, _ = demo_data.private_sentiment_task(6, 2, seed=0)
+    path = demo_data.write_jsonl(rows, tmp_path / "sub" / "train.jsonl")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+
+
+@pytest.mark.slow
+def test_demo_model_pretraining_lowers_the_loss() -> None:
+    recipe = builtin.BUILTIN_MODELS["demo-opt-s"]
+    assert recipe.pretrain is not None
+    tok = builtin.build_word_tokenizer(demo_data.vocabulary())
+    model = builtin._build_model(recipe, tok)
+    losses = builtin.pretrain(model, tok, recipe.pretrain, progress=False)
+    assert len(losses) == recipe.pretrain.steps
+    assert sum(losses[-20:]) / 20 < 0.5 * losses[0]
