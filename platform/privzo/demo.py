@@ -14,32 +14,26 @@ from typing import Any
 from privzo.config import load_config
 from privzo.run import SUMMARY_FILE, run
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "runs" / "tiny-dpzero.yaml"
-
-
-def _arms(quick: bool) -> dict[str, list[str]]:
-    steps = ["optimizer.steps=20"] if quick else []
-    return {
-        "dpzero": [*steps],
-        "mezo": ["optimizer.algorithm=mezo", "privacy.sampler=shuffle", *steps],
-    }
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
+ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
 
 
 def run_demo(
-    output_dir: Path, *, cache_dir: Path, quick: bool = False, config_path: Path | None = None
+    output_dir: Path, *, cache_dir: Path, quick: bool = False, config_dir: Path = CONFIG_DIR
 ) -> list[dict[str, Any]]:
     """Run (or reuse finished) demo arms under ``output_dir`` and print the comparison table."""
     output_dir = Path(output_dir).resolve()
-    base = config_path or DEMO_CONFIG
+    overrides = ["optimizer.steps=20"] if quick else []
     summaries = {}
-    for arm, overrides in _arms(quick).items():
+    for arm, config_name in ARMS.items():
         arm_dir = output_dir / arm
         if (arm_dir / SUMMARY_FILE).exists():
             print(f"{arm}: reusing the finished run in {arm_dir}")
             summaries[arm] = json.loads((arm_dir / SUMMARY_FILE).read_text())
             continue
-        print(f"{arm}: fine-tuning ({' '.join(overrides) or 'config as shipped'})")
-        config = load_config(base, [f"tracking.run_name=demo-{arm}", *overrides])
+        config_path = config_dir / config_name
+        print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
+        config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
         summaries[arm] = run(config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir)
     rows = _table_rows(summaries)
     print(format_table(rows))
