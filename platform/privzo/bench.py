@@ -3,7 +3,9 @@
 On one tiny OPT-style model (fp32, batch 16, sequence 128) in one process, it times and
 measures peak memory of: an inference forward (the same scoring forward the step uses), a MeZO
 step, a DPZero step, and a reference 4-sweep step (perturb +ε, −2ε, +ε, then a separate update)
-to show what fusing the restore into the update saves. Every figure printed is measured here.
+to show what fusing the restore into the update saves, and one sweep alone (a step is about two
+forwards plus three sweeps; on CPU a sweep is dominated by drawing z from torch's sequential
+generator). Every figure printed is measured here.
 """
 
 from __future__ import annotations
@@ -56,17 +58,30 @@ def _bench_model() -> tuple[OPTForCausalLM, Batch, torch.Tensor]:
     return model, batch, torch.tensor([10, 11])
 
 
-def _measure(action: Callable[[], Any], memory: PeakMemory, repeats: int) -> tuple[float, float]:
-    """(median seconds, peak MB over the repeats); one warm-up call first."""
-    action()
-    times, peak = [], 0.0
-    for _ in range(repeats):
-        memory.reset()
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-        peak = max(peak, memory.peak_mb())
-    return statistics.median(times), peak
+def _measure(
+    cases: dict[str, Callable[[], Any]], memory: PeakMemory, repeats: int, progress: bool
+) -> dict[str, tuple[float, float]]:
+    """(median seconds, median peak MB) per case.
+
+    The cases run round-robin, one warm-up round first, so slow drift of the machine (clock,
+    other processes, allocator state) touches every case alike instead of biasing a ratio.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    peaks: dict[str, list[float]] = {name: [] for name in cases}
+    for round_index in range(repeats + 1):
+        if progress:
+            print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
+        for name, action in cases.items():
+            memory.reset()
+            started = time.perf_counter()
+            action()
+            elapsed = time.perf_counter() - started
+            if round_index > 0:
+                times[name].append(elapsed)
+                peaks[name].append(memory.peak_mb())
+    return {
+        name: (statistics.median(times[name]), statistics.median(peaks[name])) for name in cases
+    }
 
 
 def _four_sweep_step(
@@ -126,16 +141,13 @@ def zo_step_benchmark(repeats: int = 5, progress: bool = True) -> dict[str, Any]
 
     cases = {
         "forward": loss,
+        "one_sweep": lambda: sweep(shards, sampler, 7, 1e-9),
         "mezo": fused("mezo"),
         "dpzero": fused("dpzero"),
         "mezo_4sweep": four_sweep("mezo"),
         "dpzero_4sweep": four_sweep("dpzero"),
     }
-    measured = {}
-    for name, action in cases.items():
-        if progress:
-            print(f"measuring {name} ({repeats} repeats)...", flush=True)
-        measured[name] = _measure(action, memory, repeats)
+    measured = _measure(cases, memory, repeats, progress)
     return _report(measured, sum(shard.size for shard in shards), repeats)
 
 
@@ -151,6 +163,8 @@ def _report(
     ratios["dpzero_over_mezo_time"] = measured["dpzero"][0] / measured["mezo"][0]
     ratios["dpzero_over_mezo_memory"] = measured["dpzero"][1] / measured["mezo"][1]
     ratios["fused_over_4sweep_time"] = measured["dpzero"][0] / measured["dpzero_4sweep"][0]
+    # A step is about 2 forwards + 3 sweeps: this says how much of the step is direction work.
+    ratios["sweep_over_forward_time"] = measured["one_sweep"][0] / forward_time
     result = {
         "model": {**BENCH_MODEL, "parameters": parameters},
         "batch_size": BATCH_SIZE,
@@ -177,11 +191,11 @@ def _table(result: dict[str, Any]) -> str:
     ]
     for name, seconds in result["seconds"].items():
         memory = result["peak_memory_mb"][name]
-        time_ratio = ratios.get(f"{name}_step_over_two_forwards", seconds / 2 / seconds)
-        memory_ratio = ratios.get(f"{name}_step_over_forward_memory", 1.0)
-        lines.append(
-            f"{name:<16}{seconds:>10.4f}{memory:>10.1f}{time_ratio:>11.3f}{memory_ratio:>9.3f}"
-        )
+        time_ratio = ratios.get(f"{name}_step_over_two_forwards")
+        memory_ratio = ratios.get(f"{name}_step_over_forward_memory")
+        shown_time = "-" if time_ratio is None else f"{time_ratio:.3f}"
+        shown_memory = "-" if memory_ratio is None else f"{memory_ratio:.3f}"
+        lines.append(f"{name:<16}{seconds:>10.4f}{memory:>10.1f}{shown_time:>11}{shown_memory:>9}")
     checks = [
         (
             "dpzero step / 2 forwards",
@@ -200,6 +214,7 @@ def _table(result: dict[str, Any]) -> str:
             targets["dpzero_over_mezo_memory"],
         ),
         ("fused 3-sweep / 4-sweep time", ratios["fused_over_4sweep_time"], None),
+        ("one sweep / forward time", ratios["sweep_over_forward_time"], None),
     ]
     for label, value, target in checks:
         verdict = "" if target is None else (" ok" if value <= target else " ABOVE TARGET")
