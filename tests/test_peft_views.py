@@ -117,7 +117,9 @@ def _train(model: nn.Module, pairs, batch: Batch, recorder: TrajectoryRecorder) 
 
 
 def _recorder(model_name: str, view: str) -> TrajectoryRecorder:
-    meta = TrajectoryMeta(SCALE, "gaussian", "cpu", view, model_name, "float32", "inplace")
+    meta = TrajectoryMeta(
+        SCALE, "gaussian", "cpu", view, {}, SEED, model_name, "float32", "inplace"
+    )
     return TrajectoryRecorder(meta, release_batch_size=False)
 
 

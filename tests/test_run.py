@@ -81,7 +81,7 @@ def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, sentiment_fil
     output = tmp_path / "dp"
     run(config, output, cache_dir=cache_dir, progress=False)
     trained = load_file(output / "model" / "model.safetensors")
-    loaded, steps = replay("tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir)
+    loaded, _model, steps = replay("tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir)
     assert steps == 12
     replayed = loaded.model.state_dict()
     changed = 0
@@ -220,3 +220,37 @@ def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_f
         strict=True,
     )
     assert all(a != b for a, b in gradients)
+
+
+@pytest.mark.parametrize("view", ["bitfit", "lora", "prefix"])
+def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view):
+    """A run with a PEFT view saves its trained tensors; replay rebuilds exactly those."""
+    config = _config(
+        *sentiment_files,
+        f"model.trainable={view}",
+        "model.peft.lora_rank=2",
+        "save_model=true",
+        "tracking.backend=none",
+        "optimizer.steps=6",
+    )
+    summary = run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
+    main(
+        [
+            "replay",
+            "--base",
+            "tiny-opt",
+            "--trajectory",
+            str(tmp_path / "run" / "trajectory.parquet"),
+            "--output-dir",
+            str(tmp_path / "rebuilt"),
+            "--cache-dir",
+            str(cache_dir),
+        ]
+    )
+    weights = "model.safetensors" if view == "bitfit" else "adapter_model.safetensors"
+    trained = load_file(tmp_path / "run" / "model" / weights)
+    rebuilt = load_file(tmp_path / "rebuilt" / weights)
+    assert trained.keys() == rebuilt.keys() and trained
+    assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
+    full = replay_base(cache_dir)
+    assert summary["trainable_parameters"] < sum(t.numel() for t in full.values())

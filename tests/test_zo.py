@@ -188,7 +188,7 @@ def test_unknown_algorithm_is_rejected():
 def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
     theta, perturber, losses = _quadratic_setup()
     base = theta.detach().clone()
-    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", "quadratic", "float32", "inplace")
+    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", {}, 0, "quadratic", "float32", "inplace")
     recorder = TrajectoryRecorder(meta, release_batch_size=False)
     estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
     for step in range(30):
@@ -264,7 +264,7 @@ def test_half_precision_update_rounds_once_and_replays(tmp_path):
     perturber = make_perturber(
         model, full_shards(model.named_parameters()), DirectionSampler("gaussian")
     )
-    meta = TrajectoryMeta(1e-2, "gaussian", "cpu", "full", "mlp", "bfloat16", "virtual")
+    meta = TrajectoryMeta(1e-2, "gaussian", "cpu", "full", {}, 0, "mlp", "bfloat16", "virtual")
     recorder = TrajectoryRecorder(meta, release_batch_size=True)
     inputs = torch.randn(6, 8).to(torch.bfloat16)
     for step in range(10):

@@ -29,6 +29,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class PeftConfig(_Section):
+    """Options of the LoRA and prefix views (ignored by full and bitfit)."""
+
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    lora_target_modules: list[str] | None = Field(
+        None, description="Module names to adapt; null = the architecture's q/v projections."
+    )
+    prefix_tokens: int = Field(5, ge=1)
+
+
 class ModelConfig(_Section):
     """Which network to fine-tune and where it runs."""
 
@@ -40,7 +51,10 @@ class ModelConfig(_Section):
     kind: Literal["auto", "causal", "masked"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$")
-    trainable: Literal["full", "bitfit"] = "full"
+    trainable: Literal["full", "bitfit", "lora", "prefix"] = Field(
+        "full", description="The PEFT view: which tensors the run perturbs and updates."
+    )
+    peft: PeftConfig = Field(default_factory=PeftConfig)
 
 
 class TaskConfig(_Section):

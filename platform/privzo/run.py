@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.memory import PeakMemory
-from privzo.models.loading import LoadedModel, load_model, trainable_parameters
+from privzo.models.loading import LoadedModel, apply_view, load_model, save_weights
+from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy import (
     BudgetLedger,
     PoissonSampler,
@@ -123,6 +125,8 @@ class RunContext:
     test: EncodedExamples
     shards: list[ParameterShard]
     perturber: Perturber
+    model: torch.nn.Module  # the model with its PEFT view applied (peft wrapper for lora/prefix)
+    scoring_model: torch.nn.Module  # what the task scores with (the wrapper's HF body)
 
 
 def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
@@ -132,11 +136,14 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     task = build_task(config.task, loaded.tokenizer, loaded.kind)
     task.check_rows(splits.train, "training data")
     task.check_rows(splits.test, "test data")
-    shards = full_shards(trainable_parameters(loaded.model, config.model.trainable))
+    model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
+    shards = full_shards(pairs)
     directions = DirectionSampler(config.optimizer.direction, loaded.device)
-    perturber = make_perturber(loaded.model, shards, directions)
+    perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
-    return RunContext(config, plan, loaded, task, train, test, shards, perturber)
+    return RunContext(
+        config, plan, loaded, task, train, test, shards, perturber, model, unwrap_for_scoring(model)
+    )
 
 
 def run(
@@ -201,8 +208,7 @@ def _train_and_evaluate(
         recorder.write(output_dir / TRAJECTORY_FILE)
     accuracy_after = evaluate()
     if config.save_model:
-        context.loaded.model.save_pretrained(output_dir / MODEL_DIR)
-        context.loaded.tokenizer.save_pretrained(output_dir / MODEL_DIR)
+        save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, accuracy_before, accuracy_after, started)
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
@@ -216,7 +222,7 @@ def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], float]:
 
     def evaluate() -> float:
         memory.reset()
-        return context.task.accuracy(context.loaded.model, context.test, batch_size)
+        return context.task.accuracy(context.scoring_model, context.test, batch_size)
 
     return evaluate
 
@@ -228,6 +234,8 @@ def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
         direction=config.optimizer.direction,
         device_type=context.loaded.device.type,
         trainable=config.model.trainable,
+        view_options=config.model.peft.model_dump(mode="json"),
+        view_seed=config.seed,
         model=config.model.name_or_path,
         dtype=config.model.dtype,
         perturbation=context.perturber.mode,
@@ -288,7 +296,7 @@ class TrainingLoop:
             perturber=context.perturber,
             batch=batch,
             batch_size=len(indices),
-            loss_fn=lambda b: context.task.per_example_loss(context.loaded.model, b),
+            loss_fn=lambda b: context.task.per_example_loss(context.scoring_model, b),
             estimator=self.estimator,
             learning_rate=self.schedule(step),
             perturbation_scale=context.config.optimizer.perturbation_scale,

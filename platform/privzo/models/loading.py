@@ -18,6 +18,7 @@ from transformers import (
 
 from privzo.config import ConfigError, ModelConfig
 from privzo.models.builtin import is_builtin, materialize_builtin
+from privzo.models.peft_views import apply_peft_view
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MASKED_TYPES = {"roberta", "bert", "xlm-roberta", "deberta", "deberta-v2", "electra", "distilbert"}
@@ -81,14 +82,28 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     return LoadedModel(model, tokenizer, kind, source, device)
 
 
-def trainable_parameters(model: torch.nn.Module, view: str) -> list[tuple[str, torch.nn.Parameter]]:
-    """The (name, parameter) pairs a PEFT view trains, in a fixed order; tied weights once."""
-    named = list(model.named_parameters())
-    if view == "full":
-        return named
-    if view == "bitfit":
-        biases = [(name, p) for name, p in named if name.endswith(".bias")]
-        if not biases:
-            raise ConfigError("model.trainable='bitfit' but the model has no bias parameters")
-        return biases
-    raise ConfigError(f"model.trainable={view!r} is unknown; allowed: ['full', 'bitfit']")
+def apply_view(
+    model: PreTrainedModel, config: ModelConfig, seed: int
+) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]:
+    """The model to run (possibly peft-wrapped) and the (name, parameter) pairs it trains.
+
+    ``seed`` (public) fixes the adapters' initialisation, so replay rebuilds the same start.
+    """
+    try:
+        return apply_peft_view(
+            model,
+            config.trainable,
+            seed=seed,
+            lora_rank=config.peft.lora_rank,
+            lora_alpha=config.peft.lora_alpha,
+            lora_target_modules=config.peft.lora_target_modules,
+            prefix_tokens=config.peft.prefix_tokens,
+        )
+    except ValueError as error:
+        raise ConfigError(f"model.trainable={config.trainable!r}: {error}") from None
+
+
+def save_weights(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """HF format: the whole model for full / bitfit, the adapter (peft format) for lora / prefix."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)

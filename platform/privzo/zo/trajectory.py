@@ -39,7 +39,9 @@ class TrajectoryMeta:
     perturbation_scale: float
     direction: str
     device_type: str
-    trainable: str
+    trainable: str  # the PEFT view
+    view_options: dict[str, Any]  # its options (LoRA rank, targets, prefix length, ...)
+    view_seed: int  # public seed of the adapters' initialisation
     model: str
     dtype: str
     perturbation: str  # "inplace" (fp32) or "virtual" (half precision)
