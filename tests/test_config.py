@@ -106,8 +106,10 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
 
 
 def test_non_finite_numbers_are_rejected():
-    with pytest.raises(ConfigError, match="finite"):
+    with pytest.raises(ConfigError, match=r"optimizer\.learning_rate: .*finite"):
         load_config(None, ["optimizer.learning_rate=.inf"])
+    with pytest.raises(ConfigError, match=r"privacy\.delta: .*finite"):
+        load_config(None, ["privacy.delta=.nan"])
 
 
 def test_shipped_configs_exist():

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from privzo.cli import main
 from privzo.config import ConfigError, load_config
-from privzo.privacy import compute_epsilon
+from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.replay import replay
-from privzo.run import run
+from privzo.run import _make_sampler, plan_privacy, run
 from privzo.tracking import read_run
 
 
@@ -71,9 +71,16 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
     assert steps == [5, 10, 12]
     epsilons = [value for _, value in record["history"]["epsilon_spent"]]
     assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary["epsilon"])
-    assert "train_loss" not in record["history"]  # private data: not logged by default
+    for private_diagnostic in ("train_loss", "step_time_s", "nonfinite_differences"):
+        assert private_diagnostic not in record["history"]  # data-dependent: not logged
+    assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
     assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
-    assert not any("film" in value for value in record["params"].values())  # no raw data
+    assert "tracking.uri" not in record["params"]
+    released = [
+        *record["params"].values(),
+        *(p.read_bytes().decode("latin-1") for p in output.iterdir() if p.is_file()),
+    ]
+    assert not any("film" in text for text in released)  # no raw training text anywhere
 
 
 def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, sentiment_files, cache_dir):
@@ -84,7 +91,6 @@ def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, sentiment_fil
     loaded, _model, steps = replay("tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir)
     assert steps == 12
     replayed = loaded.model.state_dict()
-    changed = 0
     for name, tensor in trained.items():
         assert torch.equal(replayed[name], tensor), name
     base = replay_base(cache_dir)
@@ -152,6 +158,10 @@ def test_masked_lm_run(tmp_path, sentiment_files, cache_dir):
         ("optimizer.batch_size=1000", "optimizer.batch_size=1000"),
         ("task.label_words=[terrible, nonexistentword]", "nonexistentword"),
         ("privacy.noise_multiplier=0.2", "privacy.noise_multiplier=0.2"),
+        ("task.max_length=5000", "task.max_length=5000"),
+        ("task.label_field=stars", "task.label_field"),
+        ("task.text_field=review", "task.text_field"),
+        ("tracking.uri=notascheme://nowhere", "tracking.uri"),
         ("privacy.noise_multiplier=0.01", "noise_multiplier=0.01 is below"),
         ("privacy.epsilon=1e-6", "settings cannot be met"),
     ],
@@ -167,15 +177,33 @@ def test_bad_input_fails_before_compute_and_keeps_records(
     assert (output / "notes.txt").read_text() == "kept"
     assert not (output / "trajectory.parquet").exists()
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing recorded
+    assert sorted(p.name for p in output.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_unreachable_hub_id_is_a_config_error(tmp_path, sentiment_files, cache_dir):
+    """Offline, transformers retries for ~25 s before giving up; the error names the field."""
+    config = _config(*sentiment_files, "model.name_or_path=nonexistent-org/nonexistent-model")
+    with pytest.raises(ConfigError, match=r"model\.name_or_path"):
+        run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path, sentiment_files, cache_dir):
     config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=2")
     run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
     before = (tmp_path / "r" / "summary.json").read_text()
-    with pytest.raises(ConfigError, match="already holds a finished run"):
+    with pytest.raises(ConfigError, match="already holds a run"):
         run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
     assert (tmp_path / "r" / "summary.json").read_text() == before
+    bad = _config(*sentiment_files, "tracking.backend=none", "task.max_length=5000")
+    with pytest.raises(ConfigError, match="max_length"):  # a bad --overwrite run erases nothing
+        run(bad, tmp_path / "r", cache_dir=cache_dir, progress=False, overwrite=True)
+    assert (tmp_path / "r" / "summary.json").read_text() == before
+    (tmp_path / "r" / "summary.json").unlink()  # an interrupted run: trajectory, no summary
+    with pytest.raises(ConfigError, match=r"trajectory\.parquet"):
+        run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
+    run(config, tmp_path / "r", cache_dir=cache_dir, progress=False, overwrite=True)
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 2
 
 
 def test_cli_run_prints_summary_and_rejects_bad_config(
@@ -196,17 +224,40 @@ def test_cli_run_prints_summary_and_rejects_bad_config(
         "--cache-dir",
         str(cache_dir),
         "--quiet",
+        "optimizer.steps=2",  # overrides may also follow the options
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "accuracy_after" in printed and "epsilon" in printed
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["steps"] == 2
     bad = ["run", str(config_path), "privacy.delta=2", "--output-dir", str(tmp_path / "o2")]
     assert main(bad) == 2
     assert "privacy.delta" in capsys.readouterr().err
 
 
+def test_private_runs_sample_poisson_batches_from_a_secret_generator(sentiment_files):
+    """Two private runs with identical configs (and seeds) draw different Poisson batches."""
+    config = _config(*sentiment_files)
+    plan = plan_privacy(config, dataset_size=64)
+    samplers = [_make_sampler(config, plan, 64) for _ in range(2)]
+    assert all(isinstance(sampler, PoissonSampler) for sampler in samplers)
+    draws = [[tuple(s.next_batch()) for _ in range(20)] for s in samplers]
+    assert draws[0] != draws[1]
+    sizes = {len(batch) for batch in draws[0]}
+    assert len(sizes) > 1  # variable batch sizes, as the accountant assumes
+
+
+def test_private_diagnostics_are_logged_only_when_asked(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "tracking.log_private_diagnostics=true")
+    summary = run(config, tmp_path / "runs" / "d", cache_dir=cache_dir, progress=False)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    history = read_run(uri, summary["tracking_run_id"])["history"]
+    assert {"train_loss", "step_time_s", "nonfinite_differences"} <= set(history)
+    assert summary["nonfinite_differences"] == 0 and summary["empty_batches"] >= 0
+
+
 def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_files, cache_dir):
-    """Directions are public and repeat; the noise and the Poisson batches are secret and don't."""
+    """Directions are public and repeat; the noise is secret and does not."""
     config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=4")
     tables = []
     for name in ("first", "second"):

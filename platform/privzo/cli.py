@@ -42,14 +42,13 @@ def _run_command(args: argparse.Namespace) -> int:
     _quiet_libraries()
     overrides = list(args.overrides)
     config = load_config(args.config, overrides)
-    if config.tracking.uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
-        config.tracking.uri = os.environ["MLFLOW_TRACKING_URI"]
     summary = run(
         config,
         args.output_dir,
         cache_dir=args.cache_dir,
         progress=not args.quiet,
         overwrite=args.overwrite,
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
     )
     _print_summary(summary, args.output_dir)
     return 0
@@ -227,12 +226,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _all_overrides(items: list[str]) -> bool:
+    return all("=" in item and not item.startswith("-") for item in items)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `privzo run CFG --output-dir D a.b=1`: overrides may also follow the options
+    if extra and getattr(args, "overrides", None) is not None and _all_overrides(extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         print(f"privzo: error: {error}", file=sys.stderr)
         return 2
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from privzo.config import load_config
-from privzo.run import SUMMARY_FILE, run
+from privzo.config import RunConfig, load_config
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
@@ -23,18 +23,25 @@ def run_demo(
 ) -> list[dict[str, Any]]:
     """Run (or reuse finished) demo arms under ``output_dir`` and print the comparison table."""
     output_dir = Path(output_dir).resolve()
+    if not all((config_dir / name).is_file() for name in ARMS.values()):
+        raise FileNotFoundError(
+            f"the demo's configs {sorted(ARMS.values())} are not in {config_dir}: run the demo "
+            "from a checkout installed with `pip install -e .`"
+        )
     overrides = ["optimizer.steps=20"] if quick else []
     summaries = {}
     for arm, config_name in ARMS.items():
         arm_dir = output_dir / arm
-        if (arm_dir / SUMMARY_FILE).exists():
-            print(f"{arm}: reusing the finished run in {arm_dir}")
+        config_path = config_dir / config_name
+        config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
+        if _finished_with(arm_dir, config):
+            print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
             summaries[arm] = json.loads((arm_dir / SUMMARY_FILE).read_text())
             continue
-        config_path = config_dir / config_name
         print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
-        config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
-        summaries[arm] = run(config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir)
+        summaries[arm] = run(
+            config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir, overwrite=True
+        )
     rows = _table_rows(summaries)
     print(format_table(rows))
     print(
@@ -42,6 +49,13 @@ def run_demo(
         "\n(then open http://127.0.0.1:5000 and the experiment 'privzo-tiny')"
     )
     return rows
+
+
+def _finished_with(arm_dir: Path, config: RunConfig) -> bool:
+    """A finished run of exactly this config (a --quick run is not reused for the full demo)."""
+    if not (arm_dir / SUMMARY_FILE).exists() or not (arm_dir / CONFIG_FILE).exists():
+        return False
+    return load_config(arm_dir / CONFIG_FILE) == config
 
 
 def _table_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ and erases nothing.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +21,13 @@ from tqdm.auto import tqdm
 
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.memory import PeakMemory
-from privzo.models.loading import LoadedModel, apply_view, load_model, save_weights
+from privzo.models.loading import (
+    LoadedModel,
+    apply_view,
+    load_model,
+    position_limit,
+    save_weights,
+)
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy import (
     BudgetLedger,
@@ -41,6 +48,7 @@ from privzo.zo.step import StepRecord, zo_step
 from privzo.zo.sweeps import ParameterShard, full_shards
 from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
 
+logger = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 TRAJECTORY_FILE = "trajectory.parquet"
 CONFIG_FILE = "config.yaml"
@@ -94,7 +102,7 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     return PrivacyPlan(
         private=True,
         sample_rate=sample_rate,
-        expected_batch_size=sample_rate * dataset_size,
+        expected_batch_size=float(batch_size),
         noise_multiplier=noise_multiplier,
         epsilon=epsilon,
         delta=privacy.delta,
@@ -103,14 +111,25 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     )
 
 
-def prepare_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse to write over a finished run's records unless asked to."""
-    if (output_dir / SUMMARY_FILE).exists() and not overwrite:
+RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
+
+
+def check_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """Refuse to write over an earlier run's records (finished or not) unless asked to."""
+    existing = [name for name in RUN_FILES if (output_dir / name).exists()]
+    if existing and not overwrite:
         raise ConfigError(
-            f"--output-dir {str(output_dir)!r} already holds a finished run ({SUMMARY_FILE}); "
+            f"--output-dir {str(output_dir)!r} already holds a run ({', '.join(existing)}); "
             "choose another directory (or pass --overwrite)"
         )
+
+
+def prepare_output_dir(output_dir: Path) -> None:
+    """Create the directory and clear an overwritten run's files, once the inputs are good,
+    so a failing new run never sits next to an old summary that makes it look finished."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
 
 
 @dataclass
@@ -133,9 +152,8 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     splits = load_splits(config.task)
     plan = plan_privacy(config, len(splits.train))
     loaded = load_model(config.model, cache_dir, progress=progress)
-    task = build_task(config.task, loaded.tokenizer, loaded.kind)
-    task.check_rows(splits.train, "training data")
-    task.check_rows(splits.test, "test data")
+    limit = position_limit(loaded.model.config, config.model)
+    task = build_task(config.task, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = full_shards(pairs)
     directions = DirectionSampler(config.optimizer.direction, loaded.device)
@@ -154,27 +172,50 @@ def run(
     progress: bool = True,
     overwrite: bool = False,
     tracking_root: Path | None = None,
+    tracking_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune, evaluate and record one run; returns the summary written to summary.json."""
+    """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
+
+    ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
+    none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
+    """
     output_dir = Path(output_dir).resolve()
-    prepare_output_dir(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
-    tracking = config.tracking
+    tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri)
+    prepare_output_dir(output_dir)
+    (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    with tracker:
+        params = config.model_dump(mode="json")
+        params["tracking"].pop("uri")
+        tracker.log_params(params)
+        summary = _train_and_evaluate(context, tracker, output_dir, progress)
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
+            tracker.log_artifact(output_dir / name)
+    return summary
+
+
+def _connect_tracker(
+    context: RunContext, output_dir: Path, tracking_root: Path | None, tracking_uri: str | None
+) -> Tracker:
+    """Build the tracker and reach its store now, so a bad store fails before training."""
+    tracking = context.config.tracking
     tracker = make_tracker(
         tracking.backend,
-        uri=tracking.uri,
+        uri=tracking.uri or tracking_uri,
         experiment=tracking.experiment,
         output_root=(tracking_root or output_dir.parent).resolve(),
         run_name=tracking.run_name or output_dir.name,
         tags=_run_tags(context),
     )
-    (output_dir / CONFIG_FILE).write_text(dump_config(config))
-    with tracker:
-        tracker.log_params(config.model_dump(mode="json"))
-        summary = _train_and_evaluate(context, tracker, output_dir, progress)
-        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
-            tracker.log_artifact(output_dir / name)
-    return summary
+    try:
+        tracker.connect()
+    except Exception as error:  # MLflow raises many types for an unreachable or bad store
+        raise ConfigError(
+            f"tracking.uri={tracking.uri or tracking_uri!r}: cannot open the tracking store "
+            f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
+        ) from None
+    return tracker
 
 
 def _run_tags(context: RunContext) -> dict[str, str]:
@@ -207,6 +248,10 @@ def _train_and_evaluate(
     finally:  # a failed run keeps the steps it made
         recorder.write(output_dir / TRAJECTORY_FILE)
     accuracy_after = evaluate()
+    if loop.nonfinite:  # on the operator's console only: the count is data-dependent
+        logger.warning(
+            "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
+        )
     if config.save_model:
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
@@ -308,19 +353,30 @@ class TrainingLoop:
         self.empty_batches += int(len(indices) == 0)
         return record
 
+    @property
+    def log_diagnostics(self) -> bool:
+        """Whether data-dependent diagnostics may be logged (see ``_window_metrics``)."""
+        return not self.private or self.context.config.tracking.log_private_diagnostics
+
     def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:
-        private = self.private
+        """Public metrics always; diagnostics only where they release nothing private.
+
+        In a private run the training loss, the step time (an empty Poisson batch skips both
+        forwards, so per-window time reveals batch sizes) and the non-finite count all depend on
+        the private data and are not covered by the accountant.
+        """
         metrics = {
-            "step_time_s": sum(self.step_times[-len(window) :]) / len(window),
             "learning_rate": window[-1].learning_rate,
             "projected_gradient_abs": sum(abs(r.projected_gradient) for r in window) / len(window),
-            "nonfinite_differences": float(self.nonfinite),
         }
         if self.ledger is not None:
             metrics["epsilon_spent"] = self.ledger.epsilon_spent
-        losses = [r.mean_loss for r in window if not math.isnan(r.mean_loss)]
-        if losses and (not private or self.context.config.tracking.log_private_train_loss):
-            metrics["train_loss"] = sum(losses) / len(losses)
+        if self.log_diagnostics:
+            metrics["step_time_s"] = sum(self.step_times[-len(window) :]) / len(window)
+            metrics["nonfinite_differences"] = float(self.nonfinite)
+            losses = [r.mean_loss for r in window if not math.isnan(r.mean_loss)]
+            if losses:
+                metrics["train_loss"] = sum(losses) / len(losses)
         return metrics
 
 
@@ -388,8 +444,8 @@ def _summary(
         "step_peak_memory_mb": loop.step_peak_mb,
         "mean_step_time_s": sum(times) / len(times),
         "wall_time_s": time.perf_counter() - started,
-        "nonfinite_differences": loop.nonfinite,
-        "empty_batches": loop.empty_batches,
+        "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
+        "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
         "device": context.loaded.device.type,
         "dtype": config.model.dtype,
         "tracking_run_id": tracker.run_id,

@@ -72,14 +72,41 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     """Load weights and tokenizer; every parameter is frozen (updates are in-place sweeps)."""
     device = resolve_device(config.device)
     source = resolve_source(config, cache_dir, progress)
-    hf_config = AutoConfig.from_pretrained(source)
-    kind = resolve_kind(config, hf_config)
-    auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
-    model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
+    try:
+        hf_config = AutoConfig.from_pretrained(source)
+        kind = resolve_kind(config, hf_config)
+        auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
+        model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as error:  # a hub id that does not exist or cannot be reached
+        raise ConfigError(
+            f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
+            "allowed: an existing local directory, a reachable hub id, or a built-in name"
+        ) from None
     model.to(device).eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(source)
     return LoadedModel(model, tokenizer, kind, source, device)
+
+
+# Position tables that reserve the first padding_idx + 1 rows (RoBERTa style).
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert"}
+
+
+def position_limit(hf_config: PretrainedConfig, config: ModelConfig) -> int | None:
+    """The most input tokens the model's position table takes (None if it has no limit field).
+
+    A prefix view's virtual tokens take positions too, so they come off the limit.
+    """
+    limit = getattr(hf_config, "max_position_embeddings", None) or getattr(
+        hf_config, "n_positions", None
+    )
+    if limit is None:
+        return None
+    if hf_config.model_type in _OFFSET_POSITIONS:
+        limit -= (hf_config.pad_token_id or 0) + 1
+    if config.trainable == "prefix":
+        limit -= config.peft.prefix_tokens
+    return limit
 
 
 def apply_view(

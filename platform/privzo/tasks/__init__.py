@@ -7,7 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from privzo.config import ConfigError, TaskConfig
-from privzo.tasks.classification import EncodedExamples, PromptClassificationTask, sample_examples
+from privzo.tasks.classification import (
+    EncodedExamples,
+    PromptClassificationTask,
+    check_rows,
+    sample_examples,
+)
 from privzo.tasks.data import Row, load_hf_rows, read_rows
 
 TASKS = {"prompt-classification": PromptClassificationTask}
@@ -51,11 +56,22 @@ def load_splits(config: TaskConfig) -> TaskSplits:
         )
     if not pool:
         raise ConfigError(f"task.train_path={config.train_path!r} holds no rows")
+    check_rows(pool, config, _source(config, "train"))
+    if test_pool is not None:
+        check_rows(test_pool, config, _source(config, "test"))
     if test_pool is None:  # hold out a disjoint test split from the training file
         pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
     test = _subsample(test_pool, config.test_size, config.data_seed)
     train = sample_examples(pool, config.label_field, config.examples_per_class, config.data_seed)
     return TaskSplits(train=train, test=test)
+
+
+def _source(config: TaskConfig, split: str) -> str:
+    """How a split is named in error messages: the config field and the file it points at."""
+    path = config.train_path if split == "train" else config.test_path
+    if path is not None:
+        return f"task.{split}_path={path!r}"
+    return f"{config.builtin_dataset or config.hf_dataset} ({split} split)"
 
 
 def _hold_out(pool: list[Row], size: int, config: TaskConfig) -> tuple[list[Row], list[Row]]:
@@ -75,8 +91,10 @@ def _subsample(rows: list[Row], size: int | None, seed: int) -> list[Row]:
     return [rows[i] for i in sorted(chosen)]
 
 
-def build_task(config: TaskConfig, tokenizer, kind: str) -> PromptClassificationTask:
-    return TASKS[config.name](config, tokenizer, kind)
+def build_task(
+    config: TaskConfig, tokenizer, kind: str, position_limit: int | None = None
+) -> PromptClassificationTask:
+    return TASKS[config.name](config, tokenizer, kind, position_limit)
 
 
 __all__ = [

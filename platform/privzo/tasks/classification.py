@@ -46,10 +46,18 @@ class Batch:
 class PromptClassificationTask:
     """Encodes rows into prompts and scores them from the LM head."""
 
-    def __init__(self, config: TaskConfig, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
+    def __init__(
+        self,
+        config: TaskConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        kind: str,
+        position_limit: int | None = None,
+    ) -> None:
+        """``position_limit``: the most tokens the model's position table takes, if known."""
         self.config = config
         self.tokenizer = tokenizer
         self.kind = kind
+        self.max_length = _max_length(config, position_limit)
         self.template = self._template_for(kind)
         self.label_token_ids = self._label_token_ids()
 
@@ -90,20 +98,6 @@ class PromptClassificationTask:
             raise ConfigError(f"task.label_words={self.config.label_words} map to equal tokens")
         return torch.tensor(ids, dtype=torch.long)
 
-    def check_rows(self, rows: Sequence[Row], source: str) -> None:
-        """Reject rows without text or with a label outside the label words, naming the row."""
-        text_field, label_field = self.config.text_field, self.config.label_field
-        for index, row in enumerate(rows):
-            text = row.get(text_field)
-            if not isinstance(text, str) or not text.strip():
-                raise ConfigError(f"{source} row {index}: field {text_field!r} is missing or empty")
-            label = row.get(label_field)
-            if not isinstance(label, (int, np.integer)) or not 0 <= label < self.num_labels:
-                raise ConfigError(
-                    f"{source} row {index}: {label_field}={label!r} must be an integer in "
-                    f"[0, {self.num_labels}) (one per label word {self.config.label_words})"
-                )
-
     def encode(self, rows: Sequence[Row]) -> EncodedExamples:
         input_ids, positions = [], []
         for row in rows:
@@ -122,8 +116,10 @@ class PromptClassificationTask:
                 ids = [tokenizer.bos_token_id, *ids]
         else:
             ids = tokenizer.encode(prompt, add_special_tokens=True)
-        limit = self.config.max_length
-        if len(ids) > limit:  # keep the first (special) token and the prompt's end
+        limit = self.max_length
+        if (
+            limit is not None and len(ids) > limit
+        ):  # keep the first (special) token and the prompt's end
             ids = [ids[0], *ids[len(ids) - limit + 1 :]]
         if self.kind == "causal":
             return ids, len(ids) - 1
@@ -158,6 +154,39 @@ class PromptClassificationTask:
             predictions = self.label_logits(model, batch).argmax(dim=-1).cpu()
             correct += int((predictions == batch.labels).sum())
         return correct / max(len(examples), 1)
+
+
+def _max_length(config: TaskConfig, position_limit: int | None) -> int | None:
+    if config.max_length is None:
+        return position_limit
+    if position_limit is not None and config.max_length > position_limit:
+        raise ConfigError(
+            f"task.max_length={config.max_length} exceeds the {position_limit} positions this "
+            f"model takes; allowed: 4..{position_limit} (or null for the model's limit)"
+        )
+    return config.max_length
+
+
+def check_rows(rows: Sequence[Row], config: TaskConfig, source: str) -> None:
+    """Reject rows without text or with a label outside the label words, naming the row."""
+    text_field, label_field = config.text_field, config.label_field
+    num_labels = len(config.label_words)
+    for index, row in enumerate(rows):
+        text = row.get(text_field)
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(
+                f"{source} row {index}: field {text_field!r} (task.text_field) is missing or empty"
+            )
+        label = row.get(label_field)
+        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+            valid = False
+        else:
+            valid = 0 <= label < num_labels
+        if not valid:
+            raise ConfigError(
+                f"{source} row {index}: {label_field}={label!r} (task.label_field) must be an "
+                f"integer in [0, {num_labels}), one per label word {config.label_words}"
+            )
 
 
 def score_label_logits(

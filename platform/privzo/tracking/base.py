@@ -52,6 +52,9 @@ class Tracker(abc.ABC):
     thread (rank 0) per run.
     """
 
+    def connect(self) -> None:  # noqa: B027 - a no-op is right for stores that need no setup
+        """Reach the backing store without creating a run (to fail early on a bad store)."""
+
     @abc.abstractmethod
     def start(self) -> None:
         """Create the run in the backend; logging before this is an error."""

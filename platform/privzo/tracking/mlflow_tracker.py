@@ -207,14 +207,25 @@ class MlflowTracker(Tracker):
     def active(self) -> bool:
         return self._active
 
+    def connect(self) -> None:
+        """Open the store and get or create the experiment, without creating a run.
+
+        Lets a caller find out that the store is unreachable before any compute starts.
+        """
+        if self._client is None:
+            client = open_client(self.uri)
+            self.experiment_id = get_or_create_experiment(
+                client, self.experiment, self.artifact_location
+            )
+            self._client = client
+
     def start(self) -> None:
         """Open the store, get or create the experiment and create a RUNNING run."""
         if self._run_id is not None:
             raise RuntimeError(f"tracker already started run {self._run_id}")
-        client = open_client(self.uri)
-        self.experiment_id = get_or_create_experiment(
-            client, self.experiment, self.artifact_location
-        )
+        self.connect()
+        client = self._client
+        assert client is not None and self.experiment_id is not None
         run = client.create_run(self.experiment_id, run_name=self.run_name, tags=self._tags)
         self._client, self._run_id, self._active = client, run.info.run_id, True
         self._last_flush = time.monotonic()

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from privzo.zo.directions import BLOCK_SIZE, DirectionSampler
-from privzo.zo.sweeps import ParameterShard, sweep
+from privzo.zo.directions import DirectionSampler
+from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, sweep
 
 
 class Perturber(ABC):
@@ -142,11 +142,8 @@ def _perturbed_copy(
 ) -> torch.Tensor:
     """θ + c·z computed in fp32 block by block and rounded once to θ's dtype."""
     result = torch.empty_like(shard.tensor)
-    for start in range(0, shard.size, BLOCK_SIZE):
-        stop = min(start + BLOCK_SIZE, shard.size)
-        direction = sampler.block(seed, shard.name, start // BLOCK_SIZE, stop - start)
-        block = shard.tensor[start:stop].float().add_(direction, alpha=coefficient)
-        result[start:stop] = block
+    for local, direction in iter_direction_blocks(shard, sampler, seed):
+        result[local] = shard.tensor[local].float().add_(direction, alpha=coefficient)
     return result
 
 
@@ -157,10 +154,8 @@ def _rounded_sweep(
     """θ ← round(θ + c·z) with the arithmetic in fp32: one rounding per step."""
     if coefficient == 0.0:
         return
-    for start in range(0, shard.size, BLOCK_SIZE):
-        stop = min(start + BLOCK_SIZE, shard.size)
-        direction = sampler.block(seed, shard.name, start // BLOCK_SIZE, stop - start)
-        view = shard.tensor[start:stop]
+    for local, direction in iter_direction_blocks(shard, sampler, seed):
+        view = shard.tensor[local]
         view.copy_(view.float().add_(direction, alpha=coefficient))
 
 

@@ -8,7 +8,7 @@ sweeps with the same coefficients, which is what makes it bit-identical.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,16 +53,19 @@ def sweep(
     if coefficient == 0.0:
         return
     for shard in shards:
-        _sweep_shard(shard, sampler, seed, coefficient)
+        for local, direction in iter_direction_blocks(shard, sampler, seed):
+            shard.tensor[local].add_(direction, alpha=coefficient)
 
 
-def _sweep_shard(
-    shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
-) -> None:
-    local_size = shard.tensor.numel()
-    if local_size == 0:
-        return
-    start, stop = shard.offset, shard.offset + local_size
+def iter_direction_blocks(
+    shard: ParameterShard, sampler: DirectionSampler, seed: int
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(slice of ``shard.tensor``, z on those elements) for every direction block it overlaps.
+
+    Blocks are drawn whole at their canonical length and cut, so a shard that starts or ends
+    inside a block still sees exactly the values the whole parameter would.
+    """
+    start, stop = shard.offset, shard.offset + shard.tensor.numel()
     position = start
     while position < stop:
         block = position // BLOCK_SIZE
@@ -70,6 +73,6 @@ def _sweep_shard(
         block_length = min(BLOCK_SIZE, shard.size - block_start)
         block_stop = min(stop, block_start + block_length)
         direction = sampler.block(seed, shard.name, block, block_length)
-        direction = direction[position - block_start : block_stop - block_start]
-        shard.tensor[position - start : block_stop - start].add_(direction, alpha=coefficient)
+        local = slice(position - start, block_stop - start)
+        yield local, direction[position - block_start : block_stop - block_start]
         position = block_stop
