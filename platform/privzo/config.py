@@ -8,6 +8,7 @@ model is built or anything is recorded.
 from __future__ import annotations
 
 import copy
+import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,34 +59,61 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    """A prompt-based classification task scored from the LM head."""
+    """A prompt-based task scored from the LM head: a named preset or a custom prompt.
 
-    name: str = "prompt-classification"
+    A preset (sst2, sst5, snli, mnli, rte, trec, boolq) fills ``template``, ``label_words``,
+    ``label_field`` and the hub source for the model's kind; anything set here wins. The text
+    fields are the template's ``{placeholders}`` (``{mask}`` marks a masked LM's scored slot).
+    """
+
+    name: str = Field("prompt-classification", description="A preset name or the custom task.")
     builtin_dataset: str | None = Field(
         None, description="A dataset that ships with privzo: 'demo-sentiment' (synthetic)."
+    )
+    data_dir: str | None = Field(
+        None, description="A directory with train / test files (as `privzo data prepare` writes)."
     )
     train_path: str | None = None
     test_path: str | None = None
     hf_dataset: str | None = Field(None, description="HF datasets id, e.g. 'glue'.")
     hf_subset: str | None = Field(None, description="HF datasets config, e.g. 'sst2'.")
-    text_field: str = "sentence"
-    label_field: str = "label"
-    template: str = Field("{sentence} It was", description="Prompt; '{sentence}' is the text.")
-    label_words: list[str] = Field(default_factory=lambda: ["terrible", "great"], min_length=2)
+    label_field: str | None = Field(None, description="null = the preset's, else 'label'.")
+    template: str | None = Field(
+        None,
+        description="Prompt with {field} slots; null = the preset's (custom: "
+        "'{sentence} It was', plus ' {mask} .' for masked LMs).",
+    )
+    label_words: list[str] | None = Field(None, min_length=2)
     examples_per_class: int | None = Field(
-        None, ge=1, description="Few-shot k per class; null uses the whole training file."
+        None, ge=1, description="Few-shot k per class (LM-BFF / MeZO RoBERTa: 16 or 512)."
+    )
+    train_size: int | None = Field(
+        None, ge=1, description="Sample this many training examples (MeZO OPT: 1000)."
     )
     test_size: int | None = Field(1000, ge=1)
     data_seed: int = 0
+    skip_invalid_rows: bool = Field(
+        False, description="Skip and count rows with a missing field or label instead of failing."
+    )
     max_length: int | None = Field(
         None, ge=4, description="Longest prompt in tokens; null = what the model's positions allow."
     )
 
     @model_validator(mode="after")
-    def _template_has_slot(self) -> TaskConfig:
-        if "{sentence}" not in self.template:
-            raise ValueError(f"task.template={self.template!r} must contain '{{sentence}}'")
+    def _consistent(self) -> TaskConfig:
+        if self.template is not None and not template_fields(self.template):
+            raise ValueError(
+                f"task.template={self.template!r} must contain at least one {{field}} slot"
+            )
+        if self.examples_per_class is not None and self.train_size is not None:
+            raise ValueError("task.examples_per_class and task.train_size: set one, not both")
         return self
+
+
+def template_fields(template: str) -> list[str]:
+    """The row fields a template reads, in order (``{mask}`` is not a field)."""
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    return [name for name in dict.fromkeys(names) if name != "mask"]
 
 
 class OptimizerConfig(_Section):

@@ -25,6 +25,7 @@ from privzo.models.loading import (
     LoadedModel,
     apply_view,
     load_model,
+    peek_kind,
     position_limit,
     save_weights,
 )
@@ -38,7 +39,13 @@ from privzo.privacy import (
     check_feasible,
     make_accountant,
 )
-from privzo.tasks import EncodedExamples, PromptClassificationTask, build_task, load_splits
+from privzo.tasks import (
+    EncodedExamples,
+    PromptClassificationTask,
+    build_task,
+    load_splits,
+    resolve_task_config,
+)
 from privzo.tracking import Tracker, make_tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator, make_estimator
@@ -146,21 +153,33 @@ class RunContext:
     perturber: Perturber
     model: torch.nn.Module  # the model with its PEFT view applied (peft wrapper for lora/prefix)
     scoring_model: torch.nn.Module  # what the task scores with (the wrapper's HF body)
+    skipped_rows: int = 0  # invalid rows skipped (task.skip_invalid_rows)
 
 
 def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
-    splits = load_splits(config.task)
+    task_config = resolve_task_config(config.task, peek_kind(config.model))
+    splits = load_splits(task_config)
     plan = plan_privacy(config, len(splits.train))
     loaded = load_model(config.model, cache_dir, progress=progress)
     limit = position_limit(loaded.model.config, config.model)
-    task = build_task(config.task, loaded.tokenizer, loaded.kind, limit)
+    task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = full_shards(pairs)
     directions = DirectionSampler(config.optimizer.direction, loaded.device)
     perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     return RunContext(
-        config, plan, loaded, task, train, test, shards, perturber, model, unwrap_for_scoring(model)
+        config,
+        plan,
+        loaded,
+        task,
+        train,
+        test,
+        shards,
+        perturber,
+        model,
+        unwrap_for_scoring(model),
+        splits.skipped_rows,
     )
 
 
@@ -237,9 +256,9 @@ def _train_and_evaluate(
     memory = PeakMemory(context.loaded.device)
     evaluate = _evaluator(context, memory)
     started = time.perf_counter()
-    accuracy_before = evaluate() if config.eval_before else None
-    if accuracy_before is not None:
-        tracker.log_metrics({"test_accuracy": accuracy_before}, step=0)
+    before = evaluate() if config.eval_before else None
+    if before is not None:
+        tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
     loop = TrainingLoop(context, tracker, memory)
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not loop.private)
@@ -247,7 +266,7 @@ def _train_and_evaluate(
         loop.run(recorder, progress)
     finally:  # a failed run keeps the steps it made
         recorder.write(output_dir / TRAJECTORY_FILE)
-    accuracy_after = evaluate()
+    after = evaluate()
     if loop.nonfinite:  # on the operator's console only: the count is data-dependent
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
@@ -255,19 +274,25 @@ def _train_and_evaluate(
     if config.save_model:
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
-    summary = _summary(context, loop, tracker, accuracy_before, accuracy_after, started)
+    summary = _summary(context, loop, tracker, before, after, started)
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], float]:
-    """Test accuracy; resets the peak mark so the evaluation's peak can be read after it."""
+Evaluation = tuple[dict[str, float], float]  # (test metrics, seconds)
+
+
+def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], Evaluation]:
+    """Test metrics and their time; resets the peak mark so the evaluation's peak can be read
+    after it."""
     batch_size = context.config.optimizer.eval_batch_size
 
-    def evaluate() -> float:
+    def evaluate() -> Evaluation:
         memory.reset()
-        return context.task.accuracy(context.scoring_model, context.test, batch_size)
+        started = time.perf_counter()
+        metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
+        return metrics, time.perf_counter() - started
 
     return evaluate
 
@@ -413,19 +438,26 @@ def _summary(
     context: RunContext,
     loop: TrainingLoop,
     tracker: Tracker,
-    accuracy_before: float | None,
-    accuracy_after: float,
+    before: Evaluation | None,
+    after: Evaluation,
     started: float,
 ) -> dict[str, Any]:
     config, plan = context.config, context.plan
     times = loop.step_times
+    metric = context.task.metric
+    scores: dict[str, float | None] = {}
+    for name, value in after[0].items():
+        scores[f"{name}_before"] = before[0][name] if before else None
+        scores[f"{name}_after"] = value
     return {
         "model": config.model.name_or_path,
         "task": config.task.name,
         "algorithm": config.optimizer.algorithm,
-        "metric": "accuracy",
-        "accuracy_before": accuracy_before,
-        "accuracy_after": accuracy_after,
+        "metric": metric,
+        "metric_before": before[0][metric] if before else None,
+        "metric_after": after[0][metric],
+        **scores,
+        "eval_time_s": after[1],
         "private": plan.private,
         "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
         "epsilon_target": config.privacy.epsilon if plan.private else None,
@@ -439,6 +471,7 @@ def _summary(
         "steps": len(times),
         "train_examples": len(context.train),
         "test_examples": len(context.test),
+        "skipped_rows": context.skipped_rows,
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "peak_memory_mb": loop.peak_mb,
         "step_peak_memory_mb": loop.step_peak_mb,
@@ -453,9 +486,10 @@ def _summary(
 
 
 def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    scores = [key for key in summary if key.endswith(("_before", "_after"))]
     keys = (
-        "accuracy_before",
-        "accuracy_after",
+        *scores,
+        "eval_time_s",
         "epsilon",
         "delta",
         "noise_multiplier",

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from privzo.config import ConfigError, ModelConfig
-from privzo.models.builtin import is_builtin, materialize_builtin
+from privzo.models.builtin import BUILTIN_MODELS, is_builtin, materialize_builtin
 from privzo.models.peft_views import apply_peft_view
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,6 +62,28 @@ def resolve_source(config: ModelConfig, cache_dir: Path, progress: bool = True) 
     return name
 
 
+def peek_kind(config: ModelConfig) -> str:
+    """'causal' or 'masked' without loading weights (or building a built-in model), so the task
+    and its data can be checked first."""
+    if config.kind != "auto":
+        return config.kind
+    name = config.name_or_path
+    if is_builtin(name):
+        return "masked" if BUILTIN_MODELS[name].arch == "roberta" else "causal"
+    source = resolve_source(config, cache_dir=Path("."), progress=False)
+    return resolve_kind(config, _load_hf_config(config, source))
+
+
+def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(source)
+    except OSError as error:  # a hub id that does not exist or cannot be reached
+        raise ConfigError(
+            f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
+            "allowed: an existing local directory, a reachable hub id, or a built-in name"
+        ) from None
+
+
 def resolve_kind(config: ModelConfig, hf_config: PretrainedConfig) -> str:
     if config.kind != "auto":
         return config.kind
@@ -72,9 +94,9 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     """Load weights and tokenizer; every parameter is frozen (updates are in-place sweeps)."""
     device = resolve_device(config.device)
     source = resolve_source(config, cache_dir, progress)
+    hf_config = _load_hf_config(config, source)
+    kind = resolve_kind(config, hf_config)
     try:
-        hf_config = AutoConfig.from_pretrained(source)
-        kind = resolve_kind(config, hf_config)
         auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
         model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
         tokenizer = AutoTokenizer.from_pretrained(source)

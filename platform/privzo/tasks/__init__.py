@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -10,12 +11,16 @@ from privzo.config import ConfigError, TaskConfig
 from privzo.tasks.classification import (
     EncodedExamples,
     PromptClassificationTask,
-    check_rows,
+    invalid_row_reason,
     sample_examples,
 )
-from privzo.tasks.data import Row, load_hf_rows, read_rows
+from privzo.tasks.data import SUFFIXES, Row, load_hf_rows, read_rows
+from privzo.tasks.presets import PRESETS, HubSource, get_preset
 
-TASKS = {"prompt-classification": PromptClassificationTask}
+CUSTOM_TASK = "prompt-classification"
+TASK_NAMES = (CUSTOM_TASK, *PRESETS)
+_CUSTOM_TEMPLATES = {"causal": "{sentence} It was", "masked": "{sentence} It was {mask} ."}
+_CUSTOM_LABEL_WORDS = ("terrible", "great")
 
 
 def _demo_sentiment() -> tuple[list[Row], list[Row]]:
@@ -28,42 +33,117 @@ def _demo_sentiment() -> tuple[list[Row], list[Row]]:
 BUILTIN_DATASETS = {"demo-sentiment": _demo_sentiment}
 
 
+def resolve_task_config(config: TaskConfig, kind: str) -> TaskConfig:
+    """The task config with the preset's template, label words and label field filled in for
+    this model kind ('causal' or 'masked'); what the user set is kept."""
+    if config.name not in TASK_NAMES:
+        raise ConfigError(f"task.name={config.name!r} is unknown; allowed: {list(TASK_NAMES)}")
+    preset = get_preset(config.name)
+    templates = preset.templates if preset else _CUSTOM_TEMPLATES
+    words = preset.label_words.get(kind) if preset else _CUSTOM_LABEL_WORDS
+    if config.template is None and kind not in templates:
+        raise ConfigError(
+            f"task.name={config.name!r} has no {kind} LM prompt (the papers use it with "
+            f"{' and '.join(sorted(templates))} LMs); set task.template and task.label_words"
+        )
+    return config.model_copy(
+        update={
+            "template": config.template or templates[kind],
+            "label_words": config.label_words or list(words or _CUSTOM_LABEL_WORDS),
+            "label_field": config.label_field or (preset.label_field if preset else "label"),
+        }
+    )
+
+
 @dataclass
 class TaskSplits:
     train: list[Row]
     test: list[Row]
+    skipped_rows: int = 0
 
 
 def load_splits(config: TaskConfig) -> TaskSplits:
-    """Read and sample the train and held-out test rows, before any model is loaded."""
-    if config.name not in TASKS:
-        raise ConfigError(f"task.name={config.name!r} is unknown; allowed: {sorted(TASKS)}")
+    """Read, check and sample the train and held-out test rows (``config`` resolved)."""
+    pool, test_pool = _read_pools(config)
+    if not pool:
+        raise ConfigError(f"{_source(config, 'train')} holds no rows")
+    pool, skipped_train = _valid_rows(pool, config, _source(config, "train"))
+    skipped_test = 0
+    if test_pool is not None:
+        test_pool, skipped_test = _valid_rows(test_pool, config, _source(config, "test"))
+    if test_pool is None:  # hold out a disjoint test split from the training file
+        pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
+    test = _subsample(test_pool, config.test_size, config.data_seed)
+    if config.train_size is not None:
+        train = _subsample(pool, config.train_size, config.data_seed + 2, shuffle=True)
+    else:
+        label_field = config.label_field or "label"
+        train = sample_examples(pool, label_field, config.examples_per_class, config.data_seed)
+    return TaskSplits(train=train, test=test, skipped_rows=skipped_train + skipped_test)
+
+
+def _read_pools(config: TaskConfig) -> tuple[list[Row], list[Row] | None]:
+    """(training pool, test pool or None to hold one out) from the configured source."""
     if config.builtin_dataset is not None:
         if config.builtin_dataset not in BUILTIN_DATASETS:
             raise ConfigError(
                 f"task.builtin_dataset={config.builtin_dataset!r} is unknown; allowed: "
                 f"{sorted(BUILTIN_DATASETS)}"
             )
-        pool, test_pool = BUILTIN_DATASETS[config.builtin_dataset]()
-    elif config.train_path is not None:
-        pool = read_rows(config.train_path, "task.train_path")
-        test_pool = read_rows(config.test_path, "task.test_path") if config.test_path else None
-    elif config.hf_dataset is not None:
-        pool, test_pool = load_hf_rows(config.hf_dataset, config.hf_subset)
-    else:
+        return BUILTIN_DATASETS[config.builtin_dataset]()
+    if config.data_dir is not None:
+        return _read_data_dir(Path(config.data_dir).expanduser())
+    if config.train_path is not None:
+        train = read_rows(config.train_path, "task.train_path")
+        test = read_rows(config.test_path, "task.test_path") if config.test_path else None
+        return train, test
+    source = _hub_source(config)
+    if source is None:
         raise ConfigError(
-            "task: set task.train_path (a local file), task.hf_dataset or task.builtin_dataset"
+            "task: set task.data_dir, task.train_path (local files), task.hf_dataset or "
+            "task.builtin_dataset (a preset task falls back to its hub dataset)"
         )
-    if not pool:
-        raise ConfigError(f"task.train_path={config.train_path!r} holds no rows")
-    check_rows(pool, config, _source(config, "train"))
-    if test_pool is not None:
-        check_rows(test_pool, config, _source(config, "test"))
-    if test_pool is None:  # hold out a disjoint test split from the training file
-        pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
-    test = _subsample(test_pool, config.test_size, config.data_seed)
-    train = sample_examples(pool, config.label_field, config.examples_per_class, config.data_seed)
-    return TaskSplits(train=train, test=test)
+    return load_hf_rows(source)
+
+
+def _read_data_dir(directory: Path) -> tuple[list[Row], list[Row]]:
+    if not directory.is_dir():
+        raise ConfigError(f"task.data_dir={str(directory)!r}: directory does not exist")
+    splits = []
+    for split in ("train", "test"):
+        found = [directory / f"{split}{suffix}" for suffix in SUFFIXES]
+        existing = [path for path in found if path.is_file()]
+        if not existing:
+            raise ConfigError(
+                f"task.data_dir={str(directory)!r} has no {split} file; expected one of "
+                f"{[path.name for path in found]}"
+            )
+        splits.append(read_rows(existing[0], "task.data_dir"))
+    return splits[0], splits[1]
+
+
+def _hub_source(config: TaskConfig) -> HubSource | None:
+    if config.hf_dataset is not None:
+        return HubSource(config.hf_dataset, config.hf_subset)
+    preset = get_preset(config.name)
+    return preset.source if preset else None
+
+
+def _valid_rows(rows: list[Row], config: TaskConfig, source: str) -> tuple[list[Row], int]:
+    """The rows fit for the task; a bad row fails the run unless ``skip_invalid_rows``."""
+    kept = []
+    for index, row in enumerate(rows):
+        reason = invalid_row_reason(row, config)
+        if reason is None:
+            kept.append(row)
+        elif not config.skip_invalid_rows:
+            raise ConfigError(
+                f"{source} row {index}: {reason} (set task.skip_invalid_rows=true to skip such "
+                "rows and count them)"
+            )
+    if not kept:
+        raise ConfigError(f"{source}: no valid rows out of {len(rows)}")
+    return kept, len(rows) - len(kept)
 
 
 def _source(config: TaskConfig, split: str) -> str:
@@ -71,7 +151,10 @@ def _source(config: TaskConfig, split: str) -> str:
     path = config.train_path if split == "train" else config.test_path
     if path is not None:
         return f"task.{split}_path={path!r}"
-    return f"{config.builtin_dataset or config.hf_dataset} ({split} split)"
+    if config.data_dir is not None:
+        return f"task.data_dir={config.data_dir!r} ({split} split)"
+    origin = config.builtin_dataset or config.hf_dataset or config.name
+    return f"{origin} ({split} split)"
 
 
 def _hold_out(pool: list[Row], size: int, config: TaskConfig) -> tuple[list[Row], list[Row]]:
@@ -84,24 +167,26 @@ def _hold_out(pool: list[Row], size: int, config: TaskConfig) -> tuple[list[Row]
     return [pool[i] for i in order[size:]], [pool[i] for i in order[:size]]
 
 
-def _subsample(rows: list[Row], size: int | None, seed: int) -> list[Row]:
+def _subsample(rows: list[Row], size: int | None, seed: int, shuffle: bool = False) -> list[Row]:
     if size is None or size >= len(rows):
         return list(rows)
     chosen = np.random.default_rng(seed).choice(len(rows), size=size, replace=False)
-    return [rows[i] for i in sorted(chosen)]
+    return [rows[i] for i in (chosen if shuffle else sorted(chosen))]
 
 
 def build_task(
     config: TaskConfig, tokenizer, kind: str, position_limit: int | None = None
 ) -> PromptClassificationTask:
-    return TASKS[config.name](config, tokenizer, kind, position_limit)
+    return PromptClassificationTask(config, tokenizer, kind, position_limit)
 
 
 __all__ = [
-    "TASKS",
+    "PRESETS",
+    "TASK_NAMES",
     "EncodedExamples",
     "PromptClassificationTask",
     "TaskSplits",
     "build_task",
     "load_splits",
+    "resolve_task_config",
 ]

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from privzo.config import ConfigError, TaskConfig
+from privzo.config import ConfigError, TaskConfig, template_fields
 from privzo.tasks.data import Row
 
 
@@ -61,12 +61,20 @@ class PromptClassificationTask:
         self.template = self._template_for(kind)
         self.label_token_ids = self._label_token_ids()
 
+    metric = "accuracy"
+
     @property
     def num_labels(self) -> int:
-        return len(self.config.label_words)
+        return len(self.label_words)
+
+    @property
+    def label_words(self) -> list[str]:
+        assert self.config.label_words is not None, "resolve the task config first"
+        return self.config.label_words
 
     def _template_for(self, kind: str) -> str:
         template = self.config.template
+        assert template is not None, "resolve the task config first"
         if kind == "causal" and "{mask}" in template:
             raise ConfigError(
                 f"task.template={template!r} has '{{mask}}' but the model is a causal LM, which "
@@ -81,7 +89,7 @@ class PromptClassificationTask:
 
     def _label_token_ids(self) -> torch.Tensor:
         ids = []
-        for word in self.config.label_words:
+        for word in self.label_words:
             tokens = self.tokenizer.encode(" " + word, add_special_tokens=False)
             if len(tokens) != 1:
                 raise ConfigError(
@@ -95,21 +103,23 @@ class PromptClassificationTask:
                 )
             ids.append(tokens[0])
         if len(set(ids)) != len(ids):
-            raise ConfigError(f"task.label_words={self.config.label_words} map to equal tokens")
+            raise ConfigError(f"task.label_words={self.label_words} map to equal tokens")
         return torch.tensor(ids, dtype=torch.long)
 
     def encode(self, rows: Sequence[Row]) -> EncodedExamples:
         input_ids, positions = [], []
+        fields = template_fields(self.template)
         for row in rows:
-            ids, position = self._encode_prompt(row[self.config.text_field])
+            ids, position = self._encode_prompt({field: row[field].strip() for field in fields})
             input_ids.append(ids)
             positions.append(position)
-        labels = np.array([int(row[self.config.label_field]) for row in rows], dtype=np.int64)
+        label_field = self.config.label_field or "label"
+        labels = np.array([int(row[label_field]) for row in rows], dtype=np.int64)
         return EncodedExamples(input_ids, positions, labels)
 
-    def _encode_prompt(self, text: str) -> tuple[list[int], int]:
+    def _encode_prompt(self, texts: dict[str, str]) -> tuple[list[int], int]:
         tokenizer = self.tokenizer
-        prompt = self.template.format(sentence=text.strip(), mask=tokenizer.mask_token or "")
+        prompt = self.template.format(**texts, mask=tokenizer.mask_token or "")
         if self.kind == "causal":
             ids = tokenizer.encode(prompt, add_special_tokens=False)
             if tokenizer.bos_token_id is not None:
@@ -146,6 +156,11 @@ class PromptClassificationTask:
         logits = self.label_logits(model, batch)
         return F.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
 
+    def evaluate(
+        self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int
+    ) -> dict[str, float]:
+        return {"accuracy": self.accuracy(model, examples, batch_size)}
+
     def accuracy(self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int) -> float:
         correct = 0
         for start in range(0, len(examples), batch_size):
@@ -167,26 +182,23 @@ def _max_length(config: TaskConfig, position_limit: int | None) -> int | None:
     return config.max_length
 
 
-def check_rows(rows: Sequence[Row], config: TaskConfig, source: str) -> None:
-    """Reject rows without text or with a label outside the label words, naming the row."""
-    text_field, label_field = config.text_field, config.label_field
-    num_labels = len(config.label_words)
-    for index, row in enumerate(rows):
-        text = row.get(text_field)
+def invalid_row_reason(row: Row, config: TaskConfig) -> str | None:
+    """Why a row cannot be used (a missing or empty text field, a bad label), or None."""
+    assert config.template is not None and config.label_words is not None, "resolve the task"
+    for field in template_fields(config.template):
+        text = row.get(field)
         if not isinstance(text, str) or not text.strip():
-            raise ConfigError(
-                f"{source} row {index}: field {text_field!r} (task.text_field) is missing or empty"
-            )
-        label = row.get(label_field)
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            valid = False
-        else:
-            valid = 0 <= label < num_labels
-        if not valid:
-            raise ConfigError(
-                f"{source} row {index}: {label_field}={label!r} (task.label_field) must be an "
-                f"integer in [0, {num_labels}), one per label word {config.label_words}"
-            )
+            return f"field {field!r} (read by task.template) is missing or empty"
+    label_field = config.label_field or "label"
+    label = row.get(label_field)
+    num_labels = len(config.label_words)
+    valid = isinstance(label, (int, np.integer)) and not isinstance(label, bool)
+    if not valid or not 0 <= label < num_labels:
+        return (
+            f"{label_field}={label!r} (task.label_field) must be an integer in [0, {num_labels}),"
+            f" one per label word {config.label_words}"
+        )
+    return None
 
 
 def score_label_logits(

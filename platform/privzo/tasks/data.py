@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError
+from privzo.tasks.presets import HubSource
 
 Row = dict[str, Any]
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -51,18 +52,23 @@ def _read_json_rows(path: Path, field: str) -> list[Row]:
     return rows
 
 
-def load_hf_rows(dataset_id: str, subset: str | None) -> tuple[list[Row], list[Row]]:
-    """(train, test) rows of a hub dataset such as ('glue', 'sst2'); test = validation split.
+def load_hf_rows(source: HubSource) -> tuple[list[Row], list[Row]]:
+    """(train, test) rows of a hub dataset, with the splits its preset names.
 
-    GLUE-style test splits carry no labels, so the labelled validation split is the held-out set.
+    GLUE-style test splits carry no labels, so presets use the labelled validation split there.
     """
     try:
         import datasets
     except ImportError:
         raise ConfigError(
-            f"task.hf_dataset={dataset_id!r} needs the 'datasets' package: pip install "
+            f"hub dataset {source.dataset!r} needs the 'datasets' package: pip install "
             "'privzo[hub]', or export the data to local files and set task.train_path"
         ) from None
-    loaded = datasets.load_dataset(dataset_id, subset)
-    test_split = "validation" if "validation" in loaded else "test"
-    return list(loaded["train"]), list(loaded[test_split])
+    loaded = datasets.load_dataset(source.dataset, source.subset)
+    for split in (source.train_split, source.test_split):
+        if split not in loaded:
+            raise ConfigError(
+                f"hub dataset {source.dataset!r} ({source.subset}) has no split {split!r}; "
+                f"it has {sorted(loaded)}"
+            )
+    return list(loaded[source.train_split]), list(loaded[source.test_split])

@@ -1,0 +1,98 @@
+"""The papers' tasks: prompts, label words, fields and data sources, by name.
+
+Masked-LM prompts and label words are LM-BFF's (Gao et al. 2021), as MeZO and DPZero use them for
+RoBERTa-large; causal-LM prompts are MeZO's for OPT. Label ``i`` of a dataset is scored with label
+word ``i``. A preset fills every task field the config leaves unset; a field the config sets wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where a preset's data lives on the Hugging Face Hub, and which splits play which role."""
+
+    dataset: str
+    subset: str | None
+    train_split: str = "train"
+    test_split: str = "validation"
+
+
+@dataclass(frozen=True)
+class TaskPreset:
+    name: str
+    task_type: str  # "classification" or "generation"
+    templates: dict[str, str]  # by model kind: "masked" / "causal"
+    label_words: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by model kind
+    label_field: str = "label"
+    answer_field: str = "answers"
+    source: HubSource | None = None
+    metric: str = "accuracy"
+
+
+_NLI_MASKED = "{premise} ? {mask} , {hypothesis}"
+
+PRESETS: dict[str, TaskPreset] = {
+    preset.name: preset
+    for preset in (
+        TaskPreset(
+            "sst2",
+            "classification",
+            templates={"masked": "{sentence} It was {mask} .", "causal": "{sentence} It was"},
+            label_words={"masked": ("terrible", "great"), "causal": ("terrible", "great")},
+            source=HubSource("glue", "sst2"),
+        ),
+        TaskPreset(
+            "sst5",
+            "classification",
+            templates={"masked": "{text} It was {mask} ."},
+            label_words={"masked": ("terrible", "bad", "okay", "good", "great")},
+            source=HubSource("SetFit/sst5", None, test_split="test"),
+        ),
+        TaskPreset(
+            "snli",
+            "classification",
+            templates={"masked": _NLI_MASKED},
+            label_words={"masked": ("Yes", "Maybe", "No")},
+            source=HubSource("stanfordnlp/snli", None, test_split="test"),
+        ),
+        TaskPreset(
+            "mnli",
+            "classification",
+            templates={"masked": _NLI_MASKED},
+            label_words={"masked": ("Yes", "Maybe", "No")},
+            source=HubSource("glue", "mnli", test_split="validation_matched"),
+        ),
+        TaskPreset(
+            "rte",
+            "classification",
+            templates={"masked": _NLI_MASKED},
+            label_words={"masked": ("Yes", "No")},
+            source=HubSource("super_glue", "rte"),
+        ),
+        TaskPreset(
+            "trec",
+            "classification",
+            templates={"masked": "{mask} : {text}"},
+            label_words={
+                "masked": ("Expression", "Entity", "Description", "Human", "Location", "Number")
+            },
+            label_field="coarse_label",
+            source=HubSource("CogComp/trec", None, test_split="test"),
+        ),
+        TaskPreset(
+            "boolq",
+            "classification",
+            templates={"causal": "{passage} {question}?"},
+            label_words={"causal": ("No", "Yes")},
+            source=HubSource("super_glue", "boolq"),
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> TaskPreset | None:
+    """The preset called ``name``, or None for the custom 'prompt-classification' task."""
+    return PRESETS.get(name)
