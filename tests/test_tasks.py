@@ -1,0 +1,226 @@
+"""Task presets: golden prompts and label words, data loading and sampling, and every preset
+run end to end on tiny masked and causal LMs (CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import OPTConfig, OPTForCausalLM, RobertaConfig, RobertaForMaskedLM
+
+from privzo.config import ConfigError, TaskConfig, load_config
+from privzo.models.builtin import build_word_tokenizer
+from privzo.run import run
+from privzo.tasks import PRESETS, build_task, load_splits, resolve_task_config
+
+# One row per preset, in the dataset's own field names.
+ROWS = {
+    "sst2": {"sentence": "a gentle and moving film", "label": 1},
+    "sst5": {"text": "a dull plot", "label": 1},
+    "snli": {"premise": "a man plays", "hypothesis": "someone plays", "label": 0},
+    "mnli": {"premise": "the cat sleeps", "hypothesis": "an animal rests", "label": 1},
+    "rte": {"premise": "rain fell", "hypothesis": "it was dry", "label": 1},
+    "trec": {"text": "who wrote it", "coarse_label": 3},
+    "boolq": {
+        "passage": "water boils at one hundred degrees",
+        "question": "does water boil",
+        "label": 1,
+    },
+}
+# The prompt each preset builds from its row (mask shown as <mask>), per model kind.
+GOLDEN = {
+    ("sst2", "masked"): ("a gentle and moving film It was <mask> .", "great"),
+    ("sst2", "causal"): ("a gentle and moving film It was", "great"),
+    ("sst5", "masked"): ("a dull plot It was <mask> .", "bad"),
+    ("snli", "masked"): ("a man plays ? <mask> , someone plays", "Yes"),
+    ("mnli", "masked"): ("the cat sleeps ? <mask> , an animal rests", "Maybe"),
+    ("rte", "masked"): ("rain fell ? <mask> , it was dry", "No"),
+    ("trec", "masked"): ("<mask> : who wrote it", "Human"),
+    ("boolq", "causal"): ("water boils at one hundred degrees does water boil?", "Yes"),
+}
+
+
+@pytest.mark.parametrize(("task", "kind"), sorted(GOLDEN))
+def test_golden_prompt_and_label_word(task, kind):
+    config = resolve_task_config(TaskConfig(name=task), kind)
+    row = ROWS[task]
+    prompt = config.template.format(**row, mask="<mask>")
+    expected_prompt, expected_word = GOLDEN[(task, kind)]
+    assert prompt == expected_prompt
+    assert config.label_words[row[config.label_field]] == expected_word
+
+
+def test_every_preset_has_a_golden_case():
+    assert {task for task, _ in GOLDEN} == set(PRESETS)
+
+
+def test_user_settings_win_over_the_preset():
+    config = resolve_task_config(
+        TaskConfig(name="sst2", template="{sentence} Overall", label_words=["bad", "good"]),
+        "causal",
+    )
+    assert config.template == "{sentence} Overall" and config.label_words == ["bad", "good"]
+
+
+def test_a_preset_without_a_prompt_for_the_model_kind_is_refused():
+    with pytest.raises(ConfigError, match="no causal LM prompt"):
+        resolve_task_config(TaskConfig(name="snli"), "causal")
+    with pytest.raises(ConfigError, match="allowed"):
+        resolve_task_config(TaskConfig(name="sst-2"), "causal")
+
+
+def _rows(task: str, count: int, num_labels: int) -> list[dict]:
+    """Rows shaped like the preset's row, with labels cycling over every class."""
+    config = resolve_task_config(TaskConfig(name=task), next(iter(PRESETS[task].templates)))
+    rows = []
+    for index in range(count):
+        row = dict(ROWS[task])
+        row[config.label_field] = index % num_labels
+        rows.append(row)
+    return rows
+
+
+def _write(rows: list[dict], path: Path) -> Path:
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_data_dir_sampling_per_class_is_deterministic(tmp_path, suffix):
+    _write(_rows("snli", 60, 3), tmp_path / f"train{suffix}")
+    _write(_rows("snli", 30, 3), tmp_path / f"test{suffix}")
+    config = resolve_task_config(
+        TaskConfig(name="snli", data_dir=str(tmp_path), examples_per_class=4, test_size=10),
+        "masked",
+    )
+    splits = load_splits(config)
+    assert Counter(row["label"] for row in splits.train) == {0: 4, 1: 4, 2: 4}
+    assert len(splits.test) == 10
+    again = load_splits(config)
+    assert again.train == splits.train and again.test == splits.test
+    other = load_splits(config.model_copy(update={"data_seed": 1}))
+    assert other.train != splits.train or other.test != splits.test
+
+
+def test_train_size_samples_that_many(tmp_path):
+    _write(_rows("boolq", 50, 2), tmp_path / "train.jsonl")
+    _write(_rows("boolq", 20, 2), tmp_path / "test.jsonl")
+    config = resolve_task_config(
+        TaskConfig(name="boolq", data_dir=str(tmp_path), train_size=7, test_size=5), "causal"
+    )
+    splits = load_splits(config)
+    assert len(splits.train) == 7 and len(splits.test) == 5
+
+
+def test_invalid_rows_fail_with_file_and_row_or_are_skipped_and_counted(tmp_path):
+    rows = _rows("snli", 12, 3)
+    rows[5]["label"] = -1  # SNLI marks examples without a gold label with -1
+    rows[7]["hypothesis"] = ""
+    _write(rows, tmp_path / "train.jsonl")
+    _write(_rows("snli", 6, 3), tmp_path / "test.jsonl")
+    config = resolve_task_config(TaskConfig(name="snli", data_dir=str(tmp_path)), "masked")
+    with pytest.raises(ConfigError, match=r"train split\) row 5: label=-1"):
+        load_splits(config)
+    skipping = config.model_copy(update={"skip_invalid_rows": True})
+    splits = load_splits(skipping)
+    assert splits.skipped_rows == 2 and len(splits.train) == 10
+
+
+def test_missing_data_dir_files_are_named(tmp_path):
+    config = resolve_task_config(TaskConfig(name="rte", data_dir=str(tmp_path)), "masked")
+    with pytest.raises(ConfigError, match="has no train file"):
+        load_splits(config)
+
+
+# --- end to end on tiny models whose vocabulary covers the fixtures and every label word ---
+
+
+def _vocabulary() -> list[str]:
+    words = {
+        word for preset in PRESETS.values() for kind in preset.label_words.values() for word in kind
+    }
+    for row in ROWS.values():
+        for value in row.values():
+            if isinstance(value, str):
+                words.update(value.replace("?", " ").split())
+    return sorted(words | {"it", "was", "?", ",", ":", "."})
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """A tiny OPT and a tiny RoBERTa with a word-level tokenizer over the fixtures' words."""
+    root = tmp_path_factory.mktemp("task-models")
+    paths = {}
+    tokenizer = build_word_tokenizer(_vocabulary())
+    size = dict(hidden_size=32, num_attention_heads=4, max_position_embeddings=64)
+    models = {
+        "causal": OPTForCausalLM(
+            OPTConfig(
+                vocab_size=len(tokenizer),
+                ffn_dim=64,
+                num_hidden_layers=2,
+                word_embed_proj_dim=32,
+                pad_token_id=tokenizer.pad_token_id,
+                **size,
+            )
+        ),
+        "masked": RobertaForMaskedLM(
+            RobertaConfig(
+                vocab_size=len(tokenizer),
+                intermediate_size=64,
+                num_hidden_layers=2,
+                pad_token_id=tokenizer.pad_token_id,
+                **size,
+            )
+        ),
+    }
+    for kind, model in models.items():
+        model.save_pretrained(root / kind)
+        tokenizer.save_pretrained(root / kind)
+        paths[kind] = root / kind
+    return paths
+
+
+@pytest.mark.parametrize(("task", "kind"), sorted(GOLDEN))
+def test_every_preset_runs_end_to_end(tmp_path, tiny_models, task, kind):
+    num_labels = len(PRESETS[task].label_words[kind])
+    data = tmp_path / "data"
+    data.mkdir()
+    _write(_rows(task, 8 * num_labels, num_labels), data / "train.jsonl")
+    _write(_rows(task, 2 * num_labels, num_labels), data / "test.jsonl")
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_models[kind]}",
+            f"task.name={task}",
+            f"task.data_dir={data}",
+            "task.examples_per_class=4",
+            "optimizer.steps=3",
+            "optimizer.batch_size=4",
+            "tracking.backend=none",
+        ],
+    )
+    summary = run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
+    assert summary["task"] == task and summary["metric"] == "accuracy"
+    assert summary["train_examples"] == 4 * num_labels
+    assert summary["test_examples"] == 2 * num_labels
+    assert 0.0 <= summary["metric_after"] <= 1.0 and summary["eval_time_s"] > 0
+
+
+def test_masked_prompt_scores_the_mask_position(tiny_models):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["masked"])
+    config = resolve_task_config(TaskConfig(name="trec"), "masked")
+    task = build_task(config, tokenizer, "masked")
+    examples = task.encode([ROWS["trec"]])
+    ids = examples.input_ids[0]
+    assert ids[examples.positions[0]] == tokenizer.mask_token_id
+    assert examples.positions[0] == 1  # "<s> <mask> : who wrote it </s>"
