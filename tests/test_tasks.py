@@ -224,3 +224,15 @@ def test_masked_prompt_scores_the_mask_position(tiny_models):
     ids = examples.input_ids[0]
     assert ids[examples.positions[0]] == tokenizer.mask_token_id
     assert examples.positions[0] == 1  # "<s> <mask> : who wrote it </s>"
+
+
+def test_a_class_smaller_than_k_contributes_all_its_rows(tmp_path):
+    rows = _rows("trec", 60, 6)  # 10 rows per class
+    rows = [row for row in rows if row["coarse_label"] != 0] + rows[:1]  # class 0: one row
+    _write(rows, tmp_path / "train.jsonl")
+    _write(_rows("trec", 12, 6), tmp_path / "test.jsonl")
+    config = resolve_task_config(
+        TaskConfig(name="trec", data_dir=str(tmp_path), examples_per_class=5), "masked"
+    )
+    counts = Counter(row["coarse_label"] for row in load_splits(config).train)
+    assert counts == {0: 1, 1: 5, 2: 5, 3: 5, 4: 5, 5: 5}

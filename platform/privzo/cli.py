@@ -172,6 +172,18 @@ def _bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_command(args: argparse.Namespace) -> int:
+    from privzo.tasks.prepare import prepare_task_data
+
+    record = prepare_task_data(
+        args.task, args.output_dir, hf_dataset=args.hf_dataset, hf_subset=args.hf_subset
+    )
+    for split, info in record["splits"].items():
+        print(f"{split}: {info['rows']} rows -> {args.output_dir / info['file']}")
+    print(f"use it with task.name={args.task} task.data_dir={args.output_dir}")
+    return 0
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
@@ -217,6 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     zo_step.add_argument("--json", action="store_true")
     zo_step.add_argument("--repeats", type=int, default=5)
     zo_step.set_defaults(handler=_bench_command)
+
+    data = commands.add_parser("data", help="task data")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    prepare = data_commands.add_parser(
+        "prepare", help="export a task's hub data to local Parquet for offline clusters"
+    )
+    prepare.add_argument("task", help="a task preset, e.g. sst2, snli, boolq")
+    prepare.add_argument("--output-dir", type=Path, required=True)
+    prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
+    prepare.add_argument("--hf-subset", help="override the preset's subset")
+    prepare.set_defaults(handler=_prepare_command)
 
     demo = commands.add_parser("demo", help="the embedded offline demo (zero-shot vs DP vs MeZO)")
     demo.add_argument("--output-dir", type=Path, default=Path("runs/demo"))
