@@ -236,3 +236,42 @@ def test_a_class_smaller_than_k_contributes_all_its_rows(tmp_path):
     )
     counts = Counter(row["coarse_label"] for row in load_splits(config).train)
     assert counts == {0: 1, 1: 5, 2: 5, 3: 5, 4: 5, 5: 5}
+
+
+def test_multi_token_candidates_score_by_mean_log_probability(tiny_models):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["causal"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["causal"]).eval()
+    config = resolve_task_config(
+        TaskConfig(name="sst2", label_words=["a dull plot", "great"]), "causal"
+    )
+    task = build_task(config, tokenizer, "causal")
+    assert not task.single_token and [len(c) for c in task.candidates] == [3, 1]
+    rows = [ROWS["sst2"], {"sentence": "a dull plot", "label": 0}]
+    examples = task.encode(rows)
+    scores = task.label_logits(model, task.collate(examples, [0, 1]))
+    assert scores.shape == (2, 2)
+    for row, prompt in enumerate(examples.input_ids):  # unbatched, by hand
+        for column, candidate in enumerate(task.candidates):
+            sequence = torch.tensor([prompt + candidate])
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(input_ids=sequence).logits[0].float(), -1)
+            expected = torch.stack(
+                [log_probs[len(prompt) - 1 + j, token] for j, token in enumerate(candidate)]
+            ).mean()
+            assert float(scores[row, column]) == pytest.approx(float(expected), abs=1e-5)
+    losses = task.per_example_loss(model, task.collate(examples, [0, 1]))
+    assert losses.shape == (2,) and bool(torch.isfinite(losses).all())
+
+
+def test_masked_lm_label_words_must_be_single_tokens(tiny_models):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["masked"])
+    config = resolve_task_config(
+        TaskConfig(name="sst2", label_words=["a dull plot", "great"]), "masked"
+    )
+    with pytest.raises(ConfigError, match="single tokens"):
+        build_task(config, tokenizer, "masked")

@@ -59,7 +59,10 @@ class PromptClassificationTask:
         self.kind = kind
         self.max_length = _max_length(config, position_limit)
         self.template = self._template_for(kind)
-        self.label_token_ids = self._label_token_ids()
+        self.candidates = self._candidate_tokens()
+        # All single tokens: every candidate is read from one position of one forward pass.
+        self.single_token = all(len(tokens) == 1 for tokens in self.candidates)
+        self.label_token_ids = torch.tensor([tokens[0] for tokens in self.candidates])
 
     metric = "accuracy"
 
@@ -87,24 +90,25 @@ class PromptClassificationTask:
                 template = template + " {mask}"
         return template
 
-    def _label_token_ids(self) -> torch.Tensor:
-        ids = []
+    def _candidate_tokens(self) -> list[list[int]]:
+        """The token ids of every label word (after a space, as it follows the prompt)."""
+        candidates = []
         for word in self.label_words:
             tokens = self.tokenizer.encode(" " + word, add_special_tokens=False)
-            if len(tokens) != 1:
-                raise ConfigError(
-                    f"task.label_words: {word!r} is {len(tokens)} tokens for this tokenizer; "
-                    "label words must be single tokens"
-                )
-            if tokens[0] == self.tokenizer.unk_token_id:
+            if self.tokenizer.unk_token_id in tokens or not tokens:
                 raise ConfigError(
                     f"task.label_words: {word!r} is not in the tokenizer's vocabulary (it maps "
                     "to the unknown token)"
                 )
-            ids.append(tokens[0])
-        if len(set(ids)) != len(ids):
+            if len(tokens) > 1 and self.kind == "masked":
+                raise ConfigError(
+                    f"task.label_words: {word!r} is {len(tokens)} tokens for this tokenizer; a "
+                    "masked LM scores one mask slot, so its label words must be single tokens"
+                )
+            candidates.append(tokens)
+        if len({tuple(tokens) for tokens in candidates}) != len(candidates):
             raise ConfigError(f"task.label_words={self.label_words} map to equal tokens")
-        return torch.tensor(ids, dtype=torch.long)
+        return candidates
 
     def encode(self, rows: Sequence[Row]) -> EncodedExamples:
         input_ids, positions = [], []
@@ -150,7 +154,9 @@ class PromptClassificationTask:
 
     def label_logits(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         """fp32 logits of the label words at each example's scored position, shape [B, K]."""
-        return score_label_logits(model, batch, self.label_token_ids)
+        if self.single_token:
+            return score_label_logits(model, batch, self.label_token_ids)
+        return score_candidates(model, batch, self.candidates)
 
     def per_example_loss(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         logits = self.label_logits(model, batch)
@@ -223,6 +229,43 @@ def score_label_logits(
             hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
             scored = head(hidden[rows, positions])
     return scored[:, label_token_ids.to(device)].float()
+
+
+def score_candidates(
+    model: PreTrainedModel, batch: Batch, candidates: list[list[int]]
+) -> torch.Tensor:
+    """Length-normalised log-probability of each multi-token candidate after each prompt, [B, K].
+
+    All B × K (prompt + candidate) sequences go through one batched forward; a candidate's
+    score is the mean log-probability of its tokens, so longer words are not penalised.
+    """
+    device = next(model.parameters()).device
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    sequences, targets = [], []
+    for row, length in enumerate(lengths):
+        prompt = batch.input_ids[row, :length].tolist()
+        for tokens in candidates:
+            sequences.append(prompt + tokens)
+            # positions whose next-token prediction is a candidate token
+            targets.append([(length - 1 + j, token) for j, token in enumerate(tokens)])
+    width = max(len(sequence) for sequence in sequences)
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for index, sequence in enumerate(sequences):
+        input_ids[index, : len(sequence)] = torch.tensor(sequence)
+        attention_mask[index, : len(sequence)] = 1
+    with torch.inference_mode():
+        logits = model(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)
+        ).logits.float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    scores = torch.stack(
+        [
+            torch.stack([log_probs[index, position, token] for position, token in target]).mean()
+            for index, target in enumerate(targets)
+        ]
+    )
+    return scores.view(len(lengths), len(candidates))
 
 
 def _vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:

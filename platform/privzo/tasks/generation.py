@@ -311,7 +311,7 @@ class GenerationTask:
         inside a token that is not a stop token)."""
         stops = set(self.stop_token_ids)
         end = next((i for i, token in enumerate(new_ids) if token in stops), len(new_ids))
-        text = self.tokenizer.decode(new_ids[:end], skip_special_tokens=True)
+        text = str(self.tokenizer.decode(new_ids[:end], skip_special_tokens=True))
         return text.split("\n", 1)[0].strip()
 
 
@@ -362,7 +362,7 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 def _logits_at(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     rows: torch.Tensor,
