@@ -257,7 +257,7 @@ def _count_forwards(module: torch.nn.Module) -> list[int]:
 
 @pytest.mark.parametrize("stop", ["eos", "newline"])
 def test_generation_stops_at_eos_and_newline(opt_dir, opt_tokenizer, stop) -> None:
-    """A model whose first new token is a stop token yields "" after a single forward."""
+    """A model whose first new token is a stop token yields "" after one forward per path."""
     tokenizer, model = opt_tokenizer, _opt_model(opt_dir)
     if stop == "newline":
         tokenizer = AutoTokenizer.from_pretrained(opt_dir)
@@ -270,7 +270,7 @@ def test_generation_stops_at_eos_and_newline(opt_dir, opt_tokenizer, stop) -> No
     forwards = _count_forwards(model.model.decoder)
     assert task.predict(model, examples, batch_size=2) == ["", ""]  # generate
     assert task.predict(_ScorerOnly(model), examples, batch_size=2) == ["", ""]  # loop
-    assert forwards[0] == 2
+    assert forwards[0] == 2  # not 2 x 5: neither path ran on to max_new_tokens
 
 
 class _Bigram(torch.nn.Module):
@@ -322,7 +322,7 @@ def test_an_answer_ends_at_its_line(words) -> None:
 
 
 def test_a_newline_inside_a_token_also_ends_the_answer() -> None:
-    """Byte-level BPE has tokens like ".\n" that are not the newline token itself."""
+    """Byte-level BPE has tokens like ".\\n" that are not the newline token itself."""
     tokenizer = build_word_tokenizer(WORDS)
     tokenizer.add_tokens(["\n", "paris\nrome"])
     colon, merged = tokenizer.convert_tokens_to_ids([":", "paris\nrome"])

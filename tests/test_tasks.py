@@ -54,8 +54,71 @@ def test_golden_prompt_and_label_word(task, kind):
     assert config.label_words[row[config.label_field]] == expected_word
 
 
+GENERATION_ROWS = {
+    "squad": {
+        "title": "Water",
+        "context": "water boils at one hundred degrees",
+        "question": "when does water boil",
+        "answers": {
+            "text": ["one hundred degrees", "at one hundred degrees"],
+            "answer_start": [16, 13],
+        },
+    },
+    "drop": {
+        "passage": "a man plays and a cat sleeps",
+        "question": "how many play",
+        "answers_spans": {"spans": ["one"], "types": ["number"]},
+    },
+}
+GOLDEN_GENERATION = {
+    "squad": "Title: Water\nContext: water boils at one hundred degrees\n"
+    "Question: when does water boil\nAnswer:",
+    "drop": "Passage: a man plays and a cat sleeps\nQuestion: how many play\nAnswer:",
+}
+
+
 def test_every_preset_has_a_golden_case():
-    assert {task for task, _ in GOLDEN} == set(PRESETS)
+    assert {task for task, _ in GOLDEN} | set(GOLDEN_GENERATION) == set(PRESETS)
+
+
+@pytest.mark.parametrize("task", sorted(GOLDEN_GENERATION))
+def test_generation_presets_prompt_and_hub_answers(tmp_path, task):
+    config = resolve_task_config(TaskConfig(name=task), "causal")
+    assert config.template.format(**GENERATION_ROWS[task]) == GOLDEN_GENERATION[task]
+    _write([GENERATION_ROWS[task]] * 6, tmp_path / "train.jsonl")
+    _write([GENERATION_ROWS[task]] * 3, tmp_path / "test.jsonl")
+    splits = load_splits(config.model_copy(update={"data_dir": str(tmp_path)}))
+    nested = GENERATION_ROWS[task]["answers" if task == "squad" else "answers_spans"]
+    expected = nested["text" if task == "squad" else "spans"]
+    assert all(row["answers"] == expected for row in splits.train + splits.test)
+    with pytest.raises(ConfigError, match="causal LM"):
+        resolve_task_config(TaskConfig(name=task), "masked")
+    with pytest.raises(ConfigError, match="train_size"):
+        resolve_task_config(TaskConfig(name=task, examples_per_class=4), "causal")
+
+
+@pytest.mark.parametrize("task", sorted(GOLDEN_GENERATION))
+def test_generation_presets_run_end_to_end(tmp_path, tiny_models, task):
+    data = tmp_path / "data"
+    data.mkdir()
+    _write([GENERATION_ROWS[task]] * 12, data / "train.jsonl")
+    _write([GENERATION_ROWS[task]] * 3, data / "test.jsonl")
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_models['causal']}",
+            f"task.name={task}",
+            f"task.data_dir={data}",
+            "task.max_new_tokens=4",
+            "optimizer.steps=3",
+            "optimizer.batch_size=4",
+            "tracking.backend=none",
+        ],
+    )
+    summary = run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
+    assert summary["metric"] == "f1" and summary["test_examples"] == 3
+    assert 0.0 <= summary["f1_after"] <= 1.0 and 0.0 <= summary["exact_match_after"] <= 1.0
+    assert summary["metric_after"] == summary["f1_after"]
 
 
 def test_user_settings_win_over_the_preset():

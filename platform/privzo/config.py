@@ -84,6 +84,10 @@ class TaskConfig(_Section):
         "'{sentence} It was', plus ' {mask} .' for masked LMs).",
     )
     label_words: list[str] | None = Field(None, min_length=2)
+    answer_field: str = Field(
+        "answers", description="Generation tasks: the field with the list of reference answers."
+    )
+    max_new_tokens: int = Field(32, ge=1, description="Generation tasks: greedy decoding length.")
     examples_per_class: int | None = Field(
         None, ge=1, description="Few-shot k per class (LM-BFF / MeZO RoBERTa: 16 or 512)."
     )

@@ -40,8 +40,7 @@ from privzo.privacy import (
     make_accountant,
 )
 from privzo.tasks import (
-    EncodedExamples,
-    PromptClassificationTask,
+    Task,
     build_task,
     load_splits,
     resolve_task_config,
@@ -146,9 +145,9 @@ class RunContext:
     config: RunConfig
     plan: PrivacyPlan
     loaded: LoadedModel
-    task: PromptClassificationTask
-    train: EncodedExamples
-    test: EncodedExamples
+    task: Task
+    train: Any  # the task's encoded examples
+    test: Any
     shards: list[ParameterShard]
     perturber: Perturber
     model: torch.nn.Module  # the model with its PEFT view applied (peft wrapper for lora/prefix)

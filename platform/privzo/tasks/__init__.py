@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privzo.config import ConfigError, TaskConfig
+from privzo.config import ConfigError, TaskConfig, template_fields
 from privzo.tasks.classification import (
     EncodedExamples,
     PromptClassificationTask,
@@ -15,6 +15,7 @@ from privzo.tasks.classification import (
     sample_examples,
 )
 from privzo.tasks.data import SUFFIXES, Row, load_hf_rows, read_rows
+from privzo.tasks.generation import GenerationTask, generation_row_reason
 from privzo.tasks.presets import PRESETS, HubSource, get_preset
 
 CUSTOM_TASK = "prompt-classification"
@@ -46,6 +47,15 @@ def resolve_task_config(config: TaskConfig, kind: str) -> TaskConfig:
             f"task.name={config.name!r} has no {kind} LM prompt (the papers use it with "
             f"{' and '.join(sorted(templates))} LMs); set task.template and task.label_words"
         )
+    if is_generation(config):
+        if kind != "causal":
+            raise ConfigError(f"task.name={config.name!r} generates answers: it needs a causal LM")
+        if config.examples_per_class is not None:
+            raise ConfigError(
+                f"task.examples_per_class with task.name={config.name!r}: a generation task has "
+                "no classes; use task.train_size"
+            )
+        return config.model_copy(update={"template": config.template or templates[kind]})
     return config.model_copy(
         update={
             "template": config.template or templates[kind],
@@ -53,6 +63,11 @@ def resolve_task_config(config: TaskConfig, kind: str) -> TaskConfig:
             "label_field": config.label_field or (preset.label_field if preset else "label"),
         }
     )
+
+
+def is_generation(config: TaskConfig) -> bool:
+    preset = get_preset(config.name)
+    return preset is not None and preset.task_type == "generation"
 
 
 @dataclass
@@ -65,6 +80,8 @@ class TaskSplits:
 def load_splits(config: TaskConfig) -> TaskSplits:
     """Read, check and sample the train and held-out test rows (``config`` resolved)."""
     pool, test_pool = _read_pools(config)
+    pool = _adapt_rows(pool, config)
+    test_pool = _adapt_rows(test_pool, config) if test_pool is not None else None
     if not pool:
         raise ConfigError(f"{_source(config, 'train')} holds no rows")
     pool, skipped_train = _valid_rows(pool, config, _source(config, "train"))
@@ -74,7 +91,7 @@ def load_splits(config: TaskConfig) -> TaskSplits:
     if test_pool is None:  # hold out a disjoint test split from the training file
         pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
     test = _subsample(test_pool, config.test_size, config.data_seed)
-    if config.train_size is not None:
+    if config.train_size is not None or is_generation(config):
         train = _subsample(pool, config.train_size, config.data_seed + 2, shuffle=True)
     else:
         label_field = config.label_field or "label"
@@ -129,11 +146,33 @@ def _hub_source(config: TaskConfig) -> HubSource | None:
     return preset.source if preset else None
 
 
+def _adapt_rows(rows: list[Row], config: TaskConfig) -> list[Row]:
+    """Hub rows keep answers nested (SQuAD: answers["text"]); give the task a plain list."""
+    preset = get_preset(config.name)
+    if preset is None or preset.answers_from is None:
+        return rows
+    outer, inner = preset.answers_from
+    adapted = []
+    for row in rows:
+        nested = row.get(outer)
+        if isinstance(nested, dict) and inner in nested:
+            row = {**row, config.answer_field: list(nested[inner])}
+        adapted.append(row)
+    return adapted
+
+
+def _row_reason(row: Row, config: TaskConfig) -> str | None:
+    if is_generation(config):
+        assert config.template is not None
+        return generation_row_reason(row, template_fields(config.template), config.answer_field)
+    return invalid_row_reason(row, config)
+
+
 def _valid_rows(rows: list[Row], config: TaskConfig, source: str) -> tuple[list[Row], int]:
     """The rows fit for the task; a bad row fails the run unless ``skip_invalid_rows``."""
     kept = []
     for index, row in enumerate(rows):
-        reason = invalid_row_reason(row, config)
+        reason = _row_reason(row, config)
         if reason is None:
             kept.append(row)
         elif not config.skip_invalid_rows:
@@ -174,17 +213,36 @@ def _subsample(rows: list[Row], size: int | None, seed: int, shuffle: bool = Fal
     return [rows[i] for i in (chosen if shuffle else sorted(chosen))]
 
 
-def build_task(
-    config: TaskConfig, tokenizer, kind: str, position_limit: int | None = None
-) -> PromptClassificationTask:
-    return PromptClassificationTask(config, tokenizer, kind, position_limit)
+Task = PromptClassificationTask | GenerationTask
+
+
+def build_task(config: TaskConfig, tokenizer, kind: str, position_limit: int | None = None) -> Task:
+    """The task object for a resolved config: encoding, per-example losses and evaluation."""
+    if not is_generation(config):
+        return PromptClassificationTask(config, tokenizer, kind, position_limit)
+    assert config.template is not None
+    too_long = position_limit is not None and (config.max_length or 0) > position_limit
+    if too_long:
+        raise ConfigError(
+            f"task.max_length={config.max_length} exceeds the {position_limit} positions "
+            "this model takes"
+        )
+    return GenerationTask(
+        tokenizer,
+        template=config.template,
+        answer_field=config.answer_field,
+        max_length=config.max_length or position_limit,
+        max_new_tokens=config.max_new_tokens,
+    )
 
 
 __all__ = [
     "PRESETS",
     "TASK_NAMES",
     "EncodedExamples",
+    "GenerationTask",
     "PromptClassificationTask",
+    "Task",
     "TaskSplits",
     "build_task",
     "load_splits",

@@ -102,21 +102,7 @@ class GenerationTask:
 
     def invalid_row_reason(self, row: Row) -> str | None:
         """Why a row cannot be used (a missing or empty field, no usable answer), or None."""
-        for field in self.fields:
-            text = row.get(field)
-            if not isinstance(text, str) or not text.strip():
-                return f"field {field!r} (read by the template) is missing or empty"
-        answers = row.get(self.answer_field)
-        if isinstance(answers, str) or not isinstance(answers, Sequence):
-            return (
-                f"field {self.answer_field!r} must be a list of reference answer strings, "
-                f"not {type(answers).__name__}"
-            )
-        if len(answers) == 0:
-            return f"field {self.answer_field!r} is an empty list: no reference answer"
-        if not all(isinstance(answer, str) and answer.strip() for answer in answers):
-            return f"field {self.answer_field!r} holds an empty or non-string answer"
-        return None
+        return generation_row_reason(row, self.fields, self.answer_field)
 
     def check_rows(self, rows: Sequence[Row], source: str) -> None:
         """Reject the first unusable row, naming the source, the row index and the field."""
@@ -313,6 +299,28 @@ class GenerationTask:
         end = next((i for i, token in enumerate(new_ids) if token in stops), len(new_ids))
         text = str(self.tokenizer.decode(new_ids[:end], skip_special_tokens=True))
         return text.split("\n", 1)[0].strip()
+
+
+def generation_row_reason(row: Row, fields: Sequence[str], answer_field: str) -> str | None:
+    """Why a row cannot be used (a missing or empty field, no usable answer), or None.
+
+    Needs no tokenizer, so rows are checked before any model is loaded.
+    """
+    for field in fields:
+        text = row.get(field)
+        if not isinstance(text, str) or not text.strip():
+            return f"field {field!r} (read by the template) is missing or empty"
+    answers = row.get(answer_field)
+    if isinstance(answers, str) or not isinstance(answers, Sequence):
+        return (
+            f"field {answer_field!r} must be a list of reference answer strings, "
+            f"not {type(answers).__name__}"
+        )
+    if len(answers) == 0:
+        return f"field {answer_field!r} is an empty list: no reference answer"
+    if not all(isinstance(answer, str) and answer.strip() for answer in answers):
+        return f"field {answer_field!r} holds an empty or non-string answer"
+    return None
 
 
 def _template_fields(template: str) -> tuple[str, ...]:

@@ -30,6 +30,9 @@ class TaskPreset:
     answer_field: str = "answers"
     source: HubSource | None = None
     metric: str = "accuracy"
+    # Where a hub row keeps its reference answers, e.g. SQuAD's answers["text"]; they are
+    # copied into ``answer_field`` as a plain list of strings.
+    answers_from: tuple[str, str] | None = None
 
 
 _NLI_MASKED = "{premise} ? {mask} , {hypothesis}"
@@ -81,6 +84,24 @@ PRESETS: dict[str, TaskPreset] = {
             },
             label_field="coarse_label",
             source=HubSource("CogComp/trec", None, test_split="test"),
+        ),
+        TaskPreset(
+            "squad",
+            "generation",
+            templates={
+                "causal": "Title: {title}\nContext: {context}\nQuestion: {question}\nAnswer:"
+            },
+            source=HubSource("rajpurkar/squad", None),
+            metric="f1",
+            answers_from=("answers", "text"),
+        ),
+        TaskPreset(
+            "drop",
+            "generation",
+            templates={"causal": "Passage: {passage}\nQuestion: {question}\nAnswer:"},
+            source=HubSource("ucinlp/drop", None),
+            metric="f1",
+            answers_from=("answers_spans", "spans"),
         ),
         TaskPreset(
             "boolq",
