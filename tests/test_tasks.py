@@ -338,3 +338,16 @@ def test_masked_lm_label_words_must_be_single_tokens(tiny_models):
     )
     with pytest.raises(ConfigError, match="single tokens"):
         build_task(config, tokenizer, "masked")
+
+
+def test_unreadable_jsonl_lines_are_named_or_skipped_and_counted(tmp_path):
+    lines = [json.dumps(row).encode() for row in _rows("sst2", 10, 2)]
+    lines[3] = b'{"sentence": "caf\xe9 \xff", "label": 1}'  # not UTF-8
+    lines[6] = b'{"sentence": "cut off'  # not JSON
+    (tmp_path / "train.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    _write(_rows("sst2", 4, 2), tmp_path / "test.jsonl")
+    config = resolve_task_config(TaskConfig(name="sst2", data_dir=str(tmp_path)), "causal")
+    with pytest.raises(ConfigError, match=r"row 3: line 4 is not valid UTF-8"):
+        load_splits(config)
+    splits = load_splits(config.model_copy(update={"skip_invalid_rows": True}))
+    assert splits.skipped_rows == 2 and len(splits.train) == 8

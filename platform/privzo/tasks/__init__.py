@@ -14,7 +14,7 @@ from privzo.tasks.classification import (
     invalid_row_reason,
     sample_examples,
 )
-from privzo.tasks.data import SUFFIXES, Row, load_hf_rows, read_rows
+from privzo.tasks.data import SUFFIXES, UNREADABLE, Row, load_hf_rows, read_rows
 from privzo.tasks.generation import GenerationTask, generation_row_reason
 from privzo.tasks.presets import PRESETS, HubSource, get_preset
 
@@ -162,6 +162,8 @@ def _adapt_rows(rows: list[Row], config: TaskConfig) -> list[Row]:
 
 
 def _row_reason(row: Row, config: TaskConfig) -> str | None:
+    if UNREADABLE in row:
+        return row[UNREADABLE]
     if is_generation(config):
         assert config.template is not None
         return generation_row_reason(row, template_fields(config.template), config.answer_field)

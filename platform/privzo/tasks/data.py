@@ -11,6 +11,9 @@ from privzo.tasks.presets import HubSource
 
 Row = dict[str, Any]
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+# A JSONL line that cannot be read becomes a row holding only this key and the reason, so the
+# task's row check reports it (file and row) or skips and counts it, like any invalid row.
+UNREADABLE = "__privzo_unreadable__"
 
 
 def read_rows(path: str | Path, field: str = "task.train_path") -> list[Row]:
@@ -33,23 +36,32 @@ def read_rows(path: str | Path, field: str = "task.train_path") -> list[Row]:
 
 
 def _read_json_rows(path: Path, field: str) -> list[Row]:
-    text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":
-        rows = json.loads(text)
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            message = f"{field}={str(path)!r}: not a valid UTF-8 JSON file ({error})"
+            raise ConfigError(message) from None
         if not isinstance(rows, list):
             raise ConfigError(f"{field}={str(path)!r}: a .json dataset must hold a list of rows")
         return rows
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise ConfigError(
-                f"{str(path)!r} line {number}: not valid JSON ({error.msg})"
-            ) from None
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if raw.strip():
+            rows.append(_parse_jsonl_line(raw, number))
     return rows
+
+
+def _parse_jsonl_line(raw: bytes, number: int) -> Row:
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return {UNREADABLE: f"line {number} is not valid UTF-8"}
+    except json.JSONDecodeError as error:
+        return {UNREADABLE: f"line {number} is not valid JSON ({error.msg})"}
+    if not isinstance(row, dict):
+        return {UNREADABLE: f"line {number} is not a JSON object"}
+    return row
 
 
 def load_hf_rows(source: HubSource) -> tuple[list[Row], list[Row]]:
