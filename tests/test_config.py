@@ -119,3 +119,17 @@ def test_shipped_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+def test_config_files_merge_in_order(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("model: {name_or_path: tiny-opt, dtype: float32}\noptimizer: {steps: 7}\n")
+    model_file = tmp_path / "model.yaml"
+    model_file.write_text("model: {name_or_path: facebook/opt-1.3b}\n")
+    config = load_config([run_file, model_file], ["optimizer.steps=9"])
+    assert config.model.name_or_path == "facebook/opt-1.3b"
+    assert config.model.dtype == "float32" and config.optimizer.steps == 9
+    root = Path(__file__).parent.parent / "configs"
+    combined = load_config([root / "models" / "opt-125m.yaml", root / "tasks" / "sst2-opt.yaml"])
+    assert combined.model.name_or_path == "facebook/opt-125m"
+    assert combined.task.name == "sst2" and combined.task.train_size == 1000

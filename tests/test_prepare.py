@@ -131,7 +131,8 @@ def test_run_config_reads_the_prepared_directory(prepared):
 @pytest.mark.parametrize(
     ("config_file", "kind", "overrides", "train_rows"),
     [
-        ("sst2-opt.yaml", "causal", [], 40),  # train_size 1000 > 40: every row
+        # train_size 1000 > the 30 rows left after a 10-row validation split: every row
+        ("sst2-opt.yaml", "causal", ["task.validation_size=10"], 30),
         ("sst2-roberta.yaml", "masked", ["task.examples_per_class=4"], 8),
     ],
 )

@@ -351,3 +351,43 @@ def test_unreadable_jsonl_lines_are_named_or_skipped_and_counted(tmp_path):
         load_splits(config)
     splits = load_splits(config.model_copy(update={"skip_invalid_rows": True}))
     assert splits.skipped_rows == 2 and len(splits.train) == 8
+
+
+def test_validation_split_is_held_out_of_training_and_reported_when_public(tmp_path, tiny_models):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"sentence": f"a dull plot {'great ' * i}", "label": i % 2} for i in range(40)]
+    _write(rows, data / "train.jsonl")
+    _write(_rows("sst2", 6, 2), data / "test.jsonl")
+    task = resolve_task_config(
+        TaskConfig(name="sst2", data_dir=str(data), train_size=20, validation_size=10), "causal"
+    )
+    splits = load_splits(task)
+    train_text = {row["sentence"] for row in splits.train}
+    assert len(splits.validation) == 10 and len(splits.train) == 20
+    assert not train_text & {row["sentence"] for row in splits.validation}
+    common = [
+        f"model.name_or_path={tiny_models['causal']}",
+        "task.name=sst2",
+        f"task.data_dir={data}",
+        "task.train_size=20",
+        "task.validation_size=10",
+        "optimizer.steps=2",
+        "optimizer.batch_size=4",
+        "tracking.backend=none",
+    ]
+    public = load_config(None, [*common, "optimizer.algorithm=mezo", "privacy.sampler=shuffle"])
+    summary = run(public, tmp_path / "mezo", cache_dir=tmp_path / "c", progress=False)
+    assert 0.0 <= summary["validation_accuracy"] <= 1.0 and summary["train_examples"] == 20
+    private = load_config(None, common)
+    summary = run(private, tmp_path / "dp", cache_dir=tmp_path / "c", progress=False)
+    assert "validation_accuracy" not in summary  # private data: not released by default
+
+
+def test_presets_default_to_the_papers_training_set_sizes():
+    assert resolve_task_config(TaskConfig(name="snli"), "masked").examples_per_class == 512
+    assert resolve_task_config(TaskConfig(name="boolq"), "causal").train_size == 1000
+    assert resolve_task_config(TaskConfig(name="squad"), "causal").train_size == 1000
+    custom = resolve_task_config(TaskConfig(name="rte", examples_per_class=16), "masked")
+    assert custom.examples_per_class == 16 and custom.train_size is None
+    assert resolve_task_config(TaskConfig(), "causal").train_size is None  # custom task: all rows

@@ -40,8 +40,10 @@ def _run_command(args: argparse.Namespace) -> int:
     from privzo.run import run
 
     _quiet_libraries()
-    overrides = list(args.overrides)
-    config = load_config(args.config, overrides)
+    # extra YAML files among the overrides merge over the first config, in order
+    extra_files = [item for item in args.overrides if "=" not in item]
+    overrides = [item for item in args.overrides if "=" in item]
+    config = load_config([args.config, *extra_files], overrides)
     summary = run(
         config,
         args.output_dir,
@@ -198,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="one fine-tuning run")
     run.add_argument("config", type=Path, help="a run config (YAML)")
-    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument(
+        "overrides", nargs="*", help="more config files to merge, then key.sub=value overrides"
+    )
     run.add_argument("--output-dir", type=Path, required=True)
     run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -95,6 +95,13 @@ class TaskConfig(_Section):
         None, ge=1, description="Sample this many training examples (MeZO OPT: 1000)."
     )
     test_size: int | None = Field(1000, ge=1)
+    validation_size: int | None = Field(
+        None,
+        ge=1,
+        description="Hold out this many training rows as a validation split (MeZO: 500). It is "
+        "private data: in a private run its metric is not released unless "
+        "tracking.log_private_diagnostics (a search that selects on it accounts for it).",
+    )
     data_seed: int = 0
     skip_invalid_rows: bool = Field(
         False, description="Skip and count rows with a missing field or label instead of failing."
@@ -281,21 +288,39 @@ def build_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
     return config
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config (or the defaults when ``path`` is None) and apply overrides."""
+def load_config(
+    path: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Load YAML run config(s) (the defaults when ``path`` is None) and apply overrides.
+
+    Several files merge in order, later ones winning key by key, so a model file
+    (configs/models/) and a task file (configs/tasks/) combine with a run file.
+    """
+    paths = [] if path is None else path if isinstance(path, list) else [path]
     data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
-        data = loaded or {}
-        source = str(path)
+    for item in paths:
+        data = _merge(data, _read_yaml(Path(item)))
     data = apply_overrides(data, overrides or [])
-    return build_config(data, source)
+    return build_config(data, " + ".join(str(item) for item in paths) or "defaults")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    loaded = yaml.safe_load(path.read_text())
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return loaded or {}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def dump_config(config: RunConfig) -> str:

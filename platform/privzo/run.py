@@ -153,6 +153,7 @@ class RunContext:
     model: torch.nn.Module  # the model with its PEFT view applied (peft wrapper for lora/prefix)
     scoring_model: torch.nn.Module  # what the task scores with (the wrapper's HF body)
     skipped_rows: int = 0  # invalid rows skipped (task.skip_invalid_rows)
+    validation: Any = None  # encoded validation split (held out of the private training data)
 
 
 def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
@@ -179,6 +180,7 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
         model,
         unwrap_for_scoring(model),
         splits.skipped_rows,
+        task.encode(splits.validation) if splits.validation else None,
     )
 
 
@@ -266,6 +268,7 @@ def _train_and_evaluate(
     finally:  # a failed run keeps the steps it made
         recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
+    validation = _validation_metrics(context, loop)
     if loop.nonfinite:  # on the operator's console only: the count is data-dependent
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
@@ -274,12 +277,25 @@ def _train_and_evaluate(
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, before, after, started)
+    summary.update({f"validation_{name}": value for name, value in validation.items()})
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 Evaluation = tuple[dict[str, float], float]  # (test metrics, seconds)
+
+
+def _validation_metrics(context: RunContext, loop: TrainingLoop) -> dict[str, float]:
+    """Metrics on the validation split, where releasing them costs no privacy.
+
+    The split is part of the private training data, so a private run reports it only with
+    ``tracking.log_private_diagnostics`` (outside the guarantee).
+    """
+    if context.validation is None or not loop.log_diagnostics:
+        return {}
+    batch_size = context.config.optimizer.eval_batch_size
+    return context.task.evaluate(context.scoring_model, context.validation, batch_size)
 
 
 def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], Evaluation]:
@@ -485,7 +501,11 @@ def _summary(
 
 
 def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    scores = [key for key in summary if key.endswith(("_before", "_after"))]
+    scores = [
+        key
+        for key in summary
+        if key.endswith(("_before", "_after")) or key.startswith("validation_")
+    ]
     keys = (
         *scores,
         "eval_time_s",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +55,27 @@ def resolve_task_config(config: TaskConfig, kind: str) -> TaskConfig:
                 f"task.examples_per_class with task.name={config.name!r}: a generation task has "
                 "no classes; use task.train_size"
             )
-        return config.model_copy(update={"template": config.template or templates[kind]})
+        return config.model_copy(
+            update={"template": config.template or templates[kind], **_paper_sampling(config, kind)}
+        )
     return config.model_copy(
         update={
+            **_paper_sampling(config, kind),
             "template": config.template or templates[kind],
             "label_words": config.label_words or list(words or _CUSTOM_LABEL_WORDS),
             "label_field": config.label_field or (preset.label_field if preset else "label"),
         }
     )
+
+
+def _paper_sampling(config: TaskConfig, kind: str) -> dict[str, int]:
+    """A preset's training-set size when the config sets none: LM-BFF / MeZO's k = 512 per class
+    for masked LMs, MeZO's 1000 examples for causal LMs."""
+    if get_preset(config.name) is None or config.examples_per_class or config.train_size:
+        return {}
+    if kind == "masked":
+        return {"examples_per_class": 512}
+    return {"train_size": 1000}
 
 
 def is_generation(config: TaskConfig) -> bool:
@@ -74,6 +87,7 @@ def is_generation(config: TaskConfig) -> bool:
 class TaskSplits:
     train: list[Row]
     test: list[Row]
+    validation: list[Row] = field(default_factory=list)  # part of the private training data
     skipped_rows: int = 0
 
 
@@ -91,12 +105,16 @@ def load_splits(config: TaskConfig) -> TaskSplits:
     if test_pool is None:  # hold out a disjoint test split from the training file
         pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
     test = _subsample(test_pool, config.test_size, config.data_seed)
+    validation: list[Row] = []
+    if config.validation_size is not None:  # drawn from the (private) training pool
+        pool, validation = _hold_out(pool, config.validation_size, config, "validation_size")
     if config.train_size is not None or is_generation(config):
         train = _subsample(pool, config.train_size, config.data_seed + 2, shuffle=True)
     else:
         label_field = config.label_field or "label"
         train = sample_examples(pool, label_field, config.examples_per_class, config.data_seed)
-    return TaskSplits(train=train, test=test, skipped_rows=skipped_train + skipped_test)
+    skipped = skipped_train + skipped_test
+    return TaskSplits(train=train, test=test, validation=validation, skipped_rows=skipped)
 
 
 def _read_pools(config: TaskConfig) -> tuple[list[Row], list[Row] | None]:
@@ -198,13 +216,17 @@ def _source(config: TaskConfig, split: str) -> str:
     return f"{origin} ({split} split)"
 
 
-def _hold_out(pool: list[Row], size: int, config: TaskConfig) -> tuple[list[Row], list[Row]]:
+def _hold_out(
+    pool: list[Row], size: int, config: TaskConfig, setting: str = "test_size"
+) -> tuple[list[Row], list[Row]]:
+    """(the rest, ``size`` rows) split off the pool by data seed, disjointly."""
     if size >= len(pool):
         raise ConfigError(
-            f"task.test_size={size} leaves no training rows out of {len(pool)}; give "
-            "task.test_path or a smaller task.test_size"
+            f"task.{setting}={size} leaves no training rows out of {len(pool)}; use a smaller "
+            f"task.{setting}" + (" or give task.test_path" if setting == "test_size" else "")
         )
-    order = np.random.default_rng(config.data_seed + 1).permutation(len(pool))
+    offset = 1 if setting == "test_size" else 3
+    order = np.random.default_rng(config.data_seed + offset).permutation(len(pool))
     return [pool[i] for i in order[size:]], [pool[i] for i in order[:size]]
 
 
