@@ -122,8 +122,25 @@ class TaskConfig(_Section):
 
 
 def template_fields(template: str) -> list[str]:
-    """The row fields a template reads, in order (``{mask}`` is not a field)."""
-    names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    """The row fields a template reads, in order (``{mask}`` is not a field).
+
+    Raises ValueError for a malformed template or a slot that is not a plain field name: rows
+    fill templates by name and as plain text.
+    """
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ValueError(f"template {template!r} is malformed: {error}") from None
+    names = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise ValueError(
+                f"template {template!r}: slot {{{name}}} must be a plain field name, like "
+                "{question}"
+            )
+        names.append(name)
     return [name for name in dict.fromkeys(names) if name != "mask"]
 
 

@@ -13,7 +13,6 @@ can drive either task.
 
 from __future__ import annotations
 
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from privzo.config import ConfigError
+from privzo.config import ConfigError, template_fields
 from privzo.tasks.classification import _vocabulary_head
 from privzo.tasks.data import Row
 from privzo.tasks.metrics import mean_exact_match, mean_f1
@@ -324,23 +323,11 @@ def generation_row_reason(row: Row, fields: Sequence[str], answer_field: str) ->
 
 
 def _template_fields(template: str) -> tuple[str, ...]:
-    """The row fields a template reads; positional or formatted slots are rejected, since rows
-    are filled by name and as plain text."""
+    """The row fields a template reads, as a ConfigError when the template is unusable."""
     try:
-        parsed = list(string.Formatter().parse(template))
+        fields = template_fields(template)
     except ValueError as error:
-        raise ConfigError(f"template {template!r} is malformed: {error}") from None
-    fields: list[str] = []
-    for _, name, spec, conversion in parsed:
-        if name is None:
-            continue
-        if not name.isidentifier() or spec or conversion:
-            raise ConfigError(
-                f"template {template!r}: slot {{{name}}} must be a plain field name, like "
-                "{question}"
-            )
-        if name not in fields:
-            fields.append(name)
+        raise ConfigError(str(error)) from None
     if not fields:
         raise ConfigError(f"template {template!r} reads no field: nothing of the row is shown")
     return tuple(fields)
