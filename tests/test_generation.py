@@ -390,3 +390,23 @@ def test_bad_settings_are_rejected(words, template, options, message) -> None:
     options = {"max_length": None, **options}
     with pytest.raises(ConfigError, match=message):
         GenerationTask(words, template=template, answer_field="answers", **options)
+
+
+def test_answer_suffix_extends_the_target_as_mezo_trains(words) -> None:
+    """The presets train on "answer\\n" (MeZO): the loss also covers the newline that ends it."""
+    plain = _squad(words).encode([SQUAD_ROW])
+    suffixed = GenerationTask(
+        words, template=SQUAD_TEMPLATE, answer_field="answers", max_length=None, answer_suffix="\n"
+    ).encode([SQUAD_ROW])
+    newline = words.convert_tokens_to_ids("\n")
+    assert suffixed.prompt_ids == plain.prompt_ids
+    assert suffixed.target_ids[0] == [*plain.target_ids[0], newline]
+
+
+def test_presets_build_generation_tasks_with_the_newline_suffix(words) -> None:
+    from privzo.config import TaskConfig
+    from privzo.tasks import build_task, resolve_task_config
+
+    config = resolve_task_config(TaskConfig(name="squad"), "causal")
+    task = build_task(config, words, "causal", position_limit=128)
+    assert task.answer_suffix == "\n" and task.max_length == 128

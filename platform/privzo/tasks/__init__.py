@@ -257,6 +257,7 @@ def build_task(config: TaskConfig, tokenizer, kind: str, position_limit: int | N
         answer_field=config.answer_field,
         max_length=config.max_length or position_limit,
         max_new_tokens=config.max_new_tokens,
+        answer_suffix="\n",  # MeZO's training target: the answer, then a newline
     )
 
 

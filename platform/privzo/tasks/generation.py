@@ -70,11 +70,15 @@ class GenerationTask:
         answer_field: str,
         max_length: int | None,
         max_new_tokens: int = 32,
+        answer_suffix: str = "",
     ) -> None:
         """``max_length`` bounds prompt + answer in training and prompt + generated tokens in
         evaluation (pass the model's position limit, or less); None means no truncation."""
         self.tokenizer = tokenizer
         self.template = template
+        # MeZO trains on "answer\n": the newline teaches where an answer ends (decoding stops
+        # there); the presets pass "\n".
+        self.answer_suffix = answer_suffix
         self.fields = _template_fields(template)
         self.answer_field = answer_field
         self.max_length = max_length
@@ -131,7 +135,7 @@ class GenerationTask:
         return GenerationExamples(prompts, targets, references)
 
     def _tokenize(self, prompt: str, answer: str) -> tuple[list[int], list[int]]:
-        """Prompt ids (BOS first, if the tokenizer has one) and the ids of ``" " + answer``.
+        """Prompt ids (BOS first, if the tokenizer has one) and ids of ``" " + answer + suffix``.
 
         The target is cut from the tokenisation of prompt + target, so its ids are those the
         model sees after this prompt (a SentencePiece tokenizer encodes a lone " answer" with an
@@ -140,11 +144,12 @@ class GenerationTask:
         """
         encode = self.tokenizer.encode
         prompt_ids = encode(prompt, add_special_tokens=False)
-        full_ids = encode(prompt + " " + answer.strip(), add_special_tokens=False)
+        target = " " + answer.strip() + self.answer_suffix
+        full_ids = encode(prompt + target, add_special_tokens=False)
         if full_ids[: len(prompt_ids)] == prompt_ids:
             target_ids = full_ids[len(prompt_ids) :]
         else:
-            target_ids = encode(" " + answer.strip(), add_special_tokens=False)
+            target_ids = encode(target, add_special_tokens=False)
         if self.tokenizer.bos_token_id is not None:
             prompt_ids = [self.tokenizer.bos_token_id, *prompt_ids]
         return prompt_ids, target_ids
