@@ -40,7 +40,7 @@ GOLDEN = {
     ("mnli", "masked"): ("the cat sleeps ? <mask> , an animal rests", "Maybe"),
     ("rte", "masked"): ("rain fell ? <mask> , it was dry", "No"),
     ("trec", "masked"): ("<mask> : who wrote it", "Human"),
-    ("boolq", "causal"): ("water boils at one hundred degrees does water boil?", "Yes"),
+    ("boolq", "causal"): ("water boils at one hundred degrees does water boil?\n", "Yes"),
 }
 
 
@@ -391,3 +391,12 @@ def test_presets_default_to_the_papers_training_set_sizes():
     custom = resolve_task_config(TaskConfig(name="rte", examples_per_class=16), "masked")
     assert custom.examples_per_class == 16 and custom.train_size is None
     assert resolve_task_config(TaskConfig(), "causal").train_size is None  # custom task: all rows
+
+
+def test_label_words_follow_the_prompt_as_the_papers_write_them():
+    """MeZO's BoolQ answer starts a new line; elsewhere the label word follows a space."""
+    assert resolve_task_config(TaskConfig(name="boolq"), "causal").label_word_prefix == ""
+    assert resolve_task_config(TaskConfig(name="sst2"), "causal").label_word_prefix == " "
+    assert resolve_task_config(TaskConfig(), "masked").label_word_prefix == " "
+    custom = TaskConfig(name="boolq", label_word_prefix=" ")
+    assert resolve_task_config(custom, "causal").label_word_prefix == " "

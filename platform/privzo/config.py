@@ -84,6 +84,9 @@ class TaskConfig(_Section):
         "'{sentence} It was', plus ' {mask} .' for masked LMs).",
     )
     label_words: list[str] | None = Field(None, min_length=2)
+    label_word_prefix: str | None = Field(
+        None, description="What joins prompt and label word; null = the preset's (a space)."
+    )
     answer_field: str = Field(
         "answers", description="Generation tasks: the field with the list of reference answers."
     )

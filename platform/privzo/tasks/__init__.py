@@ -64,8 +64,15 @@ def resolve_task_config(config: TaskConfig, kind: str) -> TaskConfig:
             "template": config.template or templates[kind],
             "label_words": config.label_words or list(words or _CUSTOM_LABEL_WORDS),
             "label_field": config.label_field or (preset.label_field if preset else "label"),
+            "label_word_prefix": _first_set(
+                config.label_word_prefix, preset.label_word_prefix if preset else None, " "
+            ),
         }
     )
+
+
+def _first_set(*values: str | None) -> str:
+    return next(value for value in values if value is not None)
 
 
 def _paper_sampling(config: TaskConfig, kind: str) -> dict[str, int]:

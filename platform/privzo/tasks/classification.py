@@ -91,10 +91,12 @@ class PromptClassificationTask:
         return template
 
     def _candidate_tokens(self) -> list[list[int]]:
-        """The token ids of every label word (after a space, as it follows the prompt)."""
+        """The token ids of every label word, as it follows the prompt (after a space, or
+        directly after a prompt that ends a line)."""
+        prefix = " " if self.config.label_word_prefix is None else self.config.label_word_prefix
         candidates = []
         for word in self.label_words:
-            tokens = self.tokenizer.encode(" " + word, add_special_tokens=False)
+            tokens = self.tokenizer.encode(prefix + word, add_special_tokens=False)
             if self.tokenizer.unk_token_id in tokens or not tokens:
                 raise ConfigError(
                     f"task.label_words: {word!r} is not in the tokenizer's vocabulary (it maps "

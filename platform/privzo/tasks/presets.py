@@ -27,6 +27,8 @@ class TaskPreset:
     templates: dict[str, str]  # by model kind: "masked" / "causal"
     label_words: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by model kind
     label_field: str = "label"
+    # What joins the prompt and a label word: a space, or nothing when the prompt ends a line.
+    label_word_prefix: str = " "
     answer_field: str = "answers"
     source: HubSource | None = None
     metric: str = "accuracy"
@@ -106,8 +108,10 @@ PRESETS: dict[str, TaskPreset] = {
         TaskPreset(
             "boolq",
             "classification",
-            templates={"causal": "{passage} {question}?"},
+            # MeZO's BoolQ prompt: the question ends with "?" and the answer starts a new line.
+            templates={"causal": "{passage} {question}?\n"},
             label_words={"causal": ("No", "Yes")},
+            label_word_prefix="",
             source=HubSource("super_glue", "boolq"),
         ),
     )
