@@ -209,6 +209,13 @@ def invalid_row_reason(row: Row, config: TaskConfig) -> str | None:
     return None
 
 
+def no_cache(model: torch.nn.Module) -> dict[str, bool]:
+    """``use_cache=False`` for HF models: a scoring forward never decodes further, and the
+    key/value cache it would build by default costs memory (about 2·B·L·hidden per layer)."""
+    config = getattr(model, "config", None)
+    return {"use_cache": False} if getattr(config, "use_cache", None) is not None else {}
+
+
 def score_label_logits(
     model: PreTrainedModel, batch: Batch, label_token_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -225,10 +232,14 @@ def score_label_logits(
     head = _vocabulary_head(model)
     with torch.inference_mode():
         if head is None:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
+            ).logits
             scored = logits[rows, positions]
         else:
-            hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
+            hidden = model.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
+            )[0]
             scored = head(hidden[rows, positions])
     return scored[:, label_token_ids.to(device)].float()
 
@@ -258,7 +269,9 @@ def score_candidates(
         attention_mask[index, : len(sequence)] = 1
     with torch.inference_mode():
         logits = model(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            **no_cache(model),
         ).logits.float()
     log_probs = torch.log_softmax(logits, dim=-1)
     scores = torch.stack(

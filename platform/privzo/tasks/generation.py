@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, template_fields
-from privzo.tasks.classification import _vocabulary_head
+from privzo.tasks.classification import _vocabulary_head, no_cache
 from privzo.tasks.data import Row
 from privzo.tasks.metrics import mean_exact_match, mean_f1
 
@@ -374,9 +374,13 @@ def _logits_at(
     head = _vocabulary_head(model)
     with torch.inference_mode():
         if head is None:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
+            ).logits
             return logits[rows, cols].float()
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]
+        hidden = model.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
+        )[0]
         return head(hidden[rows, cols]).float()
 
 
