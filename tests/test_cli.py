@@ -158,3 +158,28 @@ def test_demo_quick_runs_all_arms(tmp_path, capsys):
         assert label in printed
     summary = json.loads((tmp_path / "demo" / "dpzero" / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["epsilon"] <= 2.0 * (1 + 1e-6)
+
+
+def test_plan_command_json_and_table(capsys):
+    result = _json(
+        capsys,
+        [
+            "plan",
+            "--model",
+            "opt-66b",
+            "--gpus",
+            "8",
+            "--gpu-memory-gb",
+            "80",
+            "--dtype",
+            "fp16",
+            "--json",
+        ],
+    )
+    assert {"model", "parameters", "strategy", "gpus", "bytes_per_gpu", "fits"} <= set(result)
+    assert result["strategy"] == "zero3" and result["fits"] is True and result["gpus"] == 8
+    assert main(["plan", "--model", "all", "--gpus", "1", "--gpu-memory-gb", "24"]) == 0
+    table = capsys.readouterr().out
+    assert "opt-125m" in table and "opt-66b" in table and "NO" in table
+    assert main(["plan", "--model", "opt-7b", "--gpus", "1", "--gpu-memory-gb", "24"]) == 2
+    assert "opt-7b" in capsys.readouterr().err

@@ -186,6 +186,40 @@ def _prepare_command(args: argparse.Namespace) -> int:
     return 0
 
 
+_DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from privzo.planner import OPT_SIZES, plan
+
+    names = list(OPT_SIZES) if args.model == "all" else [args.model]
+    dtype = _DTYPE_ALIASES.get(args.dtype, args.dtype)
+    plans = [
+        plan(
+            name,
+            gpus=args.gpus,
+            gpu_memory_gb=args.gpu_memory_gb,
+            dtype=dtype,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+        ).to_json()
+        for name in names
+    ]
+    if args.json:
+        print(json.dumps(plans[0] if len(plans) == 1 else plans))
+        return 0
+    gib = 2**30
+    print(
+        f"{'model':<10}{'parameters':>14}{'strategy':>10}{'GiB/GPU':>10}  fits ({args.gpus} GPUs)"
+    )
+    for item in plans:
+        print(
+            f"{item['model']:<10}{item['parameters']:>14,}{item['strategy']:>10}"
+            f"{item['bytes_per_gpu'] / gib:>10.1f}  {'yes' if item['fits'] else 'NO'}"
+        )
+    return 0
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
@@ -233,6 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
     zo_step.add_argument("--json", action="store_true")
     zo_step.add_argument("--repeats", type=int, default=5)
     zo_step.set_defaults(handler=_bench_command)
+
+    planner = commands.add_parser(
+        "plan", help="memory per GPU and strategy (replica / zero3) for an OPT size"
+    )
+    planner.add_argument("--model", required=True, help="opt-125m ... opt-66b, or all")
+    planner.add_argument("--gpus", type=int, required=True)
+    planner.add_argument("--gpu-memory-gb", type=float, required=True)
+    planner.add_argument("--dtype", default="float16", help="float16 / bfloat16 / float32")
+    planner.add_argument("--batch-size", type=int, default=16)
+    planner.add_argument("--seq-len", type=int, default=256)
+    planner.add_argument("--json", action="store_true")
+    planner.set_defaults(handler=_plan_command)
 
     data = commands.add_parser("data", help="task data")
     data_commands = data.add_subparsers(dest="data_command", required=True)
