@@ -105,23 +105,19 @@ def replay_base(cache_dir: Path) -> dict[str, torch.Tensor]:
     return load_model(ModelConfig(name_or_path="tiny-opt"), cache_dir).model.state_dict()
 
 
+def _replay_with_cli(tmp_path: Path, cache_dir: Path) -> None:
+    """`privzo replay` of tmp_path/run's trajectory onto tiny-opt, into tmp_path/rebuilt."""
+    trajectory = tmp_path / "run" / "trajectory.parquet"
+    args = ["replay", "--base", "tiny-opt", "--trajectory", str(trajectory)]
+    assert (
+        main([*args, "--output-dir", str(tmp_path / "rebuilt"), "--cache-dir", str(cache_dir)]) == 0
+    )
+
+
 def test_replay_command_saves_hf_weights(tmp_path, sentiment_files, cache_dir):
     config = _config(*sentiment_files, "save_model=true", "tracking.backend=none")
     run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
-    code = main(
-        [
-            "replay",
-            "--base",
-            "tiny-opt",
-            "--trajectory",
-            str(tmp_path / "run" / "trajectory.parquet"),
-            "--output-dir",
-            str(tmp_path / "rebuilt"),
-            "--cache-dir",
-            str(cache_dir),
-        ]
-    )
-    assert code == 0
+    _replay_with_cli(tmp_path, cache_dir)
     rebuilt = load_file(tmp_path / "rebuilt" / "model.safetensors")
     trained = load_file(tmp_path / "run" / "model" / "model.safetensors")
     assert rebuilt.keys() == trained.keys()
@@ -285,19 +281,7 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view
         "optimizer.steps=6",
     )
     summary = run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
-    main(
-        [
-            "replay",
-            "--base",
-            "tiny-opt",
-            "--trajectory",
-            str(tmp_path / "run" / "trajectory.parquet"),
-            "--output-dir",
-            str(tmp_path / "rebuilt"),
-            "--cache-dir",
-            str(cache_dir),
-        ]
-    )
+    _replay_with_cli(tmp_path, cache_dir)
     weights = "model.safetensors" if view == "bitfit" else "adapter_model.safetensors"
     trained = load_file(tmp_path / "run" / "model" / weights)
     rebuilt = load_file(tmp_path / "rebuilt" / weights)

@@ -92,7 +92,7 @@ class DirectionSampler:
         """Elements ``[start, stop)`` of the direction of parameter ``name`` (``size`` elements)."""
         pieces = [
             self.block(seed, name, block, block_length)[lo:hi]
-            for block, block_length, lo, hi in _blocks_covering(size, start, stop)
+            for block, block_length, lo, hi in block_overlaps(size, start, stop)
         ]
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
@@ -119,8 +119,9 @@ def iter_block_ranges(size: int) -> Iterator[tuple[int, int]]:
         yield start, min(start + BLOCK_SIZE, size)
 
 
-def _blocks_covering(size: int, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
-    """(block, its canonical length, lo, hi) for every block overlapping [start, stop)."""
+def block_overlaps(size: int, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
+    """(block, its canonical length, lo, hi) for every block overlapping [start, stop) of a
+    parameter with ``size`` elements; ``[lo, hi)`` is the overlap within the block."""
     assert 0 <= start < stop <= size
     first, last = start // BLOCK_SIZE, (stop - 1) // BLOCK_SIZE
     for block in range(first, last + 1):

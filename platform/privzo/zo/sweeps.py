@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privzo.zo.directions import BLOCK_SIZE, DirectionSampler
+from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_overlaps
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,9 @@ def iter_direction_blocks(
     inside a block still sees exactly the values the whole parameter would.
     """
     start, stop = shard.offset, shard.offset + shard.tensor.numel()
-    position = start
-    while position < stop:
-        block = position // BLOCK_SIZE
-        block_start = block * BLOCK_SIZE
-        block_length = min(BLOCK_SIZE, shard.size - block_start)
-        block_stop = min(stop, block_start + block_length)
-        direction = sampler.block(seed, shard.name, block, block_length)
-        local = slice(position - start, block_stop - start)
-        yield local, direction[position - block_start : block_stop - block_start]
-        position = block_stop
+    if start == stop:
+        return
+    for block, length, lo, hi in block_overlaps(shard.size, start, stop):
+        direction = sampler.block(seed, shard.name, block, length)
+        at = block * BLOCK_SIZE + lo - start  # where the overlap starts in the local tensor
+        yield slice(at, at + hi - lo), direction[lo:hi]
