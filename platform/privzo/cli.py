@@ -220,6 +220,22 @@ def _plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_command(args: argparse.Namespace) -> int:
+    from privzo.tuning import load_search_config, run_search
+
+    _quiet_libraries()
+    search = load_search_config(args.config, args.overrides)
+    run_search(
+        search,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        ray_address=args.address,
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+        progress=not args.quiet,
+    )
+    return 0
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
@@ -242,6 +258,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_cache_dir(run)
     run.set_defaults(handler=_run_command)
+
+    tune = commands.add_parser(
+        "tune", help="a Ray Tune search under a fixed privacy budget (resumes in the same dir)"
+    )
+    tune.add_argument("config", type=Path, help="a search config (YAML), e.g. configs/searches/")
+    tune.add_argument("overrides", nargs="*", help="key.sub=value overrides of the search config")
+    tune.add_argument("--output-dir", type=Path, required=True)
+    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
+    _add_cache_dir(tune)
+    tune.set_defaults(handler=_tune_command)
 
     replay = commands.add_parser("replay", help="rebuild fine-tuned weights from a trajectory")
     replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")

@@ -345,3 +345,8 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+# Public names for the other config modules (the search config in privzo.tuning).
+Section = _Section
+format_validation_error = _format_validation_error

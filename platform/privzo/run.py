@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,7 @@ class RunContext:
     scoring_model: torch.nn.Module  # what the task scores with (the wrapper's HF body)
     skipped_rows: int = 0  # invalid rows skipped (task.skip_invalid_rows)
     validation: Any = None  # encoded validation split (held out of the private training data)
+    hooks: RunHooks | None = None
 
 
 def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
@@ -184,6 +185,19 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     )
 
 
+@dataclass(frozen=True)
+class RunHooks:
+    """What a caller (a search trial) adds to a run without a second training loop.
+
+    ``after_window(context, step, metrics)`` runs after each logging window (e.g. to report to
+    Ray Tune); ``final_scores(context)`` runs on the trained model before the summary is
+    written and returns extra summary values (e.g. a noised selection score).
+    """
+
+    after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None
+    final_scores: Callable[[RunContext], dict[str, float]] | None = None
+
+
 def run(
     config: RunConfig,
     output_dir: Path,
@@ -193,16 +207,20 @@ def run(
     overwrite: bool = False,
     tracking_root: Path | None = None,
     tracking_uri: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    hooks: RunHooks | None = None,
 ) -> dict[str, Any]:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
     ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
     none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
+    ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     """
     output_dir = Path(output_dir).resolve()
     check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
-    tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri)
+    context.hooks = hooks or RunHooks()
+    tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     prepare_output_dir(output_dir)
     (output_dir / CONFIG_FILE).write_text(dump_config(config))
     with tracker:
@@ -216,7 +234,11 @@ def run(
 
 
 def _connect_tracker(
-    context: RunContext, output_dir: Path, tracking_root: Path | None, tracking_uri: str | None
+    context: RunContext,
+    output_dir: Path,
+    tracking_root: Path | None,
+    tracking_uri: str | None,
+    tags: Mapping[str, str] | None = None,
 ) -> Tracker:
     """Build the tracker and reach its store now, so a bad store fails before training."""
     tracking = context.config.tracking
@@ -226,7 +248,7 @@ def _connect_tracker(
         experiment=tracking.experiment,
         output_root=(tracking_root or output_dir.parent).resolve(),
         run_name=tracking.run_name or output_dir.name,
-        tags=_run_tags(context),
+        tags={**_run_tags(context), **(tags or {})},
     )
     try:
         tracker.connect()
@@ -239,15 +261,25 @@ def _connect_tracker(
 
 
 def _run_tags(context: RunContext) -> dict[str, str]:
-    config = context.config
+    """Tags the MLflow UI groups and compares runs by (model size, ε, algorithm, task)."""
+    config, plan = context.config, context.plan
     parameters = sum(shard.size for shard in context.shards)
-    return {
+    tags = {
         "privzo.model": config.model.name_or_path,
+        "privzo.model_parameters": str(model_parameters(context.scoring_model)),
         "privzo.task": config.task.name,
         "privzo.algorithm": config.optimizer.algorithm,
         "privzo.trainable_parameters": str(parameters),
-        "privzo.private": str(context.plan.private).lower(),
+        "privzo.private": str(plan.private).lower(),
     }
+    if plan.private:
+        tags["privzo.epsilon"] = f"{config.privacy.epsilon:g}"
+    return tags
+
+
+def model_parameters(model: torch.nn.Module) -> int:
+    """Parameter count of the model (tied weights counted once)."""
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 def _train_and_evaluate(
@@ -278,6 +310,8 @@ def _train_and_evaluate(
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, before, after, started)
     summary.update({f"validation_{name}": value for name, value in validation.items()})
+    if context.hooks is not None and context.hooks.final_scores is not None:
+        summary.update(context.hooks.final_scores(context))
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -366,6 +400,9 @@ class TrainingLoop:
                 bar.update(1)
             metrics = self._window_metrics(window)
             self.tracker.log_metrics(metrics, step=window_steps[-1] + 1)
+            hooks = self.context.hooks
+            if hooks is not None and hooks.after_window is not None:
+                hooks.after_window(self.context, window_steps[-1] + 1, metrics)
             bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
         bar.close()
 
@@ -504,7 +541,7 @@ def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     scores = [
         key
         for key in summary
-        if key.endswith(("_before", "_after")) or key.startswith("validation_")
+        if key.endswith(("_before", "_after")) or key.startswith(("validation_", "selection_"))
     ]
     keys = (
         *scores,

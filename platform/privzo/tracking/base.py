@@ -59,6 +59,10 @@ class Tracker(abc.ABC):
     def start(self) -> None:
         """Create the run in the backend; logging before this is an error."""
 
+    @abc.abstractmethod
+    def attach(self, run_id: str) -> None:
+        """Reopen the existing run ``run_id`` (to resume it) instead of creating one."""
+
     @property
     @abc.abstractmethod
     def run_id(self) -> str | None:
@@ -135,6 +139,9 @@ class NoopTracker(Tracker):
         self._active = False
 
     def start(self) -> None:
+        self._active = True
+
+    def attach(self, run_id: str) -> None:
         self._active = True
 
     @property

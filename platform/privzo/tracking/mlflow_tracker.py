@@ -230,6 +230,17 @@ class MlflowTracker(Tracker):
         self._client, self._run_id, self._active = client, run.info.run_id, True
         self._last_flush = time.monotonic()
 
+    def attach(self, run_id: str) -> None:
+        """Reopen an existing run (a resumed search's parent) instead of creating one."""
+        if self._run_id is not None:
+            raise RuntimeError(f"tracker already started run {self._run_id}")
+        self.connect()
+        client = self._client
+        assert client is not None
+        client.update_run(run_id, status="RUNNING")
+        self._run_id, self._active = run_id, True
+        self._last_flush = time.monotonic()
+
     def _require_active(self) -> tuple[MlflowClient, str]:
         if not self._active or self._client is None or self._run_id is None:
             raise RuntimeError("tracker is not active: call start() (or use `with`) first")

@@ -1,0 +1,253 @@
+"""The search config: a base run, a space over its hyperparameters, how trials are drawn,
+selected and budgeted. Validated at load like a run config, so a bad search fails before Ray
+starts.
+
+```yaml
+base: ../runs/tiny-dpzero.yaml        # one or more run configs, relative to this file
+overrides: {task.validation_size: 200}
+space:
+  privacy.clip: [5.0, 20.0]           # a list: one of these values
+  optimizer.learning_rate: {low: 1.0e-4, high: 1.0e-3, log: true}   # a range
+  optimizer.steps: [200, 400]         # privacy-relevant keys must be lists
+algorithm: random                     # grid | random | optuna
+trials: {count: 4}                    # or {distribution: geometric, mean: 3}
+selection: {split: validation}        # private validation split, noised scores
+```
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from privzo.config import (
+    ConfigError,
+    RunConfig,
+    Section,
+    apply_overrides,
+    build_config,
+    format_validation_error,
+    load_config,
+)
+
+# Keys a search may vary. The privacy budget (ε, δ) is fixed: it is what every trial meets.
+SEARCHABLE = (
+    "privacy.clip",
+    "optimizer.learning_rate",
+    "optimizer.steps",
+    "optimizer.batch_size",
+    "optimizer.perturbation_scale",
+    "optimizer.direction",
+    "optimizer.lr_schedule",
+)
+# Keys that change a trial's privacy event (σ is calibrated from steps and sampling rate):
+# they must be finite lists so the worst trial is known before the search starts.
+PRIVACY_KEYS = ("optimizer.steps", "optimizer.batch_size")
+
+
+class RangeSpec(Section):
+    """A continuous (or integer) range sampled uniformly, or log-uniformly."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RangeSpec:
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low} must be below high={self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log=true needs low > 0 (got {self.low})")
+        return self
+
+
+class TrialsConfig(Section):
+    """How many trials run: a fixed count, or a random count (for repeat-and-select).
+
+    A random count is drawn once per search from a geometric distribution with the given mean,
+    from the operating system's entropy: Papernot & Steinke's bound for releasing only the best
+    trial needs the count random and kept secret.
+    """
+
+    count: int | None = Field(None, ge=1, description="Fixed number of trials (grid: all points).")
+    distribution: Literal["fixed", "geometric"] = "fixed"
+    mean: float | None = Field(None, ge=1, description="Mean trial count (geometric).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrialsConfig:
+        if self.distribution == "fixed" and self.mean is not None:
+            raise ValueError("mean is for distribution='geometric'; use count for a fixed number")
+        if self.distribution == "geometric" and (self.mean is None or self.count is not None):
+            raise ValueError("distribution='geometric' needs mean (and no count)")
+        return self
+
+
+class SelectionConfig(Section):
+    """Which split trials are compared on, and what releasing the score costs."""
+
+    split: Literal["validation", "public"] = Field(
+        "validation",
+        description="'validation': task.validation_size examples held out of the private "
+        "training data, scores noised and accounted; 'public': public_path, no privacy cost.",
+    )
+    public_path: str | None = Field(None, description="A public labelled file (split=public).")
+    metric: str | None = Field(None, description="The task metric; null = the task's main one.")
+    mode: Literal["max", "min"] = "max"
+    score_noise_multiplier: float = Field(
+        5.0,
+        gt=0,
+        description="Gaussian noise on the validation sum (each example scores in [0, 1], so "
+        "the sum has sensitivity 1): std = this many examples.",
+    )
+
+    @model_validator(mode="after")
+    def _public_has_path(self) -> SelectionConfig:
+        if self.split == "public" and not self.public_path:
+            raise ValueError("split='public' needs public_path (a labelled file)")
+        if self.split == "validation" and self.public_path:
+            raise ValueError("public_path is for split='public'")
+        return self
+
+
+class SchedulerConfig(Section):
+    """Early stopping on the selection score (each intermediate score is a release too)."""
+
+    type: Literal["none", "asha"] = "none"
+    evaluate_every: int = Field(100, ge=1, description="Steps between intermediate scores.")
+    grace_period: int = Field(1, ge=1, description="Scores a trial reports before it may stop.")
+    reduction_factor: int = Field(2, ge=2)
+
+
+class BudgetConfig(Section):
+    """A compute budget per trial, in forward passes (2 per example per step)."""
+
+    max_forward_passes: int | None = Field(None, ge=1)
+    mode: Literal["reject", "derive-steps"] = Field(
+        "reject",
+        description="'reject': a space point over the budget is an error; 'derive-steps': "
+        "steps = budget ÷ (2 × batch size), so steps may not be searched.",
+    )
+
+
+class ResourcesConfig(Section):
+    """Ray resources per trial and how many trials run at once."""
+
+    cpus_per_trial: float = Field(1, gt=0)
+    gpus_per_trial: float = Field(0, ge=0)
+    concurrency: int = Field(1, ge=1)
+
+
+class SearchConfig(Section):
+    base: list[str] = Field(description="Run config file(s) the trials start from.")
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, list[Any] | RangeSpec]
+    algorithm: Literal["grid", "random", "optuna"] = "random"
+    trials: TrialsConfig = Field(default_factory=TrialsConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    seed: int = Field(0, ge=0, description="Seed of the search algorithm's draws (public).")
+    experiment: str | None = Field(None, description="MLflow experiment; null = the base's.")
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SearchConfig:
+        _check_space(self)
+        if self.algorithm == "grid" and self.trials.distribution != "fixed":
+            raise ValueError(
+                "algorithm='grid' runs every point once: use trials.distribution=fixed"
+            )
+        if self.trials.distribution != "fixed" and (
+            self.algorithm != "random" or self.scheduler.type != "none"
+        ):
+            raise ValueError(
+                "trials.distribution='geometric' (repeat-and-select) needs independent trials: "
+                "algorithm='random' and scheduler.type='none' (Optuna and ASHA adapt to "
+                "earlier scores)"
+            )
+        fixed = self.trials.distribution == "fixed"
+        if self.algorithm != "grid" and fixed and not self.trials.count:
+            raise ValueError(f"algorithm={self.algorithm!r} needs trials.count")
+        if self.budget.mode == "derive-steps":
+            if self.budget.max_forward_passes is None:
+                raise ValueError("budget.mode='derive-steps' needs budget.max_forward_passes")
+            if "optimizer.steps" in self.space:
+                raise ValueError(
+                    "budget.mode='derive-steps' derives optimizer.steps: drop it from space"
+                )
+        return self
+
+    def grid_size(self) -> int:
+        return math.prod(len(values) for values in self.space.values() if isinstance(values, list))
+
+
+def _check_space(search: SearchConfig) -> None:
+    if not search.space:
+        raise ValueError("space is empty: give at least one key to search")
+    for key, spec in search.space.items():
+        if key not in SEARCHABLE:
+            raise ValueError(f"space.{key}: not searchable; allowed: {list(SEARCHABLE)}")
+        if isinstance(spec, list):
+            if not spec:
+                raise ValueError(f"space.{key}: empty list of values")
+            if len(set(map(repr, spec))) != len(spec):
+                raise ValueError(f"space.{key}: repeated values {spec}")
+        elif key in PRIVACY_KEYS:
+            raise ValueError(
+                f"space.{key}: must be a list of values (it sets the privacy event of a trial, "
+                "which the end-to-end accounting must know before the search starts)"
+            )
+        elif search.algorithm == "grid":
+            raise ValueError(f"space.{key}: algorithm='grid' needs a list of values, not a range")
+
+
+def load_search_config(path: str | Path, overrides: list[str] | None = None) -> SearchConfig:
+    """Read a search YAML (``key.sub=value`` overrides apply to the search config itself);
+    base paths are resolved relative to the search file."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"search config {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = apply_overrides(data, overrides or [])
+    if isinstance(data.get("base"), str):
+        data["base"] = [data["base"]]
+    if isinstance(data.get("base"), list):
+        data["base"] = [str((path.parent / item).resolve()) for item in data["base"]]
+    try:
+        return SearchConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, str(path))) from None
+
+
+def base_run_config(search: SearchConfig, values: dict[str, Any] | None = None) -> RunConfig:
+    """The base run with the search's overrides and one point's values (dotted keys)."""
+    data = load_config(search.base).model_dump(mode="json")
+    for key, value in {**search.overrides, **(values or {})}.items():
+        _set_dotted(data, key, value)
+    if search.experiment:
+        data["tracking"]["experiment"] = search.experiment
+    source = " + ".join(search.base) + (f" with {values}" if values else "")
+    return build_config(data, source)
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *sections, leaf = key.split(".")
+    node = data
+    for section in sections:
+        child = node.get(section)
+        if not isinstance(child, dict):
+            raise ConfigError(f"overrides.{key}: {section!r} is not a config section")
+        node = child
+    node[leaf] = value

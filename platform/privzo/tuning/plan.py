@@ -1,0 +1,245 @@
+"""A search's plan: every point validated, every privacy event calibrated, the bounds known,
+before Ray starts a trial."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from privzo.config import ConfigError, RunConfig
+from privzo.models.loading import peek_kind, position_limit, resolve_kind, resolve_source
+from privzo.run import plan_privacy
+from privzo.tasks import build_task, load_splits, resolve_task_config
+from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
+from privzo.tuning.privacy import (
+    TrialEvent,
+    composition_epsilon,
+    draw_geometric_count,
+    repeat_and_select_epsilon,
+    worst_curve,
+)
+
+
+@dataclass
+class SearchPlan:
+    """Everything settled before the first trial: counts, events, the bounds, where to write."""
+
+    search: SearchConfig
+    base: RunConfig
+    trial_count: int  # fixed, grid size, or the secret geometric draw
+    events: list[TrialEvent] = field(default_factory=list)  # one per privacy-relevant point
+    derived: dict[str, Any] = field(default_factory=dict)  # e.g. steps from a compute budget
+    private: bool = False
+
+    @property
+    def delta(self) -> float:
+        return self.base.privacy.delta
+
+    def bounds(self, trials_run: int) -> dict[str, Any]:
+        """The search's guarantees for ``trials_run`` trials (see privzo.tuning.privacy)."""
+        if not self.private:
+            return {"private": False}
+        curve = worst_curve(self.events)
+        records = composition_epsilon(curve, trials_run, self.delta)
+        bounds: dict[str, Any] = {
+            "private": True,
+            "per_trial_epsilon": self.base.privacy.epsilon,
+            "delta": self.delta,
+            "records_epsilon": records,
+            "selection": self._selection_text(),
+        }
+        trials = self.search.trials
+        if trials.distribution == "geometric":
+            assert trials.mean is not None
+            bounds["end_to_end_epsilon"] = repeat_and_select_epsilon(curve, trials.mean, self.delta)
+            bounds["guarantee"] = (
+                f"repeat-and-select (Papernot & Steinke 2022): the released best trial alone is "
+                f"({bounds['end_to_end_epsilon']:.3g}, {self.delta:g})-DP, with a geometric "
+                f"number of trials (mean {trials.mean:g}) kept secret along with the other "
+                f"trials; the search's full records (all {trials_run} trials) are covered by "
+                f"composition: ({records:.3g}, {self.delta:g})-DP"
+            )
+        else:
+            bounds["end_to_end_epsilon"] = records
+            bounds["guarantee"] = (
+                f"composition of {trials_run} trials (RDP): the best trial and every record of "
+                f"the search together are ({records:.3g}, {self.delta:g})-DP"
+            )
+        return bounds
+
+    def _selection_text(self) -> str:
+        selection = self.search.selection
+        if selection.split == "public":
+            return f"public split {selection.public_path} (no privacy cost)"
+        return (
+            f"private validation split ({self.base.task.validation_size} examples held out of "
+            f"the training data), scores noised with std {selection.score_noise_multiplier:g} "
+            "examples and accounted"
+        )
+
+
+def plan_search(
+    search: SearchConfig, cache_dir: Path, trial_count: int | None = None
+) -> SearchPlan:
+    """Validate the search and calibrate every privacy event; raises ConfigError.
+
+    Checks the base run's task against the model's tokenizer (not its weights, which may be
+    tens of GB), so a bad template or label word fails here rather than in every trial.
+    """
+    base = base_run_config(search)
+    private = base.optimizer.is_private
+    if private and base.mechanism != "gaussian":
+        raise ConfigError(
+            f"optimizer.algorithm={base.optimizer.algorithm!r}: a search's end-to-end bound is "
+            "computed in RDP, which cannot account the subsampled Laplace mechanism; search "
+            "with a Gaussian algorithm (dpzero)"
+        )
+    _check_selection(search, base)
+    _check_task(base, cache_dir)
+    count = trial_count or _trial_count(search)
+    plan = SearchPlan(search, base, count, private=private)
+    dataset_size = _dataset_size(base)
+    for combination in _privacy_points(search, base):
+        config = base_run_config(search, combination)
+        derived = _derive_steps(search, config)
+        if derived:
+            config = base_run_config(search, {**combination, **derived})
+            plan.derived = derived
+        _check_compute_budget(search, config, combination)
+        privacy = plan_privacy(config, dataset_size)
+        if private:
+            assert privacy.noise_multiplier is not None
+            plan.events.append(
+                TrialEvent(
+                    steps=config.optimizer.steps,
+                    sample_rate=privacy.sample_rate,
+                    noise_multiplier=privacy.noise_multiplier,
+                    score_releases=_score_releases(search, config),
+                    score_noise_multiplier=search.selection.score_noise_multiplier,
+                )
+            )
+    _check_other_points(search)
+    return plan
+
+
+def _trial_count(search: SearchConfig) -> int:
+    if search.algorithm == "grid":
+        size = search.grid_size()
+        if search.trials.count not in (None, size):
+            raise ConfigError(
+                f"trials.count={search.trials.count}: algorithm='grid' runs every point once "
+                f"({size} points); drop trials.count or set it to {size}"
+            )
+        return size
+    if search.trials.distribution == "geometric":
+        assert search.trials.mean is not None
+        return draw_geometric_count(search.trials.mean)
+    assert search.trials.count is not None
+    return search.trials.count
+
+
+def _check_selection(search: SearchConfig, base: RunConfig) -> None:
+    selection = search.selection
+    if selection.split == "validation" and not base.task.validation_size:
+        raise ConfigError(
+            "selection.split='validation' needs task.validation_size in the base run (examples "
+            "held out of the private training data to compare trials on); or select on a "
+            "public split (selection.split=public, selection.public_path=FILE)"
+        )
+    if selection.split == "public":
+        assert selection.public_path is not None
+        if not Path(selection.public_path).expanduser().is_file():
+            raise ConfigError(f"selection.public_path={selection.public_path!r} does not exist")
+    if search.scheduler.type == "asha":
+        log_every = base.tracking.log_every
+        if search.scheduler.evaluate_every % log_every:
+            raise ConfigError(
+                f"scheduler.evaluate_every={search.scheduler.evaluate_every}: must be a multiple "
+                f"of the base run's tracking.log_every={log_every} (scores are taken at the end "
+                "of a logging window)"
+            )
+
+
+def _check_task(base: RunConfig, cache_dir: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    source = resolve_source(base.model, cache_dir, progress=False)
+    try:
+        hf_config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as error:  # a hub id that does not exist or cannot be reached
+        raise ConfigError(
+            f"model.name_or_path={base.model.name_or_path!r}: cannot load its tokenizer ({error})"
+        ) from None
+    kind = resolve_kind(base.model, hf_config)
+    task_config = resolve_task_config(base.task, kind)
+    build_task(task_config, tokenizer, kind, position_limit(hf_config, base.model))
+
+
+def _dataset_size(base: RunConfig) -> int:
+    task_config = resolve_task_config(base.task, peek_kind(base.model))
+    return len(load_splits(task_config).train)
+
+
+def _privacy_points(search: SearchConfig, base: RunConfig) -> list[dict[str, Any]]:
+    """Every combination of the privacy-relevant values the space allows (lists only)."""
+    keys = [key for key in PRIVACY_KEYS if key in search.space]
+    value_lists = [search.space[key] for key in keys]
+    assert all(isinstance(values, list) for values in value_lists)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*value_lists)]
+
+
+def _derive_steps(search: SearchConfig, config: RunConfig) -> dict[str, Any]:
+    budget = search.budget
+    if budget.mode != "derive-steps":
+        return {}
+    assert budget.max_forward_passes is not None
+    steps = budget.max_forward_passes // (2 * config.optimizer.batch_size)
+    if steps < 1:
+        raise ConfigError(
+            f"budget.max_forward_passes={budget.max_forward_passes}: less than one step at "
+            f"batch size {config.optimizer.batch_size} (a step costs 2 × batch size forwards)"
+        )
+    return {"optimizer.steps": steps}
+
+
+def _check_compute_budget(search: SearchConfig, config: RunConfig, point: dict[str, Any]) -> None:
+    limit = search.budget.max_forward_passes
+    if limit is None:
+        return
+    cost = forward_passes(config)
+    if cost > limit:
+        raise ConfigError(
+            f"budget.max_forward_passes={limit}: the space point {point or '(base)'} costs "
+            f"{cost} forward passes (2 × {config.optimizer.batch_size} × "
+            f"{config.optimizer.steps} steps); shrink the space or raise the budget"
+        )
+
+
+def forward_passes(config: RunConfig) -> int:
+    """Expected forward passes of a zeroth-order run: two per example per step."""
+    return 2 * config.optimizer.batch_size * config.optimizer.steps
+
+
+def _score_releases(search: SearchConfig, config: RunConfig) -> int:
+    """How many noised selection scores one trial releases."""
+    if search.selection.split == "public":
+        return 0
+    if search.scheduler.type != "asha":
+        return 1
+    steps, every = config.optimizer.steps, search.scheduler.evaluate_every
+    return steps // every + (1 if steps % every else 0)
+
+
+def _check_other_points(search: SearchConfig) -> None:
+    """Every value of the non-privacy keys must make a valid run config on its own."""
+    for key, spec in search.space.items():
+        if key in PRIVACY_KEYS:
+            continue
+        values = spec if isinstance(spec, list) else [spec.low, spec.high]
+        for value in values:
+            if isinstance(spec, RangeSpec) and spec.integer:
+                value = int(value)
+            base_run_config(search, {key: value})

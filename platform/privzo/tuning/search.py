@@ -1,0 +1,409 @@
+"""A hyperparameter search under a fixed privacy budget, on Ray Tune, recorded in MLflow.
+
+plan (privzo.tuning.plan) → parent MLflow run → Tune trials (each a normal privzo run and a
+child MLflow run) → ``trials.parquet``, ``search_summary.json`` and a printed table. A search
+directory remembers its parent run and trial count, so running the same search again resumes
+it: Tune restores its experiment and finished trials are not run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from privzo.config import ConfigError
+from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.tracking import Tracker, make_tracker, open_client
+from privzo.tuning.config import SearchConfig
+from privzo.tuning.plan import SearchPlan, plan_search
+from privzo.tuning.trial import SCORE, TRIALS_DIR, run_trial
+
+STATE_FILE = "search_state.json"
+TRIALS_FILE = "trials.parquet"
+SUMMARY_FILE = "search_summary.json"
+SEARCH_CONFIG_FILE = "search_config.yaml"
+TUNE_DIR = "tune"
+TUNE_NAME = "search"
+
+
+@dataclass
+class SearchState:
+    """What a resumed search reuses: its parent run and its (secretly drawn) trial count."""
+
+    fingerprint: str
+    trial_count: int
+    parent_run_id: str | None
+
+    @classmethod
+    def load(cls, path: Path) -> SearchState | None:
+        return cls(**json.loads(path.read_text())) if path.is_file() else None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def search_fingerprint(search: SearchConfig) -> str:
+    text = json.dumps(search.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_search(
+    search: SearchConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    ray_address: str | None = None,
+    tracking_uri: str | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Plan, run (or resume) and record the search; returns the search summary."""
+    output_dir = Path(output_dir).resolve()
+    state_path = output_dir / STATE_FILE
+    state = SearchState.load(state_path)
+    fingerprint = search_fingerprint(search)
+    if state is not None and state.fingerprint != fingerprint:
+        raise ConfigError(
+            f"--output-dir {str(output_dir)!r} holds a different search; choose another "
+            "directory (a search resumes only with exactly the same config)"
+        )
+    plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
+    tracker = _parent_tracker(plan, output_dir, tracking_uri)
+    _start_ray(ray_address)
+    _check_resources(search)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if state is None:
+        tracker.start()
+        state = SearchState(fingerprint, plan.trial_count, tracker.run_id)
+        state.save(state_path)
+        tracker.log_params(search.model_dump(mode="json"))
+        (output_dir / SEARCH_CONFIG_FILE).write_text(
+            yaml.safe_dump(search.model_dump(mode="json"), sort_keys=False)
+        )
+    else:
+        echo(f"resuming the search in {output_dir}")
+        if state.parent_run_id is not None:
+            tracker.attach(state.parent_run_id)
+        else:
+            tracker.start()
+    with tracker:
+        results = _fit(plan, state, output_dir, cache_dir, tracking_uri, progress)
+        summary = _record(plan, results, output_dir, tracker)
+    echo(format_table(summary))
+    return summary
+
+
+def _parent_tracker(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> Tracker:
+    tracking, base = plan.base.tracking, plan.base
+    tags = {
+        "privzo.role": "search",
+        "privzo.model": base.model.name_or_path,
+        "privzo.task": base.task.name,
+        "privzo.algorithm": base.optimizer.algorithm,
+        "privzo.search_algorithm": plan.search.algorithm,
+    }
+    if plan.private:
+        tags["privzo.epsilon"] = f"{base.privacy.epsilon:g}"
+    tracker = make_tracker(
+        tracking.backend,
+        uri=tracking.uri or tracking_uri,
+        experiment=tracking.experiment,
+        output_root=output_dir,
+        run_name=f"search-{output_dir.name}",
+        tags=tags,
+    )
+    try:
+        tracker.connect()
+    except Exception as error:  # MLflow raises many types for an unreachable or bad store
+        raise ConfigError(
+            f"tracking.uri: cannot open the tracking store ({type(error).__name__}: {error})"
+        ) from None
+    return tracker
+
+
+def _start_ray(address: str | None) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+
+
+def _check_resources(search: SearchConfig) -> None:
+    """A trial must fit on the cluster, or Tune would wait for it forever."""
+    import ray
+
+    available = ray.cluster_resources()
+    resources = search.resources
+    for name, key, wanted in (
+        ("cpus_per_trial", "CPU", resources.cpus_per_trial),
+        ("gpus_per_trial", "GPU", resources.gpus_per_trial),
+    ):
+        have = available.get(key, 0.0)
+        if wanted > have:
+            raise ConfigError(
+                f"resources.{name}={wanted:g}: the Ray cluster has {have:g} {key}s in all; "
+                f"allowed: up to {have:g}"
+            )
+
+
+def _fit(
+    plan: SearchPlan,
+    state: SearchState,
+    output_dir: Path,
+    cache_dir: Path,
+    tracking_uri: str | None,
+    progress: bool,
+) -> Any:
+    from ray import tune
+
+    search = plan.search
+    setup = {
+        "search": search.model_dump(mode="json"),
+        "derived": plan.derived,
+        "output_dir": str(output_dir),
+        "cache_dir": str(Path(cache_dir).resolve()),
+        "tracking_uri": tracking_uri,
+        "parent_run_id": state.parent_run_id,
+        "search_name": output_dir.name,
+    }
+    # the fixed settings travel beside the sampled point, so Tune's tables show only the point
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, setup=setup),
+        {"cpu": search.resources.cpus_per_trial, "gpu": search.resources.gpus_per_trial},
+    )
+    param_space = {"point": tune_param_space(search)}
+    experiment = output_dir / TUNE_DIR / TUNE_NAME
+    if tune.Tuner.can_restore(str(experiment)):
+        tuner = tune.Tuner.restore(
+            str(experiment), trainable=trainable, param_space=param_space, resume_errored=True
+        )
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=_tune_config(plan),
+            run_config=tune.RunConfig(
+                name=TUNE_NAME,
+                storage_path=str(output_dir / TUNE_DIR),
+                verbose=1 if progress else 0,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    return tuner.fit()
+
+
+def tune_param_space(search: SearchConfig) -> dict[str, Any]:
+    from ray import tune
+
+    point: dict[str, Any] = {}
+    for key, spec in search.space.items():
+        if isinstance(spec, list):
+            point[key] = tune.grid_search(spec) if search.algorithm == "grid" else tune.choice(spec)
+        elif spec.integer:
+            sampler = tune.lograndint if spec.log else tune.randint
+            point[key] = sampler(int(spec.low), int(spec.high) + 1)
+        else:
+            point[key] = (tune.loguniform if spec.log else tune.uniform)(spec.low, spec.high)
+    return point
+
+
+def _tune_config(plan: SearchPlan) -> Any:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+
+    search = plan.search
+    concurrency = search.resources.concurrency
+    if search.algorithm == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed), concurrency)
+    else:
+        searcher = BasicVariantGenerator(random_state=search.seed)
+    scheduler = None
+    if search.scheduler.type == "asha":
+        releases = max(event.score_releases for event in plan.events) if plan.events else None
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=releases or _max_scores(plan),
+            grace_period=search.scheduler.grace_period,
+            reduction_factor=search.scheduler.reduction_factor,
+        )
+    return tune.TuneConfig(
+        metric=SCORE,
+        mode=search.selection.mode,
+        search_alg=searcher,
+        scheduler=scheduler,
+        num_samples=1 if search.algorithm == "grid" else plan.trial_count,
+        max_concurrent_trials=concurrency,
+    )
+
+
+def _max_scores(plan: SearchPlan) -> int:
+    every = plan.search.scheduler.evaluate_every
+    return max(1, math.ceil(plan.base.optimizer.steps / every))
+
+
+def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) -> dict[str, Any]:
+    """trials.parquet, the summary and the parent run's metrics, tags and artifacts."""
+    import pandas as pd
+
+    rows = [_trial_row(result, output_dir) for result in results]
+    rows.sort(key=lambda row: row["trial_id"])
+    frame = pd.DataFrame(rows)
+    frame.to_parquet(output_dir / TRIALS_FILE, index=False)
+    _close_stopped_children(tracker, plan)
+    best = best_trial(rows, plan.search.selection.mode)
+    summary = {
+        "trials_run": len(rows),
+        "trials_finished": sum(row["status"] == "finished" for row in rows),
+        "best_trial": best,
+        "space": list(plan.search.space),
+        "metric": rows[0]["metric"] if rows else None,
+        **plan.bounds(trials_run=len(rows)),
+        "trials": rows,
+    }
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    _log_parent(tracker, summary, output_dir)
+    return summary
+
+
+def _trial_row(result: Any, output_dir: Path) -> dict[str, Any]:
+    trial_id = _trial_id(result)
+    summary_path = output_dir / TRIALS_DIR / trial_id / RUN_SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    status = "finished" if summary else "error" if result.error else "stopped"
+    row: dict[str, Any] = {"trial_id": trial_id, "status": status}
+    row.update({key: value for key, value in result.config["point"].items()})
+    keys = (
+        "metric",
+        "metric_after",
+        "metric_before",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "sample_rate",
+        "steps",
+        "peak_memory_mb",
+        "mean_step_time_s",
+        "wall_time_s",
+        "tracking_run_id",
+        "selection_releases",
+    )
+    row.update({key: summary.get(key) for key in keys})
+    metrics = result.metrics or {}
+    row[SCORE] = summary.get(SCORE, metrics.get(SCORE))
+    return row
+
+
+def _trial_id(result: Any) -> str:
+    metrics = result.metrics or {}
+    if metrics.get("trial_id"):
+        return str(metrics["trial_id"])
+    # A trial that never reported: Tune's directory name is <trainable>_<trial id>_<index>...
+    parts = Path(result.path).name.split("_")
+    return f"{parts[2]}_{parts[3]}" if len(parts) > 3 else Path(result.path).name
+
+
+def best_trial(rows: list[dict[str, Any]], mode: str) -> str | None:
+    """The finished trial with the best selection score (never the test metric)."""
+    scored = [row for row in rows if row["status"] == "finished" and row[SCORE] is not None]
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return str(pick(scored, key=lambda row: row[SCORE])["trial_id"])
+
+
+def _close_stopped_children(tracker: Tracker, plan: SearchPlan) -> None:
+    """A trial ASHA stopped was killed mid-run: end its MLflow run as KILLED, not RUNNING."""
+    uri = getattr(tracker, "uri", None)
+    if uri is None or tracker.run_id is None:
+        return
+    client = open_client(uri)
+    experiment = client.get_experiment_by_name(plan.base.tracking.experiment)
+    if experiment is None:
+        return
+    children = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{tracker.run_id}' and "
+        "attributes.status = 'RUNNING'",
+    )
+    for child in children:
+        client.set_terminated(child.info.run_id, status="KILLED")
+
+
+def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
+    best = next((row for row in summary["trials"] if row["trial_id"] == summary["best_trial"]), {})
+    metrics = {
+        "trials_run": summary["trials_run"],
+        "trials_finished": summary["trials_finished"],
+        "best_selection_score": best.get(SCORE),
+        "best_metric_after": best.get("metric_after"),
+        "end_to_end_epsilon": summary.get("end_to_end_epsilon"),
+        "records_epsilon": summary.get("records_epsilon"),
+        "per_trial_epsilon": summary.get("per_trial_epsilon"),
+    }
+    tracker.log_metrics(
+        {key: float(value) for key, value in metrics.items() if value is not None}, step=0
+    )
+    tags = {"privzo.best_trial": str(summary["best_trial"])}
+    if best.get("tracking_run_id"):
+        tags["privzo.best_run_id"] = str(best["tracking_run_id"])
+    if summary.get("guarantee"):
+        tags["privzo.guarantee"] = summary["guarantee"]
+    tracker.set_tags(tags)
+    for name in (TRIALS_FILE, SUMMARY_FILE, SEARCH_CONFIG_FILE):
+        if (output_dir / name).is_file():
+            tracker.log_artifact(output_dir / name)
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The end-of-search table: one line per trial, the best marked, then the guarantee."""
+    space = summary["space"]
+    header = ["", "trial", *[key.split(".")[-1] for key in space], "σ", "ε", "score", "test", "MB"]
+    header.append("time s")
+    header.append("status")
+    lines = [header]
+    for row in summary["trials"]:
+        mark = "*" if row["trial_id"] == summary["best_trial"] else ""
+        values = [_fmt(row.get(key)) for key in space]
+        lines.append(
+            [
+                mark,
+                row["trial_id"],
+                *values,
+                _fmt(row["noise_multiplier"]),
+                _fmt(row["epsilon"]),
+                _fmt(row[SCORE]),
+                _fmt(row["metric_after"]),
+                _fmt(row["peak_memory_mb"], ".0f"),
+                _fmt(row["wall_time_s"], ".0f"),
+                row["status"],
+            ]
+        )
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(str(cell).rjust(width) for cell, width in zip(line, widths, strict=True))
+        for line in lines
+    ]
+    metric = summary.get("metric") or "metric"
+    text.append(f"(score: selection score; test: {metric} on the test split, for reporting only)")
+    if summary.get("guarantee"):
+        text.append(f"privacy: {summary['guarantee']}")
+        text.append(f"selection: {summary['selection']}")
+    return "\n".join(text)
+
+
+def _fmt(value: Any, spec: str = ".4g") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)

@@ -1,0 +1,131 @@
+"""One search trial: a normal privzo run plus the selection score it is compared on.
+
+The trial function reads only its Tune config (no module globals, no environment): the search
+config, the point sampled from the space, and where to write. A trial whose directory already
+holds a finished run with the same config reports that run instead of training again, so a
+resumed search never re-runs finished work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from privzo.config import dump_config
+from privzo.privacy.mechanisms import get_mechanism
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, run
+from privzo.tasks.data import read_rows
+from privzo.tuning.config import SearchConfig, base_run_config
+
+SCORE = "selection_score"
+TRIALS_DIR = "trials"
+
+
+class SelectionScorer:
+    """Computes (and for a private split, noises) the score a trial is selected on.
+
+    Each example scores in [0, 1] (accuracy, EM, F1), so the sum over the validation split has
+    sensitivity 1; Gaussian noise of std ``score_noise_multiplier`` is added to the sum before
+    dividing by the (public) split size. Scores are cached by step so one step is released once.
+    """
+
+    def __init__(self, search: SearchConfig, private: bool) -> None:
+        self.selection = search.selection
+        self.noised = private and self.selection.split == "validation"
+        self.mechanism = get_mechanism("gaussian") if self.noised else None
+        self.scores: dict[int, float] = {}
+        self._public_examples: Any = None
+
+    @property
+    def releases(self) -> int:
+        return len(self.scores) if self.noised else 0
+
+    def score(self, context: RunContext, step: int) -> float:
+        if step not in self.scores:
+            self.scores[step] = self._compute(context)
+        return self.scores[step]
+
+    def _compute(self, context: RunContext) -> float:
+        examples = self._examples(context)
+        metric = self.selection.metric or context.task.metric
+        batch_size = context.config.optimizer.eval_batch_size
+        metrics = context.task.evaluate(context.scoring_model, examples, batch_size)
+        if metric not in metrics:
+            raise ValueError(f"selection.metric={metric!r}: the task reports {sorted(metrics)}")
+        size = len(examples)
+        total = metrics[metric] * size
+        if self.mechanism is not None:
+            total += self.mechanism.sample(self.selection.score_noise_multiplier)
+        return total / size
+
+    def _examples(self, context: RunContext) -> Any:
+        if self.selection.split == "validation":
+            assert context.validation is not None, "validated before the search starts"
+            return context.validation
+        if self._public_examples is None:
+            assert self.selection.public_path is not None
+            rows = read_rows(self.selection.public_path, "selection.public_path")
+            self._public_examples = context.task.encode(rows)
+        return self._public_examples
+
+
+def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
+    """The Ray Tune function trainable: ``trial_config`` holds the sampled point, ``setup`` the
+    search's fixed settings (search config, directories, the parent run)."""
+    from ray import tune
+
+    search = SearchConfig.model_validate(setup["search"])
+    point: dict[str, Any] = {**trial_config["point"], **setup["derived"]}
+    config = base_run_config(search, point)
+    trial_id = tune.get_context().get_trial_id()
+    output_dir = Path(setup["output_dir"]) / TRIALS_DIR / trial_id
+    finished = _finished_summary(output_dir, dump_config(config))
+    if finished is not None:
+        tune.report(_report(finished, finished.get(SCORE)))
+        return
+    scorer = SelectionScorer(search, config.optimizer.is_private)
+    evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
+
+    def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
+        if evaluate_every and step % evaluate_every == 0 and step < config.optimizer.steps:
+            tune.report({SCORE: scorer.score(context, step), "step": step, **metrics})
+
+    def final_scores(context: RunContext) -> dict[str, float]:
+        score = scorer.score(context, config.optimizer.steps)
+        return {SCORE: score, "selection_releases": float(scorer.releases)}
+
+    summary = run(
+        config,
+        output_dir,
+        cache_dir=Path(setup["cache_dir"]),
+        progress=False,
+        overwrite=True,  # an interrupted attempt's partial files; a finished one returned above
+        tracking_root=Path(setup["output_dir"]),
+        tracking_uri=setup["tracking_uri"],
+        tags={
+            "mlflow.parentRunId": setup["parent_run_id"],
+            "privzo.search": setup["search_name"],
+            "privzo.trial": trial_id,
+        },
+        hooks=RunHooks(after_window=after_window, final_scores=final_scores),
+    )
+    tune.report(_report(summary, summary[SCORE]))
+
+
+def _finished_summary(output_dir: Path, config_text: str) -> dict[str, Any] | None:
+    summary_path, config_path = output_dir / SUMMARY_FILE, output_dir / CONFIG_FILE
+    if not (summary_path.is_file() and config_path.is_file()):
+        return None
+    if config_path.read_text() != config_text:
+        return None
+    return json.loads(summary_path.read_text())
+
+
+def _report(summary: dict[str, Any], score: float | None) -> dict[str, Any]:
+    """What Tune sees of a finished trial: public, per-trial numbers only."""
+    keys = ("metric_after", "epsilon", "noise_multiplier", "steps", "peak_memory_mb", "wall_time_s")
+    report = {key: summary[key] for key in keys if summary.get(key) is not None}
+    report[SCORE] = score
+    report["step"] = summary["steps"]
+    return report

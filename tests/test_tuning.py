@@ -1,0 +1,194 @@
+"""Search configs, plans and the end-to-end privacy of a search (no Ray: seconds)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import dp_accounting
+import pytest
+import yaml
+
+from privzo.config import ConfigError
+from privzo.privacy import compute_epsilon
+from privzo.tuning import load_search_config, plan_search
+from privzo.tuning.config import SearchConfig
+from privzo.tuning.privacy import (
+    GEOMETRIC_SHAPE,
+    TrialEvent,
+    composition_epsilon,
+    draw_geometric_count,
+    rdp_curve,
+    repeat_and_select_epsilon,
+    worst_curve,
+)
+
+
+def write_search(tmp_path: Path, sentiment_files, **search) -> Path:
+    train, test = sentiment_files
+    base = {
+        "model": {"name_or_path": "tiny-opt"},
+        "task": {"train_path": str(train), "test_path": str(test), "validation_size": 16},
+        "optimizer": {"algorithm": "dpzero", "steps": 10, "batch_size": 8},
+        "privacy": {"epsilon": 2.0, "delta": 1e-5},
+        "tracking": {"experiment": "search-test", "log_every": 5},
+    }
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    data = {
+        "base": "base.yaml",
+        "space": {"privacy.clip": [0.5, 1.0], "optimizer.steps": [10, 30]},
+        "algorithm": "grid",
+        **search,
+    }
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_calibrates_each_trial_to_the_same_epsilon(tmp_path, sentiment_files, cache_dir):
+    search = load_search_config(write_search(tmp_path, sentiment_files))
+    plan = plan_search(search, cache_dir)
+    assert plan.trial_count == 4  # 2 × 2 grid
+    by_steps = {event.steps: event for event in plan.events}
+    assert sorted(by_steps) == [10, 30]
+    # more steps at the same (ε, δ) need more noise ...
+    assert by_steps[30].noise_multiplier > by_steps[10].noise_multiplier
+    for event in plan.events:  # ... and every trial spends the target, to accountant tolerance
+        epsilon = compute_epsilon(
+            noise_multiplier=event.noise_multiplier,
+            sample_rate=event.sample_rate,
+            steps=event.steps,
+            delta=1e-5,
+        )
+        assert epsilon == pytest.approx(2.0, rel=2e-3)
+        assert event.score_releases == 1
+    bounds = plan.bounds(trials_run=4)
+    assert bounds["end_to_end_epsilon"] >= bounds["per_trial_epsilon"]
+    assert bounds["end_to_end_epsilon"] == bounds["records_epsilon"]
+    assert "composition of 4 trials" in bounds["guarantee"]
+
+
+def test_public_selection_costs_no_score_releases(tmp_path, sentiment_files, cache_dir):
+    public = sentiment_files[1]
+    path = write_search(
+        tmp_path, sentiment_files, selection={"split": "public", "public_path": str(public)}
+    )
+    plan = plan_search(load_search_config(path), cache_dir)
+    assert all(event.score_releases == 0 for event in plan.events)
+    assert "no privacy cost" in plan.bounds(4)["selection"]
+    private_plan = plan_search(
+        load_search_config(write_search(tmp_path, sentiment_files)), cache_dir
+    )
+    assert plan.bounds(4)["end_to_end_epsilon"] < private_plan.bounds(4)["end_to_end_epsilon"]
+
+
+def test_repeat_and_select_matches_dp_accounting_for_one_event():
+    event = TrialEvent(
+        steps=200,
+        sample_rate=0.02,
+        noise_multiplier=1.1,
+        score_releases=1,
+        score_noise_multiplier=5.0,
+    )
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(event.dp_event(), 3.0, GEOMETRIC_SHAPE)
+    )
+    expected = accountant.get_epsilon(1e-5)
+    assert repeat_and_select_epsilon(worst_curve([event]), 3.0, 1e-5) == pytest.approx(expected)
+
+
+def test_worst_curve_bounds_every_event_and_composition_grows():
+    events = [
+        TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.0),
+        TrialEvent(steps=400, sample_rate=0.05, noise_multiplier=1.6),
+    ]
+    worst = worst_curve(events)
+    for event in events:
+        assert (worst >= rdp_curve(event.dp_event())).all()
+    one, three = composition_epsilon(worst, 1, 1e-5), composition_epsilon(worst, 3, 1e-5)
+    assert 0 < one < three
+    # the repeat-and-select bound for a mean of 3 trials is below composing 10 trials
+    assert repeat_and_select_epsilon(worst, 3.0, 1e-5) < composition_epsilon(worst, 10, 1e-5)
+
+
+def test_geometric_trial_count_has_the_configured_mean():
+    draws = [draw_geometric_count(3.0) for _ in range(4000)]
+    assert min(draws) >= 1
+    assert statistics.mean(draws) == pytest.approx(3.0, rel=0.08)
+    assert draw_geometric_count(1.0) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"space": {}}, "space is empty"),
+        ({"space": {"privacy.epsilon": [1, 2]}}, "privacy.epsilon: not searchable"),
+        ({"space": {"privacy.clip": []}}, "empty list"),
+        ({"space": {"optimizer.steps": {"low": 10, "high": 20}}}, "must be a list of values"),
+        (
+            {
+                "space": {"privacy.clip": {"low": 1.0, "high": 0.5}},
+                "algorithm": "random",
+                "trials": {"count": 2},
+            },
+            "must be below high",
+        ),
+        ({"algorithm": "random"}, "needs trials.count"),
+        (
+            {"algorithm": "optuna", "trials": {"distribution": "geometric", "mean": 3}},
+            "needs independent trials",
+        ),
+        ({"trials": {"distribution": "geometric"}}, "needs mean"),
+        ({"selection": {"split": "public"}}, "needs public_path"),
+        ({"budget": {"mode": "derive-steps"}}, "needs budget.max_forward_passes"),
+    ],
+)
+def test_bad_search_configs_fail_at_load(tmp_path, sentiment_files, change, message):
+    path = write_search(tmp_path, sentiment_files)
+    data = {**yaml.safe_load(path.read_text()), **change}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=message):
+        load_search_config(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"budget": {"max_forward_passes": 200}}, "costs 480 forward passes"),
+        ({"overrides": {"task.validation_size": None}}, "needs task.validation_size"),
+        ({"overrides": {"privacy.epsilon": 1e-4}}, "cannot be met"),
+        ({"overrides": {"task.label_words": ["terrible", "notaword"]}}, "notaword"),
+        ({"overrides": {"optimizer.algorithm": "dpzo-laplace"}}, "cannot account"),
+        (
+            {"selection": {"split": "public", "public_path": "/no/such/file.jsonl"}},
+            "does not exist",
+        ),
+        ({"space": {"optimizer.batch_size": [8, 1000]}}, "exceeds the"),
+        ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
+    ],
+)
+def test_searches_that_cannot_run_fail_in_the_plan(
+    tmp_path, sentiment_files, cache_dir, change, message
+):
+    path = write_search(tmp_path, sentiment_files, **change)
+    with pytest.raises(ConfigError, match=message):
+        plan_search(load_search_config(path), cache_dir)
+
+
+def test_derived_steps_fill_the_compute_budget(tmp_path, sentiment_files, cache_dir):
+    path = write_search(
+        tmp_path,
+        sentiment_files,
+        space={"privacy.clip": [0.5, 1.0]},
+        budget={"max_forward_passes": 400, "mode": "derive-steps"},
+    )
+    plan = plan_search(load_search_config(path), cache_dir)
+    assert plan.derived == {"optimizer.steps": 25}  # 400 / (2 × batch 8)
+    assert {event.steps for event in plan.events} == {25}
+
+
+def test_search_config_round_trips_and_resolves_base_paths(tmp_path, sentiment_files):
+    search = load_search_config(write_search(tmp_path, sentiment_files), ["seed=3"])
+    assert search.seed == 3 and Path(search.base[0]).is_absolute()
+    assert SearchConfig.model_validate(search.model_dump(mode="json")) == search
