@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+import yaml
 
 POSITIVE = ["good", "fine", "nice", "happy", "bright"]
 NEGATIVE = ["bad", "poor", "sad", "dull", "awful"]
@@ -34,3 +35,31 @@ def sentiment_files(tmp_path) -> tuple[Path, Path]:
         write_sentiment_jsonl(tmp_path / "train.jsonl", 64, seed=1),
         write_sentiment_jsonl(tmp_path / "test.jsonl", 20, seed=2),
     )
+
+
+@pytest.fixture
+def make_search(tmp_path, sentiment_files):
+    """Writes a tiny private search (base run + 2 × 2 grid over clip and steps); keyword
+    arguments replace top-level keys of the search config."""
+
+    def write(**search) -> Path:
+        train, test = sentiment_files
+        base = {
+            "model": {"name_or_path": "tiny-opt"},
+            "task": {"train_path": str(train), "test_path": str(test), "validation_size": 16},
+            "optimizer": {"algorithm": "dpzero", "steps": 10, "batch_size": 8},
+            "privacy": {"epsilon": 2.0, "delta": 1e-5},
+            "tracking": {"experiment": "search-test", "log_every": 5},
+        }
+        (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+        data = {
+            "base": "base.yaml",
+            "space": {"privacy.clip": [0.5, 1.0], "optimizer.steps": [10, 30]},
+            "algorithm": "grid",
+            **search,
+        }
+        path = tmp_path / "search.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write

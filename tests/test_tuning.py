@@ -24,29 +24,8 @@ from privzo.tuning.privacy import (
 )
 
 
-def write_search(tmp_path: Path, sentiment_files, **search) -> Path:
-    train, test = sentiment_files
-    base = {
-        "model": {"name_or_path": "tiny-opt"},
-        "task": {"train_path": str(train), "test_path": str(test), "validation_size": 16},
-        "optimizer": {"algorithm": "dpzero", "steps": 10, "batch_size": 8},
-        "privacy": {"epsilon": 2.0, "delta": 1e-5},
-        "tracking": {"experiment": "search-test", "log_every": 5},
-    }
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
-    data = {
-        "base": "base.yaml",
-        "space": {"privacy.clip": [0.5, 1.0], "optimizer.steps": [10, 30]},
-        "algorithm": "grid",
-        **search,
-    }
-    path = tmp_path / "search.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def test_plan_calibrates_each_trial_to_the_same_epsilon(tmp_path, sentiment_files, cache_dir):
-    search = load_search_config(write_search(tmp_path, sentiment_files))
+def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):
+    search = load_search_config(make_search())
     plan = plan_search(search, cache_dir)
     assert plan.trial_count == 4  # 2 × 2 grid
     by_steps = {event.steps: event for event in plan.events}
@@ -68,17 +47,13 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(tmp_path, sentiment_file
     assert "composition of 4 trials" in bounds["guarantee"]
 
 
-def test_public_selection_costs_no_score_releases(tmp_path, sentiment_files, cache_dir):
+def test_public_selection_costs_no_score_releases(make_search, sentiment_files, cache_dir):
     public = sentiment_files[1]
-    path = write_search(
-        tmp_path, sentiment_files, selection={"split": "public", "public_path": str(public)}
-    )
+    path = make_search(selection={"split": "public", "public_path": str(public)})
     plan = plan_search(load_search_config(path), cache_dir)
     assert all(event.score_releases == 0 for event in plan.events)
     assert "no privacy cost" in plan.bounds(4)["selection"]
-    private_plan = plan_search(
-        load_search_config(write_search(tmp_path, sentiment_files)), cache_dir
-    )
+    private_plan = plan_search(load_search_config(make_search()), cache_dir)
     assert plan.bounds(4)["end_to_end_epsilon"] < private_plan.bounds(4)["end_to_end_epsilon"]
 
 
@@ -144,8 +119,8 @@ def test_geometric_trial_count_has_the_configured_mean():
         ({"budget": {"mode": "derive-steps"}}, "needs budget.max_forward_passes"),
     ],
 )
-def test_bad_search_configs_fail_at_load(tmp_path, sentiment_files, change, message):
-    path = write_search(tmp_path, sentiment_files)
+def test_bad_search_configs_fail_at_load(make_search, change, message):
+    path = make_search()
     data = {**yaml.safe_load(path.read_text()), **change}
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=message):
@@ -168,18 +143,14 @@ def test_bad_search_configs_fail_at_load(tmp_path, sentiment_files, change, mess
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
     ],
 )
-def test_searches_that_cannot_run_fail_in_the_plan(
-    tmp_path, sentiment_files, cache_dir, change, message
-):
-    path = write_search(tmp_path, sentiment_files, **change)
+def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):
+    path = make_search(**change)
     with pytest.raises(ConfigError, match=message):
         plan_search(load_search_config(path), cache_dir)
 
 
-def test_derived_steps_fill_the_compute_budget(tmp_path, sentiment_files, cache_dir):
-    path = write_search(
-        tmp_path,
-        sentiment_files,
+def test_derived_steps_fill_the_compute_budget(make_search, sentiment_files, cache_dir):
+    path = make_search(
         space={"privacy.clip": [0.5, 1.0]},
         budget={"max_forward_passes": 400, "mode": "derive-steps"},
     )
@@ -188,7 +159,7 @@ def test_derived_steps_fill_the_compute_budget(tmp_path, sentiment_files, cache_
     assert {event.steps for event in plan.events} == {25}
 
 
-def test_search_config_round_trips_and_resolves_base_paths(tmp_path, sentiment_files):
-    search = load_search_config(write_search(tmp_path, sentiment_files), ["seed=3"])
+def test_search_config_round_trips_and_resolves_base_paths(make_search):
+    search = load_search_config(make_search(), ["seed=3"])
     assert search.seed == 3 and Path(search.base[0]).is_absolute()
     assert SearchConfig.model_validate(search.model_dump(mode="json")) == search

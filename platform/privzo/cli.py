@@ -225,7 +225,7 @@ def _tune_command(args: argparse.Namespace) -> int:
 
     _quiet_libraries()
     search = load_search_config(args.config, args.overrides)
-    run_search(
+    summary = run_search(
         search,
         args.output_dir,
         cache_dir=args.cache_dir,
@@ -233,7 +233,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
         progress=not args.quiet,
     )
-    return 0
+    return 130 if summary["interrupted"] else 0
 
 
 def _demo_command(args: argparse.Namespace) -> int:

@@ -96,7 +96,11 @@ def run_search(
     with tracker:
         results = _fit(plan, state, output_dir, cache_dir, tracking_uri, progress)
         summary = _record(plan, results, output_dir, tracker)
+        if summary["interrupted"]:
+            tracker.finish("KILLED")
     echo(format_table(summary))
+    if summary["interrupted"]:
+        echo(f"the search was interrupted; run the same command again to resume it in {output_dir}")
     return summary
 
 
@@ -255,61 +259,75 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     """trials.parquet, the summary and the parent run's metrics, tags and artifacts."""
     import pandas as pd
 
-    rows = [_trial_row(result, output_dir) for result in results]
+    # ResultGrid keeps Tune's trial objects (id, config) in the order of its results; the
+    # statuses come from the saved experiment state, which is what a resume starts from (after
+    # Ctrl+C the in-memory trials all read TERMINATED)
+    trials = results._experiment_analysis.trials
+    saved = _saved_statuses(results.experiment_path)
+    rows = [
+        _trial_row(trial, saved.get(trial.trial_id, trial.status), result, output_dir)
+        for trial, result in zip(trials, results, strict=True)
+    ]
     rows.sort(key=lambda row: row["trial_id"])
-    frame = pd.DataFrame(rows)
-    frame.to_parquet(output_dir / TRIALS_FILE, index=False)
+    pd.DataFrame(rows).to_parquet(output_dir / TRIALS_FILE, index=False)
     _close_stopped_children(tracker, plan)
-    best = best_trial(rows, plan.search.selection.mode)
     summary = {
-        "trials_run": len(rows),
+        "interrupted": any(row["status"] in UNFINISHED for row in rows),
+        "trials_run": sum(row["status"] != "pending" for row in rows),
         "trials_finished": sum(row["status"] == "finished" for row in rows),
-        "best_trial": best,
+        "best_trial": best_trial(rows, plan.search.selection.mode),
         "space": list(plan.search.space),
-        "metric": rows[0]["metric"] if rows else None,
-        **plan.bounds(trials_run=len(rows)),
-        "trials": rows,
+        "metric": next((row["metric"] for row in rows if row["metric"]), None),
     }
+    summary.update(plan.bounds(trials_run=summary["trials_run"]))
+    summary["trials"] = rows
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     _log_parent(tracker, summary, output_dir)
     return summary
 
 
-def _trial_row(result: Any, output_dir: Path) -> dict[str, Any]:
-    trial_id = _trial_id(result)
-    summary_path = output_dir / TRIALS_DIR / trial_id / RUN_SUMMARY_FILE
+# Tune statuses of a trial the search has not finished with (an interrupted search)
+UNFINISHED = ("pending", "running", "paused")
+_RUN_KEYS = (
+    "metric",
+    "metric_after",
+    "metric_before",
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "sample_rate",
+    "steps",
+    "peak_memory_mb",
+    "mean_step_time_s",
+    "wall_time_s",
+    "tracking_run_id",
+    "selection_releases",
+)
+
+
+def _saved_statuses(experiment_path: str) -> dict[str, str]:
+    from ray.tune import ExperimentAnalysis
+
+    return {trial.trial_id: trial.status for trial in ExperimentAnalysis(experiment_path).trials}
+
+
+def _trial_row(trial: Any, status: str, result: Any, output_dir: Path) -> dict[str, Any]:
+    """One trials.parquet row: the point, the run's summary fields and how the trial ended."""
+    summary_path = output_dir / TRIALS_DIR / trial.trial_id / RUN_SUMMARY_FILE
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    status = "finished" if summary else "error" if result.error else "stopped"
-    row: dict[str, Any] = {"trial_id": trial_id, "status": status}
-    row.update({key: value for key, value in result.config["point"].items()})
-    keys = (
-        "metric",
-        "metric_after",
-        "metric_before",
-        "epsilon",
-        "delta",
-        "noise_multiplier",
-        "sample_rate",
-        "steps",
-        "peak_memory_mb",
-        "mean_step_time_s",
-        "wall_time_s",
-        "tracking_run_id",
-        "selection_releases",
-    )
-    row.update({key: summary.get(key) for key in keys})
-    metrics = result.metrics or {}
-    row[SCORE] = summary.get(SCORE, metrics.get(SCORE))
+    row: dict[str, Any] = {"trial_id": trial.trial_id, "status": _status(status, summary)}
+    row.update(trial.config["point"])
+    row.update({key: summary.get(key) for key in _RUN_KEYS})
+    row[SCORE] = summary.get(SCORE, (result.metrics or {}).get(SCORE))
     return row
 
 
-def _trial_id(result: Any) -> str:
-    metrics = result.metrics or {}
-    if metrics.get("trial_id"):
-        return str(metrics["trial_id"])
-    # A trial that never reported: Tune's directory name is <trainable>_<trial id>_<index>...
-    parts = Path(result.path).name.split("_")
-    return f"{parts[2]}_{parts[3]}" if len(parts) > 3 else Path(result.path).name
+def _status(tune_status: str, summary: dict[str, Any]) -> str:
+    if summary and tune_status in ("TERMINATED", "ERROR"):
+        return "finished"
+    if tune_status == "TERMINATED":  # ended without a summary: stopped early by the scheduler
+        return "stopped"
+    return tune_status.lower()  # error, or pending / running / paused when interrupted
 
 
 def best_trial(rows: list[dict[str, Any]], mode: str) -> str | None:

@@ -74,7 +74,9 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     """The Ray Tune function trainable: ``trial_config`` holds the sampled point, ``setup`` the
     search's fixed settings (search config, directories, the parent run)."""
     from ray import tune
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # one bar per trial and load is noise in logs
     search = SearchConfig.model_validate(setup["search"])
     point: dict[str, Any] = {**trial_config["point"], **setup["derived"]}
     config = base_run_config(search, point)

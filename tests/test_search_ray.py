@@ -1,0 +1,105 @@
+"""A real search: local Ray, MLflow on sqlite in a temp dir, interrupted and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from privzo.privacy import compute_epsilon
+from privzo.tracking import open_client
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
+
+
+def _tune(search: Path, output: Path, cache_dir: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "privzo.cli", "tune", str(search)]
+    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _finished_trials(output: Path) -> list[Path]:
+    return sorted((output / "trials").glob("*/summary.json"))
+
+
+def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_search, cache_dir):
+    search = make_search()
+    output = tmp_path / "search"
+
+    # 1. start the search, interrupt it (Ctrl+C) once its first trial has finished
+    first = _tune(search, output, cache_dir)
+    deadline = time.monotonic() + 300
+    while not _finished_trials(output) and time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read().decode()[-3000:]
+        time.sleep(1)
+    assert _finished_trials(output), "no trial finished within 5 minutes"
+    first.send_signal(signal.SIGINT)
+    log = first.communicate(timeout=180)[0].decode()
+    assert first.returncode == 130, log[-3000:]
+    done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(output)}
+    assert 1 <= len(done_before) < 4
+
+    # 2. the same command resumes it: finished trials are not run again
+    second = _tune(search, output, cache_dir)
+    log = second.communicate(timeout=600)[0].decode()
+    assert second.returncode == 0, log[-3000:]
+    for trial_id, mtime in done_before.items():
+        assert (output / "trials" / trial_id / "summary.json").stat().st_mtime_ns == mtime
+
+    summary = json.loads((output / "search_summary.json").read_text())
+    trials = pd.read_parquet(output / "trials.parquet")
+    assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    assert summary["interrupted"] is False and summary["trials_finished"] == 4
+
+    # every trial spends the same ε although steps differ; σ differs where steps differ
+    for row in trials.itertuples():
+        assert row.epsilon == pytest.approx(2.0, rel=2e-3)
+        expected = compute_epsilon(
+            noise_multiplier=row.noise_multiplier,
+            sample_rate=row.sample_rate,
+            steps=int(row.steps),
+            delta=1e-5,
+        )
+        assert row.epsilon == pytest.approx(expected, rel=1e-6)
+    sigma_by_steps = trials.groupby("steps")["noise_multiplier"].agg(["min", "max"])
+    assert (sigma_by_steps["max"] - sigma_by_steps["min"] < 1e-9).all()
+    assert sigma_by_steps.loc[30, "min"] > sigma_by_steps.loc[10, "max"]
+    assert summary["end_to_end_epsilon"] >= summary["per_trial_epsilon"] == 2.0
+
+    # the best trial is chosen on the selection score, never the test metric
+    best = trials.loc[trials["selection_score"].idxmax()]
+    assert summary["best_trial"] == best["trial_id"]
+
+    # MLflow: one parent, one finished child per trial (plus the interrupted attempt, KILLED)
+    client = open_client(f"sqlite:///{output / 'mlflow.db'}")
+    state = json.loads((output / "search_state.json").read_text())
+    parent = client.get_run(state["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["end_to_end_epsilon"] == pytest.approx(summary["end_to_end_epsilon"])
+    assert parent.data.tags["privzo.best_trial"] == summary["best_trial"]
+    experiment = parent.info.experiment_id
+    children = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    finished = {c.data.tags["privzo.trial"]: c for c in children if c.info.status == "FINISHED"}
+    assert set(finished) == set(trials["trial_id"])
+    assert all(c.info.status in ("FINISHED", "KILLED") for c in children)
+    for trial_id in done_before:  # a trial finished before the interruption ran once
+        assert sum(c.data.tags["privzo.trial"] == trial_id for c in children) == 1
+    for row in trials.itertuples():  # trials.parquet matches MLflow
+        child = finished[row.trial_id]
+        assert child.info.run_id == row.tracking_run_id
+        assert child.data.metrics["final_epsilon"] == pytest.approx(row.epsilon)
+        assert child.data.metrics["final_selection_score"] == pytest.approx(row.selection_score)
+        assert child.data.metrics["final_accuracy_after"] == pytest.approx(row.metric_after)
+        assert child.data.tags["privzo.epsilon"] == "2"
+        assert int(child.data.tags["privzo.model_parameters"]) > 0
+        assert child.data.params["optimizer.steps"] == str(int(row.steps))
