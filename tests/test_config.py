@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 from privzo.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+from privzo.tuning.config import base_run_config, load_search_config
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+CONFIG_ROOT = Path(__file__).parent.parent / "configs"
+SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
+CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES))  # run configs
 
 
 def test_defaults_are_valid():
@@ -119,6 +122,12 @@ def test_shipped_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+@pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.name)
+def test_every_shipped_search_config_loads_with_its_base(path):
+    search = load_search_config(path)
+    assert isinstance(base_run_config(search), RunConfig)
 
 
 def test_config_files_merge_in_order(tmp_path):

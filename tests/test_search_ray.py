@@ -103,3 +103,13 @@ def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_
         assert child.data.tags["privzo.epsilon"] == "2"
         assert int(child.data.tags["privzo.model_parameters"]) > 0
         assert child.data.params["optimizer.steps"] == str(int(row.steps))
+
+
+def test_resources_the_cluster_lacks_fail_before_any_trial(tmp_path, make_search, cache_dir):
+    search = make_search(resources={"cpus_per_trial": 64})
+    output = tmp_path / "search"
+    process = _tune(search, output, cache_dir)
+    log = process.communicate(timeout=300)[0].decode()
+    assert process.returncode == 2, log[-3000:]
+    assert "resources.cpus_per_trial=64: the Ray cluster has" in log
+    assert not (output / "trials").exists() and not (output / "search_state.json").exists()

@@ -1,4 +1,5 @@
-"""The embedded default: zero-shot vs a private (DPZero) run vs a non-private (MeZO) run.
+"""The embedded default: zero-shot vs a private (DPZero) run vs a non-private (MeZO) run, then a
+small search over the private run's clipping, learning rate and steps at the same (ε, δ).
 
 Offline on a CPU: a built-in OPT-style model pretrained briefly (first-order) on a public
 synthetic corpus is fine-tuned on a disjoint synthetic private sentiment task, and every arm is
@@ -16,12 +17,20 @@ from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
+SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
+QUICK_SEARCH_STEPS = [20, 40]
 
 
 def run_demo(
-    output_dir: Path, *, cache_dir: Path, quick: bool = False, config_dir: Path = CONFIG_DIR
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    quick: bool = False,
+    search: bool = True,
+    config_dir: Path = CONFIG_DIR,
 ) -> list[dict[str, Any]]:
-    """Run (or reuse finished) demo arms under ``output_dir`` and print the comparison table."""
+    """Run (or reuse finished) demo arms under ``output_dir``, print the comparison table, then
+    run (or resume) the small search in ``output_dir/search`` and print its table."""
     output_dir = Path(output_dir).resolve()
     if not all((config_dir / name).is_file() for name in ARMS.values()):
         raise FileNotFoundError(
@@ -44,11 +53,28 @@ def run_demo(
         )
     rows = _table_rows(summaries)
     print(format_table(rows))
+    if search:
+        _run_search(output_dir / "search", cache_dir, config_dir / SEARCH_CONFIG, quick)
     print(
         f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        "\n(then open http://127.0.0.1:5000 and the experiment 'privzo-tiny')"
+        "\n(then open http://127.0.0.1:5000 and the experiments 'privzo-tiny' and "
+        "'privzo-tiny-search')"
     )
     return rows
+
+
+def _run_search(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
+    from privzo.tuning import SearchConfig, load_search_config, run_search
+
+    search = load_search_config(config_path)
+    if quick:
+        data = search.model_dump(mode="json")
+        data["space"]["optimizer.steps"] = QUICK_SEARCH_STEPS
+        search = SearchConfig.model_validate(data)
+    print(f"\nsearch: {config_path.resolve()} (Ray Tune; every trial at the same (ε, δ))")
+    run_search(
+        search, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent, progress=False
+    )
 
 
 def _finished_with(arm_dir: Path, config: RunConfig) -> bool:

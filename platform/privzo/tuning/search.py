@@ -61,11 +61,17 @@ def run_search(
     cache_dir: Path,
     ray_address: str | None = None,
     tracking_uri: str | None = None,
+    tracking_root: Path | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Plan, run (or resume) and record the search; returns the search summary."""
+    """Plan, run (or resume) and record the search; returns the search summary.
+
+    Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
+    ``output_dir``), shared by the parent run and every trial.
+    """
     output_dir = Path(output_dir).resolve()
+    tracking_root = Path(tracking_root or output_dir).resolve()
     state_path = output_dir / STATE_FILE
     state = SearchState.load(state_path)
     fingerprint = search_fingerprint(search)
@@ -75,7 +81,7 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
-    tracker = _parent_tracker(plan, output_dir, tracking_uri)
+    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri)
     _start_ray(ray_address)
     _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +100,7 @@ def run_search(
         else:
             tracker.start()
     with tracker:
-        results = _fit(plan, state, output_dir, cache_dir, tracking_uri, progress)
+        results = _fit(plan, state, output_dir, cache_dir, tracking_root, tracking_uri, progress)
         summary = _record(plan, results, output_dir, tracker)
         if summary["interrupted"]:
             tracker.finish("KILLED")
@@ -104,7 +110,9 @@ def run_search(
     return summary
 
 
-def _parent_tracker(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> Tracker:
+def _parent_tracker(
+    plan: SearchPlan, output_dir: Path, tracking_root: Path, tracking_uri: str | None
+) -> Tracker:
     tracking, base = plan.base.tracking, plan.base
     tags = {
         "privzo.role": "search",
@@ -119,7 +127,7 @@ def _parent_tracker(plan: SearchPlan, output_dir: Path, tracking_uri: str | None
         tracking.backend,
         uri=tracking.uri or tracking_uri,
         experiment=tracking.experiment,
-        output_root=output_dir,
+        output_root=tracking_root,
         run_name=f"search-{output_dir.name}",
         tags=tags,
     )
@@ -162,6 +170,7 @@ def _fit(
     state: SearchState,
     output_dir: Path,
     cache_dir: Path,
+    tracking_root: Path,
     tracking_uri: str | None,
     progress: bool,
 ) -> Any:
@@ -172,6 +181,7 @@ def _fit(
         "search": search.model_dump(mode="json"),
         "derived": plan.derived,
         "output_dir": str(output_dir),
+        "tracking_root": str(tracking_root),
         "cache_dir": str(Path(cache_dir).resolve()),
         "tracking_uri": tracking_uri,
         "parent_run_id": state.parent_run_id,

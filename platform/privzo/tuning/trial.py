@@ -103,7 +103,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         cache_dir=Path(setup["cache_dir"]),
         progress=False,
         overwrite=True,  # an interrupted attempt's partial files; a finished one returned above
-        tracking_root=Path(setup["output_dir"]),
+        tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
         tags={
             "mlflow.parentRunId": setup["parent_run_id"],
