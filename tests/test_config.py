@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 
 from privzo.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+from privzo.studies import ScalingStudyConfig, load_study_config
+from privzo.studies.scaling import cell_config, expand_cells
 from privzo.tuning.config import base_run_config, load_search_config
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
-CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES))  # run configs
+STUDIES = sorted((CONFIG_ROOT / "studies").glob("*.yaml"))
+CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES) - set(STUDIES))  # runs
 
 
 def test_defaults_are_valid():
@@ -122,6 +125,13 @@ def test_shipped_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_shipped_study_config_loads(path):
+    study = load_study_config(path)
+    if isinstance(study, ScalingStudyConfig):  # and every cell's run config is valid
+        assert all(isinstance(cell_config(study, cell), RunConfig) for cell in expand_cells(study))
 
 
 @pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.name)

@@ -236,6 +236,35 @@ def _tune_command(args: argparse.Namespace) -> int:
     return 130 if summary["interrupted"] else 0
 
 
+def _study_command(args: argparse.Namespace) -> int:
+    from privzo.studies import load_study_config, run_study
+
+    _quiet_libraries()
+    study = load_study_config(args.config, args.overrides)
+    options: dict[str, Any] = {
+        "cache_dir": args.cache_dir,
+        "tracking_uri": os.environ.get("MLFLOW_TRACKING_URI") or None,
+        "progress": not args.quiet,
+    }
+    if args.max_cells is not None:
+        options["max_cells"] = args.max_cells
+    summary = run_study(study, args.output_dir, **options)
+    return 0 if summary.get("complete", True) else 3
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    from privzo.analysis import build_report
+
+    _quiet_libraries()
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ValueError(
+            "give --tracking-uri (e.g. sqlite:///runs/study/mlflow.db) or set MLFLOW_TRACKING_URI"
+        )
+    build_report(uri, args.experiment, args.output_dir, study=args.study)
+    return 0
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
@@ -269,6 +298,24 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
     _add_cache_dir(tune)
     tune.set_defaults(handler=_tune_command)
+
+    study = commands.add_parser(
+        "study", help="a study (e.g. scaling over model sizes); resumes in the same dir"
+    )
+    study.add_argument("config", type=Path, help="a study config (YAML), e.g. configs/studies/")
+    study.add_argument("overrides", nargs="*", help="key.sub=value overrides of the study config")
+    study.add_argument("--output-dir", type=Path, required=True)
+    study.add_argument("--max-cells", type=int, help="train at most this many cells now")
+    study.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_cache_dir(study)
+    study.set_defaults(handler=_study_command)
+
+    report = commands.add_parser("report", help="scaling tables, plots and a report from MLflow")
+    report.add_argument("--experiment", required=True, help="the MLflow experiment name")
+    report.add_argument("--output-dir", type=Path, required=True)
+    report.add_argument("--study", help="only this study's runs (its cells)")
+    report.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI")
+    report.set_defaults(handler=_report_command)
 
     replay = commands.add_parser("replay", help="rebuild fine-tuned weights from a trajectory")
     replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")

@@ -350,3 +350,20 @@ def dump_config(config: RunConfig) -> str:
 # Public names for the other config modules (the search config in privzo.tuning).
 Section = _Section
 format_validation_error = _format_validation_error
+
+
+def with_values(
+    config: RunConfig, values: dict[str, Any], source: str = "<overrides>"
+) -> RunConfig:
+    """A copy of ``config`` with dotted keys set to (already typed) values, validated again."""
+    data = config.model_dump(mode="json")
+    for key, value in values.items():
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            child = node.get(section)
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: {section!r} is not a config section")
+            node = child
+        node[leaf] = value
+    return build_config(data, source)

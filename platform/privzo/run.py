@@ -268,6 +268,7 @@ def _run_tags(context: RunContext) -> dict[str, str]:
         "privzo.model": config.model.name_or_path,
         "privzo.model_parameters": str(model_parameters(context.scoring_model)),
         "privzo.task": config.task.name,
+        "privzo.metric": context.task.metric,
         "privzo.algorithm": config.optimizer.algorithm,
         "privzo.trainable_parameters": str(parameters),
         "privzo.private": str(plan.private).lower(),

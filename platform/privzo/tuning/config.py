@@ -29,9 +29,9 @@ from privzo.config import (
     RunConfig,
     Section,
     apply_overrides,
-    build_config,
     format_validation_error,
     load_config,
+    with_values,
 )
 
 # Keys a search may vary. The privacy budget (ε, δ) is fixed: it is what every trial meets.
@@ -233,21 +233,8 @@ def load_search_config(path: str | Path, overrides: list[str] | None = None) -> 
 
 def base_run_config(search: SearchConfig, values: dict[str, Any] | None = None) -> RunConfig:
     """The base run with the search's overrides and one point's values (dotted keys)."""
-    data = load_config(search.base).model_dump(mode="json")
-    for key, value in {**search.overrides, **(values or {})}.items():
-        _set_dotted(data, key, value)
+    dotted = {**search.overrides, **(values or {})}
     if search.experiment:
-        data["tracking"]["experiment"] = search.experiment
+        dotted["tracking.experiment"] = search.experiment
     source = " + ".join(search.base) + (f" with {values}" if values else "")
-    return build_config(data, source)
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *sections, leaf = key.split(".")
-    node = data
-    for section in sections:
-        child = node.get(section)
-        if not isinstance(child, dict):
-            raise ConfigError(f"overrides.{key}: {section!r} is not a config section")
-        node = child
-    node[leaf] = value
+    return with_values(load_config(search.base), dotted, source)

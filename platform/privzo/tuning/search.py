@@ -62,6 +62,7 @@ def run_search(
     ray_address: str | None = None,
     tracking_uri: str | None = None,
     tracking_root: Path | None = None,
+    tags: dict[str, str] | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
-    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri)
+    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
     _start_ray(ray_address)
     _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +112,11 @@ def run_search(
 
 
 def _parent_tracker(
-    plan: SearchPlan, output_dir: Path, tracking_root: Path, tracking_uri: str | None
+    plan: SearchPlan,
+    output_dir: Path,
+    tracking_root: Path,
+    tracking_uri: str | None,
+    extra_tags: dict[str, str],
 ) -> Tracker:
     tracking, base = plan.base.tracking, plan.base
     tags = {
@@ -129,7 +134,7 @@ def _parent_tracker(
         experiment=tracking.experiment,
         output_root=tracking_root,
         run_name=f"search-{output_dir.name}",
-        tags=tags,
+        tags={**tags, **extra_tags},
     )
     try:
         tracker.connect()

@@ -1,0 +1,108 @@
+"""The study report: runs → Parquet tables → PNG plots → a Markdown report that embeds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privzo.analysis.plots import plot_epsilon_steps, plot_gap, plot_resources, plot_scaling
+from privzo.analysis.runs import load_runs
+from privzo.analysis.tables import (
+    frame_markdown,
+    privacy_gap_table,
+    resources_table,
+    scaling_markdown,
+    scaling_table,
+)
+from privzo.tracking import open_client
+
+REPORT_FILE = "report.md"
+MAX_EPSILON_CURVES = 12  # more lines than this make the ε plot unreadable
+
+
+def build_report(
+    tracking_uri: str,
+    experiment: str,
+    output_dir: Path,
+    *,
+    study: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Write runs.parquet, the tables (Parquet), the plots (PNG) and report.md; return its path."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(tracking_uri, experiment, study)
+    scaling = scaling_table(runs)
+    gap = privacy_gap_table(scaling)
+    resources = resources_table(runs)
+    for name, table in (
+        ("runs", runs),
+        ("scaling", scaling),
+        ("privacy_gap", gap),
+        ("resources", resources),
+    ):
+        pq.write_table(table, output_dir / f"{name}.parquet")
+    plot_scaling(scaling, output_dir / "scaling.png")
+    plot_gap(gap, output_dir / "privacy_gap.png")
+    plot_resources(resources, output_dir / "resources.png")
+    plot_epsilon_steps(_epsilon_histories(tracking_uri, runs), output_dir / "epsilon_steps.png")
+    text = _markdown(experiment, study, runs, scaling, gap, resources)
+    path = output_dir / REPORT_FILE
+    path.write_text(text)
+    echo(scaling_markdown(scaling))
+    echo(f"report: {path}")
+    return path
+
+
+def _epsilon_histories(tracking_uri: str, runs: pa.Table) -> dict[str, list[tuple[int, float]]]:
+    client = open_client(tracking_uri)
+    private = [row for row in runs.to_pylist() if row["private"]][:MAX_EPSILON_CURVES]
+    histories = {}
+    for row in private:
+        points = client.get_metric_history(row["run_id"], "epsilon_spent")
+        label = f"{row['model']} ε={row['epsilon_target']:g} seed {row['seed']}"
+        histories[label] = sorted((point.step, point.value) for point in points)
+    return histories
+
+
+def _markdown(
+    experiment: str,
+    study: str | None,
+    runs: pa.Table,
+    scaling: pa.Table,
+    gap: pa.Table,
+    resources: pa.Table,
+) -> str:
+    title = f"Study {study}" if study else f"Experiment {experiment}"
+    return "\n".join(
+        [
+            f"# {title}: scaling report",
+            "",
+            f"{runs.num_rows} finished runs from MLflow experiment `{experiment}`. Values are the "
+            "task metric on the test split, mean ± std over seeds; zero-shot is the base model "
+            "before training.",
+            "",
+            "## Task metric by model size and privacy budget",
+            "",
+            scaling_markdown(scaling),
+            "![scaling](scaling.png)",
+            "",
+            "## Privacy gap (non-private − private)",
+            "",
+            frame_markdown(gap, {"gap": ".3f"}),
+            "![privacy gap](privacy_gap.png)",
+            "",
+            "## Peak memory and step time",
+            "",
+            frame_markdown(resources, {"peak_memory_mb": ".1f", "mean_step_time_s": ".4f"}),
+            "![resources](resources.png)",
+            "",
+            "## ε spent against steps",
+            "",
+            "![epsilon against steps](epsilon_steps.png)",
+            "",
+        ]
+    )

@@ -1,0 +1,104 @@
+"""MLflow runs → an Arrow table with one row per finished training run.
+
+Columns come from the tags every privzo run carries (model, model size, task, metric,
+algorithm, ε, study cell and seed) and its final metrics, so the tables below never parse
+run names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from privzo.config import ConfigError
+from privzo.tracking import open_client
+
+_TAGS = {
+    "privzo.model": "model",
+    "privzo.model_parameters": "model_parameters",
+    "privzo.task": "task",
+    "privzo.metric": "metric",
+    "privzo.algorithm": "algorithm",
+    "privzo.private": "private",
+    "privzo.epsilon": "epsilon",
+    "privzo.study": "study",
+    "privzo.cell": "cell",
+    "privzo.seed": "seed",
+}
+_METRICS = (
+    "final_epsilon",
+    "final_delta",
+    "final_noise_multiplier",
+    "final_peak_memory_mb",
+    "final_step_peak_memory_mb",
+    "final_mean_step_time_s",
+    "final_wall_time_s",
+)
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("model", pa.string()),
+        ("model_parameters", pa.int64()),
+        ("task", pa.string()),
+        ("metric", pa.string()),
+        ("algorithm", pa.string()),
+        ("private", pa.bool_()),
+        ("epsilon_target", pa.float64()),
+        ("study", pa.string()),
+        ("cell", pa.string()),
+        ("seed", pa.int64()),
+        ("steps", pa.int64()),
+        ("metric_before", pa.float64()),
+        ("metric_after", pa.float64()),
+        *[(name.removeprefix("final_"), pa.float64()) for name in _METRICS],
+    ]
+)
+
+
+def load_runs(tracking_uri: str, experiment: str, study: str | None = None) -> pa.Table:
+    """Finished privzo training runs of ``experiment`` (only ``study``'s, if given).
+
+    Search and study parent runs are left out; a search's trials are left out too, except the
+    best trial a study cell stands on (tagged with the cell).
+    """
+    client = open_client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ConfigError(f"--experiment {experiment!r}: no such experiment in the tracking store")
+    query = "attributes.status = 'FINISHED'"
+    if study is not None:
+        query += f" and tags.`privzo.study` = '{study}'"
+    runs = client.search_runs([found.experiment_id], filter_string=query, max_results=50000)
+    rows = [_row(run) for run in runs if _is_training_run(run, study)]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def _is_training_run(run: Any, study: str | None) -> bool:
+    tags = run.data.tags
+    if "privzo.role" in tags or "privzo.model" not in tags:
+        return False  # a search / study parent, or not a privzo run
+    return study is None or "privzo.cell" in tags
+
+
+def _row(run: Any) -> dict[str, Any]:
+    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    row: dict[str, Any] = {"run_id": run.info.run_id}
+    for tag, column in _TAGS.items():
+        row[column] = tags.get(tag)
+    row["model_parameters"] = _int(row["model_parameters"])
+    row["private"] = row["private"] == "true"
+    row["epsilon_target"] = float(row.pop("epsilon")) if row.get("epsilon") else None
+    row["seed"] = _int(row["seed"] if row["seed"] is not None else params.get("seed"))
+    row["steps"] = _int(params.get("optimizer.steps"))
+    metric = row["metric"] or "accuracy"
+    row["metric"] = metric
+    row["metric_before"] = metrics.get(f"final_{metric}_before")
+    row["metric_after"] = metrics.get(f"final_{metric}_after")
+    for name in _METRICS:
+        row[name.removeprefix("final_")] = metrics.get(name)
+    return row
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if value not in (None, "", "None") else None

@@ -1,0 +1,156 @@
+"""The report's tables, as Arrow tables (mean and std columns) and Markdown.
+
+- scaling: task metric by model size × budget (zero-shot, each private algorithm and ε,
+  each non-private algorithm), mean ± std over seeds, as in DP-ZO's model-size table;
+- privacy gap: non-private minus private, by model size and ε;
+- resources: peak memory and step time by model size and algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pyarrow as pa
+
+ZERO_SHOT = "zero-shot"
+
+
+def budget_label(algorithm: str, private: bool, epsilon: float | None) -> str:
+    return f"{algorithm} ε={epsilon:g}" if private else f"{algorithm} (non-private)"
+
+
+def _frame(runs: pa.Table) -> pd.DataFrame:
+    frame = runs.to_pandas()
+    frame["budget"] = [
+        budget_label(a, p, e)
+        for a, p, e in zip(
+            frame["algorithm"], frame["private"], frame["epsilon_target"], strict=True
+        )
+    ]
+    return frame
+
+
+def _budget_order(frame: pd.DataFrame) -> list[str]:
+    private = frame[frame["private"]].sort_values(["algorithm", "epsilon_target"])
+    public = frame[~frame["private"]].sort_values("algorithm")
+    return [ZERO_SHOT, *dict.fromkeys(private["budget"]), *dict.fromkeys(public["budget"])]
+
+
+def scaling_table(runs: pa.Table) -> pa.Table:
+    """One row per (task, model, budget): mean, std and count of the metric over seeds.
+
+    Zero-shot is the base model's score before training; every trained run of a (task, model,
+    seed) measures it on the same test split, so it counts once per seed.
+    """
+    frame = _frame(runs)
+    if frame.empty:
+        return pa.Table.from_pandas(_empty_scaling(), preserve_index=False)
+    zero_shot = (
+        frame.dropna(subset=["metric_before"])
+        .drop_duplicates(subset=["task", "model", "seed"])
+        .assign(budget=ZERO_SHOT, value=lambda f: f["metric_before"])
+    )
+    trained = frame.assign(value=frame["metric_after"])
+    combined = pd.concat([zero_shot, trained], ignore_index=True)
+    keys = ["task", "metric", "model", "model_parameters", "budget"]
+    grouped = combined.groupby(keys, dropna=False)["value"]
+    table = grouped.agg(mean="mean", std="std", seeds="count").reset_index()
+    table["budget"] = pd.Categorical(table["budget"], _budget_order(frame), ordered=True)
+    table = table.sort_values(["task", "model_parameters", "budget"]).reset_index(drop=True)
+    table["budget"] = table["budget"].astype(str)
+    return pa.Table.from_pandas(table, preserve_index=False)
+
+
+def _empty_scaling() -> pd.DataFrame:
+    columns = ["task", "metric", "model", "model_parameters", "budget", "mean", "std", "seeds"]
+    return pd.DataFrame(columns=columns)
+
+
+def privacy_gap_table(scaling: pa.Table) -> pa.Table:
+    """Non-private mean minus private mean, for each model and each private budget (against
+    each non-private algorithm)."""
+    frame = scaling.to_pandas()
+    rows = []
+    for (task, model, size), group in frame.groupby(["task", "model", "model_parameters"]):
+        means = dict(zip(group["budget"], group["mean"], strict=True))
+        public = [b for b in means if b.endswith("(non-private)")]
+        private = [b for b in means if "ε=" in b]
+        for reference in public:
+            for budget in private:
+                gap = means[reference] - means[budget]
+                rows.append(
+                    {
+                        "task": task,
+                        "model": model,
+                        "model_parameters": size,
+                        "private": budget,
+                        "non_private": reference,
+                        "gap": gap,
+                    }
+                )
+    columns = ["task", "model", "model_parameters", "private", "non_private", "gap"]
+    table = pd.DataFrame(rows, columns=columns).sort_values(["task", "model_parameters"])
+    return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+
+
+def resources_table(runs: pa.Table) -> pa.Table:
+    """Peak memory and mean step time by model and algorithm (means over runs)."""
+    frame = runs.to_pandas()
+    keys = ["model", "model_parameters", "algorithm"]
+    table = (
+        frame.groupby(keys)
+        .agg(
+            peak_memory_mb=("peak_memory_mb", "mean"),
+            step_peak_memory_mb=("step_peak_memory_mb", "mean"),
+            mean_step_time_s=("mean_step_time_s", "mean"),
+            runs=("run_id", "count"),
+        )
+        .reset_index()
+        .sort_values(["model_parameters", "algorithm"])
+    )
+    return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+
+
+def scaling_markdown(scaling: pa.Table) -> str:
+    """The scaling table as Markdown: a row per (task, model), a column per budget."""
+    frame = scaling.to_pandas()
+    if frame.empty:
+        return "_no finished runs_\n"
+    budgets = list(dict.fromkeys(frame["budget"]))
+    header = ["task", "model", "parameters", *budgets]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (task, size, model), group in frame.groupby(["task", "model_parameters", "model"]):
+        cells = dict(
+            zip(group["budget"], zip(group["mean"], group["std"], strict=True), strict=True)
+        )
+        values = [_mean_std(*cells[b]) if b in cells else "-" for b in budgets]
+        lines.append("| " + " | ".join([task, model, f"{int(size):,}", *values]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def frame_markdown(table: pa.Table, formats: dict[str, str] | None = None) -> str:
+    frame = table.to_pandas()
+    if frame.empty:
+        return "_none_\n"
+    formats = formats or {}
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    for row in frame.itertuples(index=False):
+        cells = [
+            _cell(value, formats.get(column))
+            for column, value in zip(frame.columns, row, strict=True)
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean_std(mean: float, std: float) -> str:
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def _cell(value: object, spec: str | None) -> str:
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else format(value, spec or ".4g")
+    return str(value)

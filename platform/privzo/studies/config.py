@@ -1,0 +1,140 @@
+"""Study configs: a named study type (``type:``) and its settings.
+
+``type: scaling`` crosses models × tasks × privacy budgets × algorithms × seeds over a base run;
+each cell is a run (or, with ``search:``, a search). Zero-shot needs no cell of its own: every
+trained cell scores the base model before training (``metric_before``), which the report reads.
+
+```yaml
+type: scaling
+name: tiny-scaling
+base: ../runs/tiny-dpzero.yaml
+models: [demo-opt-s, demo-opt-m, demo-opt-l]     # model.name_or_path values or model YAMLs
+tasks: [null]                                   # null = the base's task; or task YAMLs
+private_algorithms: [dpzero]
+epsilons: [2.0]
+non_private_algorithms: [mezo]
+seeds: [0]
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from privzo.config import (
+    ALGORITHMS,
+    PRIVATE_ALGORITHMS,
+    ConfigError,
+    Section,
+    apply_overrides,
+    format_validation_error,
+)
+
+
+class ScalingStudyConfig(Section):
+    """Models × tasks × (ε per private algorithm, and non-private algorithms) × seeds."""
+
+    type: Literal["scaling"] = "scaling"
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    base: list[str] = Field(description="Run config file(s) every cell starts from.")
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    models: list[str] = Field(
+        min_length=1, description="model.name_or_path values, or model config YAML files."
+    )
+    tasks: list[str | None] = Field(
+        default_factory=lambda: [None], description="Task config YAML files; null = the base's."
+    )
+    private_algorithms: list[str] = Field(default_factory=lambda: ["dpzero"])
+    epsilons: list[float] = Field(default_factory=list, description="ε per private cell.")
+    non_private_algorithms: list[str] = Field(default_factory=lambda: ["mezo"])
+    seeds: list[int] = Field(
+        default_factory=lambda: [0], min_length=1, description="Data and direction seeds."
+    )
+    search: str | None = Field(
+        None,
+        description="A search config: each private cell runs this search (its base replaced "
+        "by the cell's run) instead of one run, and reports the best trial.",
+    )
+    experiment: str | None = Field(None, description="MLflow experiment; null = the study name.")
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScalingStudyConfig:
+        for algorithm in self.private_algorithms:
+            if algorithm not in PRIVATE_ALGORITHMS:
+                raise ValueError(
+                    f"private_algorithms: {algorithm!r} is not a private algorithm; "
+                    f"allowed: {list(PRIVATE_ALGORITHMS)}"
+                )
+        for algorithm in self.non_private_algorithms:
+            if algorithm not in ALGORITHMS or algorithm in PRIVATE_ALGORITHMS:
+                non_private = [name for name in ALGORITHMS if name not in PRIVATE_ALGORITHMS]
+                raise ValueError(
+                    f"non_private_algorithms: {algorithm!r} is not a non-private algorithm; "
+                    f"allowed: {non_private}"
+                )
+        if any(epsilon <= 0 for epsilon in self.epsilons):
+            raise ValueError(f"epsilons: every ε must be positive (got {self.epsilons})")
+        if self.private_algorithms and not self.epsilons:
+            raise ValueError("private_algorithms need at least one value in epsilons")
+        if not self.epsilons and not self.non_private_algorithms:
+            raise ValueError("the study has no trained cells: give epsilons or a non-private one")
+        for name, values in (("models", self.models), ("seeds", self.seeds)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: repeated values {values}")
+        return self
+
+
+STUDY_TYPES: dict[str, type[Section]] = {"scaling": ScalingStudyConfig}
+"""``type:`` in a study YAML → its config class (more study types register here)."""
+
+
+def register_study_type(name: str, config_class: type[Section]) -> None:
+    STUDY_TYPES[name] = config_class
+
+
+def load_study_config(path: str | Path, overrides: list[str] | None = None) -> Section:
+    """Read a study YAML; file paths in it are resolved relative to the file."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"study config {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = apply_overrides(data, overrides or [])
+    study_type = data.get("type")
+    if study_type not in STUDY_TYPES:
+        raise ConfigError(
+            f"{path}: type={study_type!r} is not a study type; allowed: {sorted(STUDY_TYPES)}"
+        )
+    _resolve_paths(data, path.parent)
+    try:
+        return STUDY_TYPES[study_type].model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, str(path))) from None
+
+
+def _resolve_paths(data: dict[str, Any], root: Path) -> None:
+    """Relative YAML paths (base, model / task files, search) become absolute."""
+
+    def resolve(item: Any) -> Any:
+        if isinstance(item, str) and item.endswith((".yaml", ".yml")):
+            return str((root / item).resolve())
+        return item
+
+    for key in ("base", "models", "tasks"):
+        value = data.get(key)
+        if isinstance(value, list):
+            data[key] = [resolve(item) for item in value]
+        elif isinstance(value, str):
+            data[key] = resolve(value)
+    if isinstance(data.get("search"), str):
+        data["search"] = resolve(data["search"])

@@ -1,0 +1,290 @@
+"""The scaling study: every cell of models × tasks × budgets × algorithms × seeds, one MLflow
+experiment under a study parent run, then the report.
+
+Cells run one after another in this process (each a normal privzo run or search). A cell whose
+directory holds a finished run of exactly its config is not run again, so a study resumes where
+it stopped; ``max_cells`` bounds how many cells one invocation trains (a time-boxed job).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.studies.config import ScalingStudyConfig
+from privzo.tracking import Tracker, make_tracker
+
+STATE_FILE = "study_state.json"
+CELLS_DIR = "cells"
+REPORT_DIR = "report"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One trained configuration of the study."""
+
+    model: str
+    task: str | None
+    algorithm: str
+    epsilon: float | None  # None: non-private
+    seed: int
+
+    @property
+    def name(self) -> str:
+        model = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
+        task = Path(self.task).stem if self.task else "task"
+        budget = f"eps{self.epsilon:g}" if self.epsilon is not None else "nonprivate"
+        return f"{model.replace('/', '_')}-{task}-{self.algorithm}-{budget}-seed{self.seed}"
+
+
+def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
+    """Models outermost, so the smallest model's cells finish (and report) first."""
+    cells = []
+    for model in study.models:
+        for task in study.tasks:
+            for seed in study.seeds:
+                for algorithm in study.private_algorithms:
+                    cells += [Cell(model, task, algorithm, eps, seed) for eps in study.epsilons]
+                cells += [
+                    Cell(model, task, alg, None, seed) for alg in study.non_private_algorithms
+                ]
+    return cells
+
+
+def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
+    files = list(study.base)
+    values: dict[str, Any] = dict(study.overrides)
+    if cell.model.endswith((".yaml", ".yml")):
+        files.append(cell.model)
+    else:
+        values["model.name_or_path"] = cell.model
+    if cell.task:
+        files.append(cell.task)
+    values.update(
+        {
+            "optimizer.algorithm": cell.algorithm,
+            "seed": cell.seed,
+            "task.data_seed": cell.seed,
+            "tracking.experiment": study.experiment or study.name,
+            "tracking.run_name": cell.name,
+        }
+    )
+    if cell.epsilon is not None:
+        values["privacy.epsilon"] = cell.epsilon
+    return with_values(load_config(files), values, f"study cell {cell.name}")
+
+
+@dataclass
+class StudyState:
+    parent_run_id: str | None
+
+    @classmethod
+    def load(cls, path: Path) -> StudyState | None:
+        return cls(**json.loads(path.read_text())) if path.is_file() else None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"parent_run_id": self.parent_run_id}, indent=2) + "\n")
+
+
+def run_scaling_study(
+    study: ScalingStudyConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    tracking_uri: str | None = None,
+    max_cells: int | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run (or resume) every cell, then build the report; returns the study summary."""
+    output_dir = Path(output_dir).resolve()
+    cells = expand_cells(study)
+    configs = {cell.name: cell_config(study, cell) for cell in cells}  # every cell valid first
+    if study.search is not None:
+        _check_search(study)
+    tracker = _study_tracker(study, output_dir, tracking_uri)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    state = StudyState.load(output_dir / STATE_FILE)
+    if state is not None and state.parent_run_id is not None:
+        tracker.attach(state.parent_run_id)
+    else:
+        tracker.start()
+        StudyState(tracker.run_id).save(output_dir / STATE_FILE)
+        tracker.log_params(study.model_dump(mode="json"))
+    with tracker:
+        trained, summaries = 0, {}
+        for index, cell in enumerate(cells, start=1):
+            cell_dir = output_dir / CELLS_DIR / cell.name
+            finished = _finished_summary(cell_dir, configs[cell.name])
+            if finished is not None:
+                summaries[cell.name] = finished
+                continue
+            if max_cells is not None and trained >= max_cells:
+                break
+            echo(f"[study {study.name}] cell {index}/{len(cells)}: {cell.name}")
+            summaries[cell.name] = _run_cell(
+                study,
+                cell,
+                configs[cell.name],
+                cell_dir,
+                output_dir,
+                tracker,
+                cache_dir,
+                tracking_uri,
+                progress,
+            )
+            trained += 1
+        complete = len(summaries) == len(cells)
+        summary = {
+            "study": study.name,
+            "cells": len(cells),
+            "cells_finished": len(summaries),
+            "complete": complete,
+            "parent_run_id": tracker.run_id,
+        }
+        if complete:
+            summary["report"] = _report(study, output_dir, tracker, tracking_uri, echo)
+        else:
+            echo(
+                f"[study {study.name}] {len(summaries)}/{len(cells)} cells finished; run the "
+                "same command again to continue"
+            )
+    (output_dir / "study_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _check_search(study: ScalingStudyConfig) -> None:
+    from privzo.tuning import load_search_config
+
+    assert study.search is not None
+    load_search_config(study.search)
+
+
+def _study_tracker(
+    study: ScalingStudyConfig, output_dir: Path, tracking_uri: str | None
+) -> Tracker:
+    tracker = make_tracker(
+        "mlflow",
+        uri=tracking_uri,
+        experiment=study.experiment or study.name,
+        output_root=output_dir,
+        run_name=f"study-{study.name}",
+        tags={"privzo.role": "study", "privzo.study": study.name},
+    )
+    try:
+        tracker.connect()
+    except Exception as error:  # MLflow raises many types for an unreachable or bad store
+        raise ConfigError(
+            f"tracking: cannot open the tracking store ({type(error).__name__}: {error})"
+        ) from None
+    return tracker
+
+
+def _finished_summary(cell_dir: Path, config: RunConfig) -> dict[str, Any] | None:
+    summary, saved = cell_dir / SUMMARY_FILE, cell_dir / CONFIG_FILE
+    if summary.is_file() and saved.is_file() and saved.read_text() == dump_config(config):
+        return json.loads(summary.read_text())
+    return None
+
+
+def _cell_tags(study: ScalingStudyConfig, cell: Cell, tracker: Tracker) -> dict[str, str]:
+    return {
+        "mlflow.parentRunId": str(tracker.run_id),
+        "privzo.study": study.name,
+        "privzo.cell": cell.name,
+        "privzo.seed": str(cell.seed),
+        "privzo.budget": f"{cell.epsilon:g}" if cell.epsilon is not None else "non-private",
+    }
+
+
+def _run_cell(
+    study: ScalingStudyConfig,
+    cell: Cell,
+    config: RunConfig,
+    cell_dir: Path,
+    output_dir: Path,
+    tracker: Tracker,
+    cache_dir: Path,
+    tracking_uri: str | None,
+    progress: bool,
+) -> dict[str, Any]:
+    tags = _cell_tags(study, cell, tracker)
+    if study.search is not None and cell.epsilon is not None:
+        return _search_cell(study, config, cell_dir, output_dir, tags, cache_dir, tracking_uri)
+    return run(
+        config,
+        cell_dir,
+        cache_dir=cache_dir,
+        progress=progress,
+        overwrite=True,  # an interrupted attempt's files; a finished cell was returned above
+        tracking_root=output_dir,
+        tracking_uri=tracking_uri,
+        tags=tags,
+    )
+
+
+def _search_cell(
+    study: ScalingStudyConfig,
+    config: RunConfig,
+    cell_dir: Path,
+    output_dir: Path,
+    tags: dict[str, str],
+    cache_dir: Path,
+    tracking_uri: str | None,
+) -> dict[str, Any]:
+    """A private cell answered by a search: the best trial's run stands for the cell (tagged
+    as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
+    from privzo.tracking import open_client
+    from privzo.tuning import SearchConfig, load_search_config, run_search
+
+    assert study.search is not None
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    base_file = cell_dir / "base.yaml"
+    base_file.write_text(dump_config(config))
+    search = load_search_config(study.search)
+    data = search.model_dump(mode="json")
+    data.update(base=[str(base_file)], overrides={}, experiment=config.tracking.experiment)
+    summary = run_search(
+        SearchConfig.model_validate(data),
+        cell_dir / "search",
+        cache_dir=cache_dir,
+        tracking_uri=tracking_uri,
+        tracking_root=output_dir,
+        tags={**tags, "privzo.role": "search"},
+        progress=False,
+    )
+    best = next(row for row in summary["trials"] if row["trial_id"] == summary["best_trial"])
+    best_dir = cell_dir / "search" / "trials" / str(best["trial_id"])
+    result = json.loads((best_dir / SUMMARY_FILE).read_text())
+    result["search_end_to_end_epsilon"] = summary.get("end_to_end_epsilon")
+    result["search_guarantee"] = summary.get("guarantee")
+    client = open_client(tracking_uri or f"sqlite:///{output_dir / 'mlflow.db'}")
+    cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
+    for key, value in {**cell_tags, "privzo.search_best": "true"}.items():
+        client.set_tag(result["tracking_run_id"], key, value)
+    (cell_dir / SUMMARY_FILE).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (cell_dir / CONFIG_FILE).write_text(dump_config(config))
+    return result
+
+
+def _report(
+    study: ScalingStudyConfig,
+    output_dir: Path,
+    tracker: Tracker,
+    tracking_uri: str | None,
+    echo: Callable[[str], None],
+) -> str:
+    from privzo.analysis import build_report
+
+    uri = tracking_uri or f"sqlite:///{output_dir / 'mlflow.db'}"
+    report_dir = output_dir / REPORT_DIR
+    report = build_report(
+        uri, study.experiment or study.name, report_dir, study=study.name, echo=echo
+    )
+    tracker.log_artifact(report_dir, REPORT_DIR)
+    return str(report)

@@ -1,0 +1,197 @@
+"""Studies and their report: real MLflow (sqlite in a temp dir), tiny models."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from mlflow.entities import Metric
+
+from privzo.analysis import build_report
+from privzo.config import ConfigError
+from privzo.studies import load_study_config, run_study
+from privzo.studies.scaling import expand_cells
+from privzo.tracking import open_client
+
+# (model, parameters) × seed: (accuracy before, private after, non-private after)
+LOGGED = {
+    ("small", 1_000): {0: (0.50, 0.60, 0.70), 1: (0.52, 0.64, 0.74)},
+    ("large", 9_000): {0: (0.55, 0.71, 0.80), 1: (0.57, 0.69, 0.84)},
+}
+
+
+def _log_fixture_runs(uri: str) -> None:
+    """Training runs as privzo records them (tags, final metrics, ε history), plus a parent."""
+    client = open_client(uri)
+    experiment = client.create_experiment("fixture")
+    parent = client.create_run(experiment, tags={"privzo.role": "study", "privzo.study": "s"})
+    client.set_terminated(parent.info.run_id)
+    for (model, size), seeds in LOGGED.items():
+        for seed, (before, private, public) in seeds.items():
+            for algorithm, after, epsilon in (("dpzero", private, "2"), ("mezo", public, None)):
+                tags = {
+                    "mlflow.parentRunId": parent.info.run_id,
+                    "privzo.model": model,
+                    "privzo.model_parameters": str(size),
+                    "privzo.task": "sst2",
+                    "privzo.metric": "accuracy",
+                    "privzo.algorithm": algorithm,
+                    "privzo.private": str(epsilon is not None).lower(),
+                    "privzo.study": "s",
+                    "privzo.cell": f"{model}-{algorithm}-{seed}",
+                    "privzo.seed": str(seed),
+                }
+                if epsilon:
+                    tags["privzo.epsilon"] = epsilon
+                run = client.create_run(experiment, tags=tags).info.run_id
+                metrics = {
+                    "final_accuracy_before": before,
+                    "final_accuracy_after": after,
+                    "final_peak_memory_mb": size / 10 + seed,
+                    "final_mean_step_time_s": size / 1e5,
+                }
+                points = [Metric(k, v, 0, 100) for k, v in metrics.items()]
+                if epsilon:
+                    points += [Metric("epsilon_spent", 0.5 * s, 0, 25 * s) for s in (1, 2, 3, 4)]
+                client.log_batch(run, metrics=points)
+                client.set_terminated(run)
+    unfinished = client.create_run(experiment, tags={"privzo.model": "small", "privzo.study": "s"})
+    client.log_batch(unfinished.info.run_id, metrics=[Metric("final_accuracy_after", 0.0, 0, 1)])
+
+
+def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log_fixture_runs(uri)
+    path = build_report(uri, "fixture", tmp_path / "report", study="s", echo=lambda _: None)
+
+    runs = pq.read_table(tmp_path / "report" / "runs.parquet")
+    assert runs.num_rows == 8  # the parent and the unfinished run are left out
+    scaling = pq.read_table(tmp_path / "report" / "scaling.parquet").to_pylist()
+    cell = {(row["model"], row["budget"]): row for row in scaling}
+    for (model, _), seeds in LOGGED.items():
+        for index, budget in enumerate(("zero-shot", "dpzero ε=2", "mezo (non-private)")):
+            values = [logged[index] for logged in seeds.values()]
+            row = cell[(model, budget)]
+            assert row["mean"] == pytest.approx(statistics.mean(values))
+            assert row["std"] == pytest.approx(statistics.stdev(values))
+            assert row["seeds"] == 2
+    gap = pq.read_table(tmp_path / "report" / "privacy_gap.parquet").to_pylist()
+    assert {row["model"]: row["gap"] for row in gap} == pytest.approx(
+        {"small": (0.72 - 0.62), "large": (0.82 - 0.70)}
+    )
+    resources = pq.read_table(tmp_path / "report" / "resources.parquet").to_pylist()
+    small_dpzero = next(
+        r for r in resources if r["model"] == "small" and r["algorithm"] == "dpzero"
+    )
+    assert small_dpzero["peak_memory_mb"] == pytest.approx(100.5)
+
+    text = path.read_text()
+    for name in ("scaling.png", "privacy_gap.png", "resources.png", "epsilon_steps.png"):
+        image = tmp_path / "report" / name
+        assert image.stat().st_size > 1000 and image.read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in text
+    assert "0.510 ± 0.014" in text  # small zero-shot: mean 0.51, std √2·0.01
+
+
+def _study_file(tmp_path: Path, sentiment_files, **study) -> Path:
+    train, test = sentiment_files
+    base = {
+        "model": {"name_or_path": "tiny-opt"},
+        "task": {"train_path": str(train), "test_path": str(test)},
+        "optimizer": {"steps": 6, "batch_size": 8, "learning_rate": 1e-3},
+        "tracking": {"log_every": 3},
+    }
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    data = {
+        "type": "scaling",
+        "name": "tiny",
+        "base": "base.yaml",
+        "models": ["tiny-opt"],
+        "epsilons": [2.0, 4.0],
+        "non_private_algorithms": ["mezo"],
+        **study,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_files, cache_dir):
+    study = load_study_config(_study_file(tmp_path, sentiment_files))
+    assert [cell.name for cell in expand_cells(study)] == [
+        "tiny-opt-task-dpzero-eps2-seed0",
+        "tiny-opt-task-dpzero-eps4-seed0",
+        "tiny-opt-task-mezo-nonprivate-seed0",
+    ]
+    output = tmp_path / "study"
+    options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _: None}
+    first = run_study(study, output, max_cells=1, **options)  # stops after one cell
+    assert first["complete"] is False and first["cells_finished"] == 1
+    done = output / "cells" / "tiny-opt-task-dpzero-eps2-seed0" / "summary.json"
+    mtime = done.stat().st_mtime_ns
+
+    second = run_study(study, output, **options)
+    assert second["complete"] is True and second["cells_finished"] == 3
+    assert done.stat().st_mtime_ns == mtime  # not run again
+    assert second["parent_run_id"] == first["parent_run_id"]
+
+    client = open_client(f"sqlite:///{output / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    children = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{first['parent_run_id']}'"
+    )
+    assert sorted(c.data.tags["privzo.cell"] for c in children) == sorted(
+        cell.name for cell in expand_cells(study)
+    )
+    assert all(c.info.status == "FINISHED" for c in children)
+    summaries = {
+        c.data.tags["privzo.cell"]: json.loads(
+            (output / "cells" / c.data.tags["privzo.cell"] / "summary.json").read_text()
+        )
+        for c in children
+    }
+    assert summaries["tiny-opt-task-dpzero-eps4-seed0"]["epsilon"] <= 4.0 * (1 + 1e-6)
+    scaling = pq.read_table(output / "report" / "scaling.parquet").to_pylist()
+    assert {row["budget"] for row in scaling} == {
+        "zero-shot",
+        "dpzero ε=2",
+        "dpzero ε=4",
+        "mezo (non-private)",
+    }
+    private_4 = next(row for row in scaling if row["budget"] == "dpzero ε=4")
+    assert private_4["mean"] == pytest.approx(
+        summaries["tiny-opt-task-dpzero-eps4-seed0"]["accuracy_after"]
+    )
+    artifacts = [a.path for a in client.list_artifacts(first["parent_run_id"], "report")]
+    assert "report/report.md" in artifacts and "report/scaling.png" in artifacts
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"type": "scalingg"}, "not a study type"),
+        ({"models": []}, "at least 1"),
+        ({"private_algorithms": ["mezo"]}, "not a private algorithm"),
+        ({"non_private_algorithms": ["dpzero"]}, "not a non-private algorithm"),
+        ({"epsilons": [-1.0]}, "must be positive"),
+        ({"epsilons": []}, "need at least one value in epsilons"),
+        ({"models": ["tiny-opt", "tiny-opt"]}, "repeated values"),
+        ({"name": "bad name"}, "name"),
+    ],
+)
+def test_bad_study_configs_fail_at_load(tmp_path, sentiment_files, change, message):
+    path = _study_file(tmp_path, sentiment_files, **change)
+    with pytest.raises(ConfigError, match=message):
+        load_study_config(path)
+
+
+def test_a_bad_cell_fails_before_any_cell_runs(tmp_path, sentiment_files, cache_dir):
+    path = _study_file(tmp_path, sentiment_files, overrides={"optimizer.steps": 0})
+    study = load_study_config(path)
+    with pytest.raises(ConfigError, match=r"optimizer\.steps"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
