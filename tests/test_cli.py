@@ -145,7 +145,7 @@ def test_demo_quick_runs_all_arms(tmp_path, capsys):
             [
                 "demo",
                 "--quick",
-                "--no-search",  # the search runs in tests/test_search_ray.py (Ray)
+                "--arms-only",  # the whole main job runs in tests/test_search_ray.py (Ray)
                 "--output-dir",
                 str(tmp_path / "demo"),
                 "--cache-dir",

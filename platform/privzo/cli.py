@@ -269,7 +269,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
     _quiet_libraries()
-    run_demo(args.output_dir, cache_dir=args.cache_dir, quick=args.quick, search=not args.no_search)
+    run_demo(args.output_dir, cache_dir=args.cache_dir, quick=args.quick, arms_only=args.arms_only)
     return 0
 
 
@@ -368,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the embedded offline demo (zero-shot vs DP vs MeZO)")
     demo.add_argument("--output-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--quick", action="store_true", help="fewer steps (for smoke tests)")
-    demo.add_argument("--no-search", action="store_true", help="skip the small Ray Tune search")
+    demo.add_argument(
+        "--arms-only", action="store_true", help="skip the small search and the scaling study"
+    )
     _add_cache_dir(demo)
     demo.set_defaults(handler=_demo_command)
     return parser

@@ -18,7 +18,9 @@ from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
 SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
+STUDY_CONFIG = "../studies/tiny-scaling.yaml"
 QUICK_SEARCH_STEPS = [20, 40]
+QUICK_STUDY_STEPS = 20
 
 
 def run_demo(
@@ -26,11 +28,12 @@ def run_demo(
     *,
     cache_dir: Path,
     quick: bool = False,
-    search: bool = True,
+    arms_only: bool = False,
     config_dir: Path = CONFIG_DIR,
 ) -> list[dict[str, Any]]:
     """Run (or reuse finished) demo arms under ``output_dir``, print the comparison table, then
-    run (or resume) the small search in ``output_dir/search`` and print its table."""
+    run (or resume) the small search in ``output_dir/search`` and the scaling study over the
+    built-in model sizes in ``output_dir/scaling``, printing their tables."""
     output_dir = Path(output_dir).resolve()
     if not all((config_dir / name).is_file() for name in ARMS.values()):
         raise FileNotFoundError(
@@ -53,12 +56,13 @@ def run_demo(
         )
     rows = _table_rows(summaries)
     print(format_table(rows))
-    if search:
+    if not arms_only:
         _run_search(output_dir / "search", cache_dir, config_dir / SEARCH_CONFIG, quick)
+        _run_scaling_study(output_dir / "scaling", cache_dir, config_dir / STUDY_CONFIG, quick)
     print(
         f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        "\n(then open http://127.0.0.1:5000 and the experiments 'privzo-tiny' and "
-        "'privzo-tiny-search')"
+        "\n(then open http://127.0.0.1:5000: experiments 'privzo-tiny', 'privzo-tiny-search' "
+        "and 'tiny-scaling')"
     )
     return rows
 
@@ -75,6 +79,17 @@ def _run_search(output_dir: Path, cache_dir: Path, config_path: Path, quick: boo
     run_search(
         search, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent, progress=False
     )
+
+
+def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
+    from privzo.studies import load_study_config, run_study
+
+    study = load_study_config(config_path)
+    if quick:
+        overrides = {**study.overrides, "optimizer.steps": QUICK_STUDY_STEPS}
+        study = study.model_copy(update={"overrides": overrides})
+    print(f"\nscaling study: {config_path.resolve()} (zero-shot vs private vs non-private)")
+    run_study(study, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent)
 
 
 def _finished_with(arm_dir: Path, config: RunConfig) -> bool:

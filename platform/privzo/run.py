@@ -526,6 +526,7 @@ def _summary(
         "test_examples": len(context.test),
         "skipped_rows": context.skipped_rows,
         "trainable_parameters": sum(shard.size for shard in context.shards),
+        "model_parameters": model_parameters(context.scoring_model),
         "peak_memory_mb": loop.peak_mb,
         "step_peak_memory_mb": loop.step_peak_mb,
         "mean_step_time_s": sum(times) / len(times),
@@ -550,6 +551,7 @@ def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         "epsilon",
         "delta",
         "noise_multiplier",
+        "model_parameters",  # a metric too, so MLflow's charts can put model size on an axis
         "peak_memory_mb",
         "step_peak_memory_mb",
         "mean_step_time_s",

@@ -17,7 +17,7 @@ from typing import Any
 from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 from privzo.studies.config import ScalingStudyConfig
-from privzo.tracking import Tracker, make_tracker
+from privzo.tracking import Tracker, default_tracking_uri, make_tracker
 
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
@@ -97,17 +97,25 @@ def run_scaling_study(
     *,
     cache_dir: Path,
     tracking_uri: str | None = None,
+    tracking_root: Path | None = None,
     max_cells: int | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run (or resume) every cell, then build the report; returns the study summary."""
+    """Run (or resume) every cell, then build the report; returns the study summary.
+
+    Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
+    ``output_dir``).
+    """
     output_dir = Path(output_dir).resolve()
+    tracking_root = Path(tracking_root or output_dir).resolve()
+    if tracking_uri is None:
+        tracking_uri = default_tracking_uri(tracking_root)
     cells = expand_cells(study)
     configs = {cell.name: cell_config(study, cell) for cell in cells}  # every cell valid first
     if study.search is not None:
         _check_search(study)
-    tracker = _study_tracker(study, output_dir, tracking_uri)
+    tracker = _study_tracker(study, tracking_root, tracking_uri)
     output_dir.mkdir(parents=True, exist_ok=True)
     state = StudyState.load(output_dir / STATE_FILE)
     if state is not None and state.parent_run_id is not None:
@@ -132,7 +140,7 @@ def run_scaling_study(
                 cell,
                 configs[cell.name],
                 cell_dir,
-                output_dir,
+                tracking_root,
                 tracker,
                 cache_dir,
                 tracking_uri,
@@ -165,14 +173,12 @@ def _check_search(study: ScalingStudyConfig) -> None:
     load_search_config(study.search)
 
 
-def _study_tracker(
-    study: ScalingStudyConfig, output_dir: Path, tracking_uri: str | None
-) -> Tracker:
+def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri: str) -> Tracker:
     tracker = make_tracker(
         "mlflow",
         uri=tracking_uri,
         experiment=study.experiment or study.name,
-        output_root=output_dir,
+        output_root=tracking_root,
         run_name=f"study-{study.name}",
         tags={"privzo.role": "study", "privzo.study": study.name},
     )
@@ -207,22 +213,22 @@ def _run_cell(
     cell: Cell,
     config: RunConfig,
     cell_dir: Path,
-    output_dir: Path,
+    tracking_root: Path,
     tracker: Tracker,
     cache_dir: Path,
-    tracking_uri: str | None,
+    tracking_uri: str,
     progress: bool,
 ) -> dict[str, Any]:
     tags = _cell_tags(study, cell, tracker)
     if study.search is not None and cell.epsilon is not None:
-        return _search_cell(study, config, cell_dir, output_dir, tags, cache_dir, tracking_uri)
+        return _search_cell(study, config, cell_dir, tracking_root, tags, cache_dir, tracking_uri)
     return run(
         config,
         cell_dir,
         cache_dir=cache_dir,
         progress=progress,
         overwrite=True,  # an interrupted attempt's files; a finished cell was returned above
-        tracking_root=output_dir,
+        tracking_root=tracking_root,
         tracking_uri=tracking_uri,
         tags=tags,
     )
@@ -232,10 +238,10 @@ def _search_cell(
     study: ScalingStudyConfig,
     config: RunConfig,
     cell_dir: Path,
-    output_dir: Path,
+    tracking_root: Path,
     tags: dict[str, str],
     cache_dir: Path,
-    tracking_uri: str | None,
+    tracking_uri: str,
 ) -> dict[str, Any]:
     """A private cell answered by a search: the best trial's run stands for the cell (tagged
     as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
@@ -254,7 +260,7 @@ def _search_cell(
         cell_dir / "search",
         cache_dir=cache_dir,
         tracking_uri=tracking_uri,
-        tracking_root=output_dir,
+        tracking_root=tracking_root,
         tags={**tags, "privzo.role": "search"},
         progress=False,
     )
@@ -263,7 +269,7 @@ def _search_cell(
     result = json.loads((best_dir / SUMMARY_FILE).read_text())
     result["search_end_to_end_epsilon"] = summary.get("end_to_end_epsilon")
     result["search_guarantee"] = summary.get("guarantee")
-    client = open_client(tracking_uri or f"sqlite:///{output_dir / 'mlflow.db'}")
+    client = open_client(tracking_uri)
     cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
     for key, value in {**cell_tags, "privzo.search_best": "true"}.items():
         client.set_tag(result["tracking_run_id"], key, value)
@@ -276,15 +282,13 @@ def _report(
     study: ScalingStudyConfig,
     output_dir: Path,
     tracker: Tracker,
-    tracking_uri: str | None,
+    tracking_uri: str,
     echo: Callable[[str], None],
 ) -> str:
     from privzo.analysis import build_report
 
-    uri = tracking_uri or f"sqlite:///{output_dir / 'mlflow.db'}"
     report_dir = output_dir / REPORT_DIR
-    report = build_report(
-        uri, study.experiment or study.name, report_dir, study=study.name, echo=echo
-    )
+    experiment = study.experiment or study.name
+    report = build_report(tracking_uri, experiment, report_dir, study=study.name, echo=echo)
     tracker.log_artifact(report_dir, REPORT_DIR)
     return str(report)
