@@ -113,3 +113,22 @@ def test_resources_the_cluster_lacks_fail_before_any_trial(tmp_path, make_search
     assert process.returncode == 2, log[-3000:]
     assert "resources.cpus_per_trial=64: the Ray cluster has" in log
     assert not (output / "trials").exists() and not (output / "search_state.json").exists()
+
+
+def test_main_job_quick_prints_arms_search_and_scaling_report(tmp_path):
+    """The README's first command (shortened with --quick): arms, the search, the study."""
+    output, cache = tmp_path / "demo", tmp_path / "cache"
+    command = [sys.executable, "-m", "privzo.cli", "demo", "--quick"]
+    command += ["--output-dir", str(output), "--cache-dir", str(cache)]
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
+    printed = result.stdout
+    assert result.returncode == 0, (printed + result.stderr)[-4000:]
+    for text in ("DPZero (private)", "MeZO (non-private)", "privacy: composition of 3 trials"):
+        assert text in printed
+    assert "| task | model | parameters | zero-shot | dpzero ε=2 | mezo (non-private) |" in printed
+    scaling = pd.read_parquet(output / "scaling" / "report" / "scaling.parquet")
+    assert set(scaling["model"]) == {"demo-opt-s", "demo-opt-m", "demo-opt-l"}
+    assert scaling["model_parameters"].nunique() == 3
+    trials = pd.read_parquet(output / "search" / "trials.parquet")
+    assert len(trials) == 3 and set(trials["status"]) == {"finished"}

@@ -163,3 +163,16 @@ def test_search_config_round_trips_and_resolves_base_paths(make_search):
     search = load_search_config(make_search(), ["seed=3"])
     assert search.seed == 3 and Path(search.base[0]).is_absolute()
     assert SearchConfig.model_validate(search.model_dump(mode="json")) == search
+
+
+def test_asha_counts_every_intermediate_score_as_a_release(make_search, cache_dir):
+    path = make_search(
+        algorithm="random",
+        trials={"count": 2},
+        scheduler={"type": "asha", "evaluate_every": 5},
+    )
+    plan = plan_search(load_search_config(path), cache_dir)
+    assert {event.steps: event.score_releases for event in plan.events} == {10: 2, 30: 6}
+    bad = make_search(scheduler={"type": "asha", "evaluate_every": 7})
+    with pytest.raises(ConfigError, match=r"multiple of the base run's tracking\.log_every=5"):
+        plan_search(load_search_config(bad), cache_dir)
