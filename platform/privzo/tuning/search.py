@@ -244,8 +244,8 @@ def _tune_config(plan: SearchPlan) -> Any:
         from ray.tune.search.optuna import OptunaSearch
 
         searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed), concurrency)
-    else:
-        searcher = BasicVariantGenerator(random_state=search.seed)
+    else:  # a generator, not a Searcher: it takes the concurrency limit itself
+        searcher = BasicVariantGenerator(random_state=search.seed, max_concurrent=concurrency)
     scheduler = None
     if search.scheduler.type == "asha":
         releases = max(event.score_releases for event in plan.events) if plan.events else None
@@ -261,7 +261,6 @@ def _tune_config(plan: SearchPlan) -> Any:
         search_alg=searcher,
         scheduler=scheduler,
         num_samples=1 if search.algorithm == "grid" else plan.trial_count,
-        max_concurrent_trials=concurrency,
     )
 
 
