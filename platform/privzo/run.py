@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, dump_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import (
     LoadedModel,
@@ -211,7 +211,8 @@ def run(
         tracker.log_params(params)
         summary = _train_and_evaluate(context, tracker, output_dir, progress)
         for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
-            tracker.log_artifact(output_dir / name)
+            if (output_dir / name).exists():  # first-order baselines write no trajectory
+                tracker.log_artifact(output_dir / name)
     return summary
 
 
@@ -260,20 +261,21 @@ def _train_and_evaluate(
     before = evaluate() if config.eval_before else None
     if before is not None:
         tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
-    loop = TrainingLoop(context, tracker, memory)
+    loop = make_loop(context, tracker, memory)
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not loop.private)
     try:
         loop.run(recorder, progress)
     finally:  # a failed run keeps the steps it made
-        recorder.write(output_dir / TRAJECTORY_FILE)
+        if loop.records_trajectory:
+            recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
     validation = _validation_metrics(context, loop)
     if loop.nonfinite:  # on the operator's console only: the count is data-dependent
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
-    if config.save_model:
+    if config.save_model or not loop.records_trajectory:  # no trajectory: save the weights
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, before, after, started)
@@ -327,8 +329,24 @@ def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
     )
 
 
+def make_loop(context: RunContext, tracker: Tracker, memory: PeakMemory) -> Any:
+    """The loop of the algorithm's family: zeroth-order (``TrainingLoop``) or a baseline."""
+    algorithm = context.config.optimizer.algorithm
+    if algorithm in FIRST_ORDER_ALGORITHMS:
+        from privzo.baselines.first_order import FirstOrderLoop
+
+        return FirstOrderLoop(context, tracker, memory)
+    if algorithm == "dpgd-0th":
+        from privzo.baselines.dpgd import DpgdLoop
+
+        return DpgdLoop(context, tracker, memory)
+    return TrainingLoop(context, tracker, memory)
+
+
 class TrainingLoop:
     """Samples, steps, accounts and logs; holds the per-run state the step function does not."""
+
+    records_trajectory = True
 
     def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
         self.context = context

@@ -126,3 +126,13 @@ def get_mechanism(name: str) -> Mechanism:
     except (KeyError, TypeError):
         raise ValueError(f"mechanism={name!r} is unknown; allowed: {sorted(MECHANISMS)}") from None
     return cls()
+
+
+def secret_torch_generator(device: str | object = "cpu") -> Any:
+    """A torch generator seeded with 63 bits from ``secrets``, for vector noise (DP-SGD,
+    DPGD-0th) drawn with torch on the weights' device. Never seeded from anything logged."""
+    import torch  # local: the scalar mechanisms above need only numpy
+
+    generator = torch.Generator(device=device)  # type: ignore[arg-type]
+    generator.manual_seed(secrets.randbits(63))
+    return generator
