@@ -168,14 +168,16 @@ class FirstOrderLoop(BaselineLoop):
     def _fold_token_rows(self, batch_size: int) -> None:
         """Per-example gradients of layers that saw [B·L, H] rows (OPT flattens its MLP block
         to 2-D): Opacus records one "sample" per token row, ordered example-major, so the L rows
-        of example b sum to its gradient. Exact, not an approximation."""
+        of example b sum to its gradient. With loss_reduction="mean" Opacus also rescaled those
+        rows by B·L instead of B, which the factor B / (B·L) undoes. Exact, not an
+        approximation (checked against autograd per example in the tests)."""
         for parameter in self.parameters:
             grad_sample = parameter.grad_sample
             rows = grad_sample.shape[0]
             if rows != batch_size:
                 assert rows % batch_size == 0, f"{rows} gradient rows for {batch_size} examples"
                 folded = grad_sample.reshape(batch_size, rows // batch_size, *grad_sample.shape[1:])
-                parameter.grad_sample = folded.sum(dim=1)
+                parameter.grad_sample = folded.sum(dim=1) * (batch_size / rows)
 
     def _empty_grad_samples(self) -> None:
         """Zero per-example gradients of a batch of none, so Opacus noises a zero sum."""

@@ -1,0 +1,176 @@
+"""First-order baselines (real Opacus, real MLflow on sqlite) and DPGD-0th on tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.baselines.first_order import FirstOrderLoop
+from privzo.baselines.loop import trainable_parameters
+from privzo.config import ConfigError, ModelConfig, load_config
+from privzo.memory import PeakMemory
+from privzo.models.loading import load_model
+from privzo.run import build_context, plan_privacy, run
+from privzo.tasks.classification import differentiable_scoring
+from privzo.tracking import make_tracker, read_run
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=6",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=5e-2",
+            "optimizer.first_order.physical_batch_size=3",
+            "tracking.log_every=4",
+            "privacy.epsilon=3",
+            *extra,
+        ],
+    )
+
+
+def _base_weights(cache_dir: Path) -> dict[str, torch.Tensor]:
+    return load_model(ModelConfig(name_or_path="tiny-opt"), cache_dir).model.state_dict()
+
+
+def _changed(trained: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> set[str]:
+    return {name for name, tensor in trained.items() if not torch.equal(base[name], tensor)}
+
+
+@pytest.mark.parametrize("view", [pytest.param("full", marks=pytest.mark.slow), "bitfit", "lora"])
+def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
+    tmp_path, sentiment_files, cache_dir, view
+):
+    accountant = "pld" if view == "full" else "rdp"  # rdp calibrates in well under a second
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        f"model.trainable={view}",
+        f"privacy.accountant={accountant}",
+    )
+    output = tmp_path / "runs" / f"dpsgd-{view}"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+
+    assert summary["algorithm"] == "dpsgd" and summary["private"] is True
+    assert summary["accountant"] == accountant
+    assert summary["steps"] == 6 and summary["mechanism"] == "gaussian"
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
+    # the same (ε, δ, q, T) planned for dpzero gives the same σ
+    dpzero = _config(
+        *sentiment_files, "optimizer.algorithm=dpzero", f"privacy.accountant={accountant}"
+    )
+    assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
+    assert json.loads((output / "summary.json").read_text()) == summary
+    assert not (output / "trajectory.parquet").exists()  # no trajectory: the weights instead
+    assert (output / "model").is_dir()
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    assert record["params"]["optimizer.algorithm"] == "dpsgd"
+    assert [step for step, _ in record["history"]["epsilon_spent"]] == [4, 6]
+    assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
+    assert "train_loss" not in record["history"]  # private diagnostics stay off
+
+
+def test_dp_bitfit_changes_only_biases(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "model.trainable=bitfit",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    run(config, tmp_path / "bitfit", cache_dir=cache_dir, progress=False)
+    trained = load_file(tmp_path / "bitfit" / "model" / "model.safetensors")
+    changed = _changed(trained, _base_weights(cache_dir))
+    biases = {name for name in trained if name.endswith(".bias")}
+    assert changed and changed <= biases
+    assert len(changed) >= len(biases) // 2  # noise moves (almost) every bias
+
+
+def test_adamw_full_run_is_nonprivate_and_moves_every_tensor(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=adamw",
+        "privacy.sampler=shuffle",
+        "tracking.log_every=3",
+    )
+    output = tmp_path / "runs" / "adamw"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert summary["private"] is False and summary["epsilon"] is None
+    assert summary["noise_multiplier"] is None and summary["mechanism"] is None
+    trained = load_file(output / "model" / "model.safetensors")
+    assert _changed(trained, _base_weights(cache_dir)) == set(trained)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert [step for step, _ in record["history"]["train_loss"]] == [3, 6]
+
+
+def test_adamw_lora_trains_the_adapter_only(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=adamw",
+        "model.trainable=lora",
+        "tracking.backend=none",
+    )
+    summary = run(config, tmp_path / "lora", cache_dir=cache_dir, progress=False)
+    adapter = load_file(tmp_path / "lora" / "model" / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n)  # B left 0
+    assert summary["trainable_parameters"] == sum(t.numel() for t in adapter.values())
+
+
+def test_opacus_per_example_gradients_equal_autograd_per_example(sentiment_files, cache_dir):
+    """Opacus' per-example gradients (OPT's flattened MLP rows folded back per example) are
+    each example's own gradient, so clipping bounds what every example contributes."""
+    config = _config(*sentiment_files, "optimizer.algorithm=dpsgd", "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    parameters = trainable_parameters(context)
+    indices = [0, 5, 9]
+    batch = context.task.collate(context.train, indices)
+    for parameter in parameters:
+        parameter.requires_grad_(True)
+    with differentiable_scoring():
+        losses = context.task.per_example_loss(context.scoring_model, batch)
+    expected = [torch.autograd.grad(loss, parameters, retain_graph=True) for loss in losses]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+
+    tracker = make_tracker("none", uri=None, experiment="x", output_root=Path("."), run_name="x")
+    loop = FirstOrderLoop(context, tracker, PeakMemory())
+    loop.start()
+    try:
+        loop._per_example_loss(indices).mean().backward()
+        loop._fold_token_rows(len(indices))
+        for parameter, *per_example in zip(parameters, *expected, strict=True):
+            for row, gradient in enumerate(per_example):
+                torch.testing.assert_close(
+                    parameter.grad_sample[row], gradient, atol=1e-5, rtol=1e-4
+                )
+    finally:
+        loop.finish()
+    assert all(not parameter.requires_grad for parameter in parameters)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["optimizer.algorithm=dpsgd", "model.trainable=prefix"], "model.trainable"),
+        (["optimizer.algorithm=adamw", "privacy.noise_multiplier=1.0"], "privacy.noise_multiplier"),
+        (["optimizer.algorithm=dpsgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
+        (["optimizer.algorithm=adamw", "privacy.mechanism=gaussian"], "privacy.mechanism"),
+        (["optimizer.algorithm=dpsgd", "privacy.sampler=shuffle"], "privacy.sampler"),
+        (["optimizer.first_order.physical_batch_size=0"], "physical_batch_size"),
+    ],
+)
+def test_bad_baseline_settings_fail_at_load(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, overrides)
