@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from privzo.baselines.dpgd import clip_coefficients, direction_norm
 from privzo.baselines.first_order import FirstOrderLoop
 from privzo.baselines.loop import trainable_parameters
 from privzo.config import ConfigError, ModelConfig, load_config
@@ -17,6 +18,8 @@ from privzo.models.loading import load_model
 from privzo.run import build_context, plan_privacy, run
 from privzo.tasks.classification import differentiable_scoring
 from privzo.tracking import make_tracker, read_run
+from privzo.zo.directions import step_seed
+from privzo.zo.step import _estimate_differences
 
 
 def _config(train: Path, test: Path, *extra: str):
@@ -174,3 +177,69 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(sentiment_files
 def test_bad_baseline_settings_fail_at_load(overrides, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, overrides)
+
+
+# --- DPGD-0th ------------------------------------------------------------------------------
+
+
+def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "optimizer.learning_rate=1e-3",
+        "privacy.accountant=rdp",
+    )
+    output = tmp_path / "runs" / "dpgd"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert summary["algorithm"] == "dpgd-0th" and summary["steps"] == 6
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
+    dpzero = _config(*sentiment_files, "optimizer.algorithm=dpzero", "privacy.accountant=rdp")
+    assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
+    assert not (output / "trajectory.parquet").exists()
+    trained = load_file(output / "model" / "model.safetensors")
+    assert _changed(trained, _base_weights(cache_dir)) == set(trained)  # d-dimensional noise
+
+
+def test_dpgd_refuses_a_model_above_the_size_cap_before_writing(
+    tmp_path, sentiment_files, cache_dir
+):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "optimizer.dpgd_max_parameters=1000",
+        "privacy.accountant=rdp",
+    )
+    with pytest.raises(ConfigError, match="dpgd_max_parameters=1000"):
+        run(config, tmp_path / "too-big", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "too-big").exists()
+
+
+def test_dpgd_clipping_bounds_every_per_example_vector(sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "optimizer.algorithm=dpgd-0th", "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    perturber, seed = context.perturber, step_seed(config.seed, 0)
+    batch = context.task.collate(context.train, list(range(16)))
+    differences, _ = _estimate_differences(
+        perturber,
+        seed,
+        1e-3,
+        1e-3,
+        batch,
+        16,
+        lambda b: context.task.per_example_loss(context.scoring_model, b),
+    )
+    perturber.update(seed, 0.0)  # back to θ
+    norm = direction_norm(context.shards, perturber.sampler, seed)
+    whole = torch.cat(
+        [perturber.sampler.slice(seed, s.name, s.size, 0, s.size) for s in context.shards]
+    )
+    assert norm == pytest.approx(float(whole.double().norm()), rel=1e-9)
+    clip = float(differences.abs().median()) * norm  # about half the examples get clipped
+    coefficients = clip_coefficients(differences, norm, clip)
+    vector_norms = coefficients.abs() * norm  # ‖c_i z‖ of each example's contribution
+    assert bool((vector_norms <= clip * (1 + 1e-12)).all())
+    small = differences.double().abs() * norm <= clip
+    assert 0 < int(small.sum()) < 16
+    torch.testing.assert_close(coefficients[small], differences.double()[small])
+    torch.testing.assert_close(vector_norms[~small], torch.full_like(vector_norms[~small], clip))
+    assert bool((torch.sign(coefficients) == torch.sign(differences.double())).all())

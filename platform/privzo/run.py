@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from privzo.baselines.dpgd import check_dpgd_size
 from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, dump_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import (
@@ -202,6 +203,7 @@ def run(
     output_dir = Path(output_dir).resolve()
     check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
+    check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri)
     prepare_output_dir(output_dir)
     (output_dir / CONFIG_FILE).write_text(dump_config(config))
