@@ -74,6 +74,7 @@ class PrivacyPlan:
     delta: float | None = None
     mechanism: str | None = None
     accountant: str | None = None
+    noise_parameters: dict[str, Any] | None = None  # a parametrised mechanism's (lmo)
 
 
 def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
@@ -94,6 +95,7 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         delta=privacy.delta,
         mechanism=config.mechanism,
         accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
     )
     noise_multiplier = privacy.noise_multiplier
     try:
@@ -115,7 +117,15 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         delta=privacy.delta,
         mechanism=config.mechanism,
         accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
     )
+
+
+def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
+    """The configured parameters of a parametrised mechanism (lmo), else None."""
+    if config.mechanism != "lmo":
+        return None
+    return config.privacy.lmo.model_dump(mode="json")
 
 
 RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
@@ -456,6 +466,7 @@ def _make_estimator(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
         clip=config.privacy.clip,
         noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.expected_batch_size,
+        noise_parameters=plan.noise_parameters,
     )
 
 
@@ -463,8 +474,9 @@ def _make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
     if not plan.private:
         return None
     assert plan.mechanism and plan.accountant and plan.noise_multiplier and plan.delta is not None
+    options = {"noise_parameters": plan.noise_parameters} if plan.noise_parameters else {}
     accountant = make_accountant(
-        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate
+        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate, **options
     )
     return BudgetLedger(accountant, config.privacy.epsilon, plan.delta)
 
@@ -499,6 +511,7 @@ def _summary(
         "delta": plan.delta,
         "noise_multiplier": plan.noise_multiplier,
         "mechanism": plan.mechanism,
+        "mechanism_parameters": plan.noise_parameters,
         "accountant": plan.accountant,
         "sample_rate": plan.sample_rate,
         "expected_batch_size": plan.expected_batch_size,
