@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from privzo.memory import PeakMemory
 from privzo.models.loading import load_model
 from privzo.run import build_context, plan_privacy, run
 from privzo.tasks.classification import differentiable_scoring
-from privzo.tracking import make_tracker, read_run
+from privzo.tracking import NoopTracker, read_run
 from privzo.zo.directions import step_seed
 from privzo.zo.step import _estimate_differences
 
@@ -131,9 +132,17 @@ def test_adamw_lora_trains_the_adapter_only(tmp_path, sentiment_files, cache_dir
     assert summary["trainable_parameters"] == sum(t.numel() for t in adapter.values())
 
 
-def test_opacus_per_example_gradients_equal_autograd_per_example(sentiment_files, cache_dir):
-    """Opacus' per-example gradients (OPT's flattened MLP rows folded back per example) are
-    each example's own gradient, so clipping bounds what every example contributes."""
+@pytest.mark.parametrize("example_major", [True, False])
+def test_opacus_per_example_gradients_equal_autograd_per_example(
+    sentiment_files, cache_dir, monkeypatch, example_major
+):
+    """Opacus' per-example gradients are each example's own gradient, so clipping bounds what
+    every example contributes: with OPT's MLP rows fed example-major (the default), and with
+    the per-token rows folded back per example (the fallback for other flattened blocks)."""
+    from privzo.baselines import first_order
+
+    if not example_major:
+        monkeypatch.setattr(first_order, "example_major_mlp_rows", lambda model: nullcontext())
     config = _config(*sentiment_files, "optimizer.algorithm=dpsgd", "tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
     parameters = trainable_parameters(context)
@@ -147,11 +156,12 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(sentiment_files
     for parameter in parameters:
         parameter.requires_grad_(False)
 
-    tracker = make_tracker("none", uri=None, experiment="x", output_root=Path("."), run_name="x")
-    loop = FirstOrderLoop(context, tracker, PeakMemory())
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
     loop.start()
     try:
         loop._per_example_loss(indices).mean().backward()
+        rows = {parameter.grad_sample.shape[0] for parameter in parameters}
+        assert (rows == {3}) == example_major  # else OPT's flattened MLP gave B·L rows
         loop._fold_token_rows(len(indices))
         for parameter, *per_example in zip(parameters, *expected, strict=True):
             for row, gradient in enumerate(per_example):
@@ -161,6 +171,7 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(sentiment_files
     finally:
         loop.finish()
     assert all(not parameter.requires_grad for parameter in parameters)
+    assert "inner" not in " ".join(name for name, _ in context.model.named_parameters())
 
 
 @pytest.mark.parametrize(

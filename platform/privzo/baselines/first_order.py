@@ -74,6 +74,7 @@ class FirstOrderLoop(BaselineLoop):
         config, plan = self.context.config, self.context.plan
         model = self.context.model
         self._cleanup.enter_context(opacus_compatible_positions(model))
+        self._cleanup.enter_context(example_major_mlp_rows(model))
         grad_samples = GradSampleModule(model, loss_reduction="mean")
         self._cleanup.callback(grad_samples.remove_hooks)
         self._cleanup.enter_context(parameter_layers_in_training_mode(model))
@@ -166,11 +167,11 @@ class FirstOrderLoop(BaselineLoop):
         return torch.where(finite, losses, torch.zeros_like(losses))
 
     def _fold_token_rows(self, batch_size: int) -> None:
-        """Per-example gradients of layers that saw [B·L, H] rows (OPT flattens its MLP block
-        to 2-D): Opacus records one "sample" per token row, ordered example-major, so the L rows
-        of example b sum to its gradient. With loss_reduction="mean" Opacus also rescaled those
-        rows by B·L instead of B, which the factor B / (B·L) undoes. Exact, not an
-        approximation (checked against autograd per example in the tests)."""
+        """Per-example gradients of layers that saw [B·L, H] rows (a flattened block that
+        ``example_major_mlp_rows`` does not cover): Opacus records one "sample" per token row,
+        ordered example-major, so the L rows of example b sum to its gradient. With
+        loss_reduction="mean" Opacus also rescaled those rows by B·L instead of B, which the
+        factor B / (B·L) undoes. Exact; a no-op when every layer saw B rows."""
         for parameter in self.parameters:
             grad_sample = parameter.grad_sample
             rows = grad_sample.shape[0]
@@ -272,3 +273,52 @@ def opacus_compatible_positions(model: nn.Module) -> Iterator[None]:
     finally:
         for parent, original in swapped:
             parent.embed_positions = original
+
+
+class _ExampleMajorRows(nn.Module):
+    """Gives a layer that OPT calls on flattened [B·L, H] rows a [B, L, H] view of them.
+
+    Opacus then records B per-example gradients of size |θ| instead of B·L per-row ones (for
+    an MLP that is L times less memory and time); the output is flattened back, so the block
+    computes exactly what it did.
+    """
+
+    def __init__(self, inner: nn.Module, shape: list[int]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.shape = shape  # [B, L] of the current forward, set by the layer's pre-hook
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        batch, length = self.shape
+        if rows.dim() != 2 or rows.shape[0] != batch * length:
+            return self.inner(rows)
+        out = self.inner(rows.view(batch, length, rows.shape[-1]))
+        return out.reshape(batch * length, out.shape[-1])
+
+
+@contextlib.contextmanager
+def example_major_mlp_rows(model: nn.Module) -> Iterator[None]:
+    """Wrap the MLP block layers of OPT decoder layers in ``_ExampleMajorRows`` while Opacus
+    trains; restored on exit (parameter objects never change)."""
+    swapped, handles = [], []
+    for layer in list(model.modules()):
+        if type(layer).__name__ != "OPTDecoderLayer":
+            continue
+        shape = [0, 0]
+
+        def record(_module: nn.Module, args: tuple, kwargs: dict, shape: list[int] = shape) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            shape[:] = hidden.shape[:2]
+
+        handles.append(layer.register_forward_pre_hook(record, with_kwargs=True))
+        for attribute in ("final_layer_norm", "fc1", "fc2"):
+            original = getattr(layer, attribute)
+            setattr(layer, attribute, _ExampleMajorRows(original, shape))
+            swapped.append((layer, attribute, original))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for layer, attribute, original in swapped:
+            setattr(layer, attribute, original)
