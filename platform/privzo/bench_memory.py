@@ -11,10 +11,11 @@ so no calibration runs and every step sees the same shape.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -39,7 +40,8 @@ def memory_benchmark(cache_dir: Path, repeats: int = 3, progress: bool = True) -
     """Measure every case (each in its own process); returns the numbers and a table."""
     with tempfile.TemporaryDirectory(prefix="privzo-bench-") as work:
         work_dir = Path(work)
-        model_dir, parameters = _write_bench_model(work_dir, cache_dir)
+        with contextlib.redirect_stdout(sys.stderr):  # save_pretrained announces DeepSpeed
+            model_dir, parameters = _write_bench_model(work_dir, cache_dir)
         train = _write_bench_data(work_dir)
         results = {}
         for label, algorithm, view in CASES:
@@ -125,8 +127,19 @@ def _in_fresh_process(overrides: list[str], cache_dir: Path, repeats: int) -> di
 
 
 def measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str, Any]:
-    """In a fresh process: the inference forward and one training step, round-robin, after
-    one warm-up round; median seconds and median peak resident MB of each."""
+    """In a fresh process: the inference forward (before any training state exists), then
+    training steps; median seconds and median peak resident MB of each after one warm-up.
+
+    Library messages printed to stdout while importing (DeepSpeed announces its accelerator)
+    go to stderr instead, so the parent's stdout (e.g. ``--json``) stays clean.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        return _measure_case(overrides, cache_dir, repeats)
+
+
+def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str, Any]:
+    import opacus  # noqa: F401  # every process holds the same libraries before measuring
+
     from privzo.baselines.loop import BaselineLoop
     from privzo.config import load_config
     from privzo.memory import PeakMemory
@@ -136,29 +149,21 @@ def measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str
     config = load_config(None, overrides)
     context = build_context(config, Path(cache_dir), progress=False)
     memory = PeakMemory(context.loaded.device)
-    tracker = NoopTracker(uri=None, experiment="bench", output_root=Path("."), run_name="bench")
-    loop = make_loop(context, tracker, memory)
-    if isinstance(loop, BaselineLoop):
-        loop.start()
     batch = context.task.collate(context.train, list(range(len(context.train))))
 
     def forward() -> Any:
         return context.task.per_example_loss(context.scoring_model, batch)
 
-    samples: dict[str, list[tuple[float, float]]] = {"forward": [], "step": []}
-    for round_index in range(repeats + 1):
-        step = functools.partial(loop.step, round_index)
-        for name, action in (("forward", forward), ("step", step)):
-            memory.reset()
-            started = time.perf_counter()
-            action()
-            elapsed = time.perf_counter() - started
-            if round_index:
-                samples[name].append((elapsed, memory.peak_mb()))
+    # inference first, before any training state (optimizer moments, noise buffers) exists
+    forward_s, forward_mb = _timed(forward, memory, repeats)
+    tracker = NoopTracker(uri=None, experiment="bench", output_root=Path("."), run_name="bench")
+    loop = make_loop(context, tracker, memory)
+    if isinstance(loop, BaselineLoop):
+        loop.start()
+    steps = iter(range(repeats + 1))
+    step_s, step_mb = _timed(lambda: loop.step(next(steps)), memory, repeats)
     if isinstance(loop, BaselineLoop):
         loop.finish()
-    forward_s, forward_mb = _medians(samples["forward"])
-    step_s, step_mb = _medians(samples["step"])
     return {
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "sequence_length": int(batch.input_ids.shape[1]),
@@ -166,9 +171,23 @@ def measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str
         "forward_peak_mb": forward_mb,
         "step_seconds": step_s,
         "step_peak_mb": step_mb,
+        "step_extra_mb": step_mb - forward_mb,
         "time_over_forward": step_s / forward_s,
         "memory_over_forward": step_mb / forward_mb,
     }
+
+
+def _timed(action: Any, memory: Any, repeats: int) -> tuple[float, float]:
+    """Median seconds and median peak MB of ``repeats`` calls after one warm-up call."""
+    samples = []
+    for round_index in range(repeats + 1):
+        memory.reset()
+        started = time.perf_counter()
+        action()
+        elapsed = time.perf_counter() - started
+        if round_index:
+            samples.append((elapsed, memory.peak_mb()))
+    return _medians(samples)
 
 
 def _medians(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -184,15 +203,17 @@ def _table(result: dict[str, Any]) -> str:
         f"Time and memory per step vs an inference forward: OPT-style, "
         f"{model['parameters'] / 1e6:.2f}M parameters, batch {result['batch_size']} x "
         f"{result['sequence_length']} tokens, fp32, median of {result['repeats']}; each row in "
-        "its own process (peak = resident set, VmHWM)",
+        "its own process; peak = resident set (VmHWM, includes the libraries), extra = step "
+        "peak minus inference peak (optimizer state, per-example gradients, noise, activations)",
         f"{'algorithm':<14}{'trainable':>11}{'step s':>9}{'fwd s':>9}{'t/fwd':>8}"
-        f"{'step MB':>9}{'fwd MB':>9}{'mem/fwd':>9}",
+        f"{'step MB':>9}{'fwd MB':>9}{'extra MB':>10}{'mem/fwd':>9}",
     ]
     for label, case in result["cases"].items():
         lines.append(
             f"{label:<14}{case['trainable_parameters']:>11}{case['step_seconds']:>9.4f}"
             f"{case['forward_seconds']:>9.4f}{case['time_over_forward']:>8.2f}"
             f"{case['step_peak_mb']:>9.1f}{case['forward_peak_mb']:>9.1f}"
+            f"{case['step_extra_mb']:>10.1f}"
             f"{case['memory_over_forward']:>9.3f}"
         )
     return "\n".join(lines)
