@@ -254,3 +254,27 @@ def test_dpgd_clipping_bounds_every_per_example_vector(sentiment_files, cache_di
     torch.testing.assert_close(coefficients[small], differences.double()[small])
     torch.testing.assert_close(vector_norms[~small], torch.full_like(vector_norms[~small], clip))
     assert bool((torch.sign(coefficients) == torch.sign(differences.double())).all())
+
+
+# --- privzo bench memory -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
+    from privzo.bench_memory import CASES
+    from privzo.cli import main
+
+    assert main(["bench", "memory", "--json", "--repeats", "1", "--cache-dir", str(cache_dir)]) == 0
+    result = json.loads(capfd.readouterr().out)  # the children print nothing to stdout
+    cases = result["cases"]
+    assert list(cases) == [label for label, _, _ in CASES]
+    for case in cases.values():
+        assert case["step_seconds"] > 0 and case["forward_seconds"] > 0
+        assert case["step_peak_mb"] > 0 and case["forward_peak_mb"] > 0
+    full = result["model"]["parameters"]
+    assert cases["dpgd-0th"]["trainable_parameters"] == full
+    # DPGD-0th holds a d-dimensional fp32 noise vector; DPZero noises one scalar
+    assert cases["dpgd-0th"]["step_extra_mb"] >= 0.8 * full * 4 / 2**20
+    assert cases["dpsgd-full"]["step_extra_mb"] > cases["dpzero"]["step_extra_mb"]
+    assert cases["dpsgd-lora"]["trainable_parameters"] < full
+    assert "dpsgd-bitfit" in result["table"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +147,11 @@ class FirstOrderLoop(BaselineLoop):
             if indices:
                 empty = False
                 per_example = self._per_example_loss(indices)
-                per_example.mean().backward()
+                with warnings.catch_warnings():
+                    # Opacus' full backward hooks on layers whose inputs need no gradient (the
+                    # first layers, frozen embeddings) fire on outputs; that is what they need.
+                    warnings.filterwarnings("ignore", "Full backward hook is firing")
+                    per_example.mean().backward()
                 self._fold_token_rows(len(indices))
                 losses.extend(per_example.detach().tolist())
             else:  # an empty Poisson batch: the step releases noise only
