@@ -174,6 +174,37 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
     assert "inner" not in " ".join(name for name, _ in context.model.named_parameters())
 
 
+def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
+    sentiment_files, cache_dir
+):
+    """An empty logical batch still takes the step: pure noise N(0, σ²C²) per coordinate,
+    divided by the expected batch size B, from Opacus' DPOptimizer with privzo's σ."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "optimizer.learning_rate=1.0",
+        "privacy.noise_multiplier=2.0",
+        "privacy.clip=0.5",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    parameters = trainable_parameters(context)
+    before = torch.cat([p.detach().flatten().clone() for p in parameters])
+    loop.start()
+    try:
+        loop._physical = iter([[]])  # the batch manager's view of an empty Poisson batch
+        losses, empty = loop._private_step()
+    finally:
+        loop.finish()
+    assert losses == [] and empty
+    step = torch.cat([p.detach().flatten() for p in parameters]) - before
+    expected_std = 1.0 * 2.0 * 0.5 / 8  # learning rate · σ · C / B
+    assert float(step.std()) == pytest.approx(expected_std, rel=0.05)  # 28k coordinates
+    assert abs(float(step.mean())) < 5 * expected_std / step.numel() ** 0.5
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
