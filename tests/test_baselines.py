@@ -82,6 +82,7 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
     assert [step for step, _ in record["history"]["epsilon_spent"]] == [4, 6]
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
     assert "train_loss" not in record["history"]  # private diagnostics stay off
+    assert {"summary.json", "config.yaml"} <= set(record["artifacts"])
 
 
 def test_dp_bitfit_changes_only_biases(tmp_path, sentiment_files, cache_dir):

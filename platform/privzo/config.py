@@ -211,7 +211,8 @@ class OptimizerConfig(_Section):
 
 class LmoConfig(_Section):
     """LMO-DP noise: Laplace(0, 1/R)·σC with R drawn from a weighted mixture of Gamma(shape,
-    scale), Exponential(rate) and Uniform(low, high) (privzo.privacy.mechanisms.LmoMechanism)."""
+    scale), Exponential(rate) and Uniform(low, high) (privzo.privacy.mechanisms.LmoMechanism).
+    The defaults are illustrative, not values from the LMO-DP paper."""
 
     weights: list[float] = Field(
         default_factory=lambda: [0.4, 0.3, 0.3],
