@@ -230,9 +230,17 @@ def test_calibrate_does_not_search_below_the_noise_floor():
 
 
 def test_mechanism_registry_and_names():
-    assert set(MECHANISMS) == {"gaussian", "laplace"}
+    assert set(MECHANISMS) == {"gaussian", "laplace", "lmo"}
+    lmo = {
+        "weights": [0.4, 0.3, 0.3],
+        "gamma_shape": 3.0,
+        "gamma_scale": 0.5,
+        "exponential_rate": 1.0,
+        "uniform_low": 0.5,
+        "uniform_high": 1.5,
+    }
     for name, cls in MECHANISMS.items():
-        mechanism = get_mechanism(name)
+        mechanism = get_mechanism(name, **(lmo if name == "lmo" else {}))
         assert isinstance(mechanism, cls)
         assert mechanism.name == name
     assert get_mechanism("gaussian") is not get_mechanism("gaussian")
@@ -481,9 +489,11 @@ def test_calibrate_validation(override, match):
 
 
 def test_registry_lookup_errors_and_ledger_validation():
-    assert set(ACCOUNTANTS) == {"pld", "rdp", "pure"}
+    assert set(ACCOUNTANTS) == {"pld", "rdp", "pure", "numeric"}
     assert get_accountant("pld").name == "pld"
-    with pytest.raises(ValueError, match=r"accountant='x' is unknown; allowed: \['pld', 'pure'"):
+    with pytest.raises(
+        ValueError, match=r"accountant='x' is unknown; allowed: \['numeric', 'pld', 'pure'"
+    ):
         get_accountant("x")
     accountant = make_accountant("pld", "gaussian", 1.0, 0.01)
     with pytest.raises(ValueError, match=r"epsilon_budget=0"):

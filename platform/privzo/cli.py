@@ -97,7 +97,7 @@ def _privacy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset-size", type=int)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--mechanism", choices=("gaussian", "laplace"), default="gaussian")
-    parser.add_argument("--accountant", choices=("pld", "rdp", "pure"), default="pld")
+    parser.add_argument("--accountant", choices=("pld", "rdp", "pure", "numeric"), default="pld")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -170,6 +170,16 @@ def _bench_command(args: argparse.Namespace) -> int:
     from privzo.bench import zo_step_benchmark
 
     result = zo_step_benchmark(repeats=args.repeats, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else result["table"])
+    return 0
+
+
+def _bench_memory_command(args: argparse.Namespace) -> int:
+    from privzo.bench_memory import memory_benchmark
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats}: allowed: 1 or more")
+    result = memory_benchmark(args.cache_dir, repeats=args.repeats, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
 
@@ -341,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     zo_step.add_argument("--json", action="store_true")
     zo_step.add_argument("--repeats", type=int, default=5)
     zo_step.set_defaults(handler=_bench_command)
+    memory = bench_commands.add_parser(
+        "memory", help="time and peak memory per step of every algorithm vs inference"
+    )
+    memory.add_argument("--json", action="store_true")
+    memory.add_argument("--repeats", type=int, default=3)
+    _add_cache_dir(memory)
+    memory.set_defaults(handler=_bench_memory_command)
 
     planner = commands.add_parser(
         "plan", help="memory per GPU and strategy (replica / zero3) for an OPT size"

@@ -15,10 +15,25 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")
-PRIVATE_ALGORITHMS = ("dpzero", "dpzo-laplace")
-# The scalar mechanism each private zeroth-order algorithm uses.
-ALGORITHM_MECHANISM = {"dpzero": "gaussian", "dpzo-laplace": "laplace"}
+ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th")
+PRIVATE_ALGORITHMS = ("dpzero", "dpzo-laplace", "dpsgd", "dpgd-0th")
+# The mechanism each private algorithm uses unless privacy.mechanism picks another.
+ALGORITHM_MECHANISM = {
+    "dpzero": "gaussian",
+    "dpzo-laplace": "laplace",
+    "dpsgd": "gaussian",
+    "dpgd-0th": "gaussian",
+}
+# First-order baselines (privzo.baselines): back-propagation, no trajectory.
+FIRST_ORDER_ALGORITHMS = ("dpsgd", "adamw")
+# Algorithms that add d-dimensional Gaussian noise: no other mechanism is implemented for them.
+VECTOR_NOISE_ALGORITHMS = ("dpsgd", "dpgd-0th")
+# Which accountants can bound which scalar mechanism (privzo.privacy.accounting.ACCOUNTANTS).
+MECHANISM_ACCOUNTANTS = {
+    "gaussian": ("pld", "rdp", "numeric"),
+    "laplace": ("pld", "pure", "numeric"),
+    "lmo": ("numeric",),
+}
 
 
 class ConfigError(ValueError):
@@ -147,8 +162,23 @@ def template_fields(template: str) -> list[str]:
     return [name for name in dict.fromkeys(names) if name != "mask"]
 
 
+class FirstOrderConfig(_Section):
+    """Options of the first-order baselines (dpsgd, adamw); zeroth-order runs ignore them."""
+
+    update_rule: Literal["sgd", "adamw"] | None = Field(
+        None, description="null = sgd for dpsgd (DP-SGD), adamw for adamw."
+    )
+    weight_decay: float = Field(0.0, ge=0)
+    physical_batch_size: int = Field(
+        16,
+        ge=1,
+        description="Most examples per forward/backward; larger logical batches are "
+        "split (Opacus' BatchMemoryManager for dpsgd).",
+    )
+
+
 class OptimizerConfig(_Section):
-    """The zeroth-order algorithm and its schedule."""
+    """The training algorithm and its schedule."""
 
     algorithm: str = "dpzero"
     steps: int = Field(500, gt=0)
@@ -158,6 +188,13 @@ class OptimizerConfig(_Section):
     direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
     batch_size: int = Field(16, ge=1, description="Expected batch size (Poisson: p·N).")
     eval_batch_size: int = Field(64, ge=1)
+    first_order: FirstOrderConfig = Field(default_factory=FirstOrderConfig)
+    dpgd_max_parameters: int = Field(
+        50_000_000,
+        ge=1,
+        description="dpgd-0th refuses more trainable parameters than this: it holds a "
+        "d-dimensional noise vector (one extra copy of the trainable weights).",
+    )
 
     @model_validator(mode="after")
     def _known_algorithm(self) -> OptimizerConfig:
@@ -172,6 +209,38 @@ class OptimizerConfig(_Section):
         return self.algorithm in PRIVATE_ALGORITHMS
 
 
+class LmoConfig(_Section):
+    """LMO-DP noise: Laplace(0, 1/R)·σC with R drawn from a weighted mixture of Gamma(shape,
+    scale), Exponential(rate) and Uniform(low, high) (privzo.privacy.mechanisms.LmoMechanism).
+    The defaults are illustrative, not values from the LMO-DP paper."""
+
+    weights: list[float] = Field(
+        default_factory=lambda: [0.4, 0.3, 0.3],
+        description="Mixture weights of the Gamma, Exponential and Uniform parts (sum to 1).",
+    )
+    gamma_shape: float = Field(3.0, gt=0)
+    gamma_scale: float = Field(0.5, gt=0)
+    exponential_rate: float = Field(1.0, gt=0)
+    uniform_low: float = Field(0.5, gt=0)
+    uniform_high: float = Field(1.5, gt=0)
+
+    @model_validator(mode="after")
+    def _valid_mixture(self) -> LmoConfig:
+        if len(self.weights) != 3 or any(w < 0 for w in self.weights):
+            raise ValueError(
+                f"privacy.lmo.weights={self.weights}: three non-negative weights (Gamma, "
+                "Exponential, Uniform) are required"
+            )
+        if abs(sum(self.weights) - 1.0) > 1e-9:
+            raise ValueError(f"privacy.lmo.weights={self.weights} must sum to 1")
+        if self.uniform_high <= self.uniform_low:
+            raise ValueError(
+                f"privacy.lmo.uniform_high={self.uniform_high} must exceed "
+                f"uniform_low={self.uniform_low}"
+            )
+        return self
+
+
 class PrivacyConfig(_Section):
     """The target guarantee and how it is met and accounted."""
 
@@ -181,9 +250,15 @@ class PrivacyConfig(_Section):
     noise_multiplier: float | None = Field(
         None, gt=0, description="Fixed σ; when null, σ is calibrated to (epsilon, delta)."
     )
-    accountant: Literal["pld", "rdp", "pure"] = "pld"
+    accountant: Literal["pld", "rdp", "pure", "numeric"] = "pld"
     sampler: Literal["poisson", "shuffle"] = "poisson"
     adjacency: Literal["add-remove"] = "add-remove"
+    mechanism: Literal["gaussian", "laplace", "lmo"] | None = Field(
+        None,
+        description="The scalar noise of a zeroth-order private run; null = the algorithm's "
+        "(dpzero: gaussian, dpzo-laplace: laplace). 'lmo' needs accountant 'numeric'.",
+    )
+    lmo: LmoConfig = Field(default_factory=LmoConfig)
 
 
 class ParallelConfig(_Section):
@@ -223,9 +298,10 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _private_settings_consistent(self) -> RunConfig:
+        _check_baseline_settings(self)
         if not self.optimizer.is_private:
             return self
-        mechanism = ALGORITHM_MECHANISM[self.optimizer.algorithm]
+        mechanism = self.mechanism
         if self.privacy.sampler != "poisson":
             raise ValueError(
                 f"privacy.sampler={self.privacy.sampler!r} with a private algorithm: the "
@@ -245,11 +321,44 @@ class RunConfig(_Section):
             raise ValueError(
                 f"privacy.delta={self.privacy.delta}: approximate DP needs 0 < delta < 1"
             )
+        if self.privacy.accountant not in MECHANISM_ACCOUNTANTS[mechanism]:
+            raise ValueError(
+                f"privacy.accountant={self.privacy.accountant!r} cannot account the "
+                f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
+            )
         return self
 
     @property
     def mechanism(self) -> str | None:
-        return ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+        if not self.optimizer.is_private:
+            return None
+        return self.privacy.mechanism or ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+
+
+def _check_baseline_settings(config: RunConfig) -> None:
+    """Rules of the baselines and the mechanism registry (the per-accountant rules follow)."""
+    algorithm, privacy = config.optimizer.algorithm, config.privacy
+    if not config.optimizer.is_private and privacy.mechanism is not None:
+        raise ValueError(
+            f"privacy.mechanism={privacy.mechanism!r} with optimizer.algorithm={algorithm!r}: a "
+            "non-private algorithm adds no noise; remove privacy.mechanism (null)"
+        )
+    if algorithm == "adamw" and privacy.noise_multiplier is not None:
+        raise ValueError(
+            f"privacy.noise_multiplier={privacy.noise_multiplier} with optimizer.algorithm="
+            "'adamw': the non-private baseline adds no noise; use 'dpsgd' or remove it"
+        )
+    if algorithm in FIRST_ORDER_ALGORITHMS and config.model.trainable == "prefix":
+        raise ValueError(
+            f"model.trainable='prefix' with optimizer.algorithm={algorithm!r}: the first-order "
+            "baselines support the views 'full', 'lora' and 'bitfit'"
+        )
+    mechanism = config.mechanism
+    if algorithm in VECTOR_NOISE_ALGORITHMS and mechanism != "gaussian":
+        raise ValueError(
+            f"privacy.mechanism={mechanism!r} with optimizer.algorithm={algorithm!r}: its "
+            "d-dimensional noise is Gaussian; allowed: 'gaussian' (or null)"
+        )
 
 
 def _parse_scalar(text: str) -> Any:

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.baselines.dpgd import check_dpgd_size
+from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, dump_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import (
     LoadedModel,
@@ -73,6 +74,7 @@ class PrivacyPlan:
     delta: float | None = None
     mechanism: str | None = None
     accountant: str | None = None
+    noise_parameters: dict[str, Any] | None = None  # a parametrised mechanism's (lmo)
 
 
 def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
@@ -93,6 +95,7 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         delta=privacy.delta,
         mechanism=config.mechanism,
         accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
     )
     noise_multiplier = privacy.noise_multiplier
     try:
@@ -114,7 +117,15 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         delta=privacy.delta,
         mechanism=config.mechanism,
         accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
     )
+
+
+def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
+    """The configured parameters of a parametrised mechanism (lmo), else None."""
+    if config.mechanism != "lmo":
+        return None
+    return config.privacy.lmo.model_dump(mode="json")
 
 
 RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
@@ -220,6 +231,7 @@ def run(
     check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
     context.hooks = hooks or RunHooks()
+    check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     prepare_output_dir(output_dir)
     (output_dir / CONFIG_FILE).write_text(dump_config(config))
@@ -229,7 +241,8 @@ def run(
         tracker.log_params(params)
         summary = _train_and_evaluate(context, tracker, output_dir, progress)
         for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
-            tracker.log_artifact(output_dir / name)
+            if (output_dir / name).exists():  # first-order baselines write no trajectory
+                tracker.log_artifact(output_dir / name)
     return summary
 
 
@@ -293,20 +306,21 @@ def _train_and_evaluate(
     before = evaluate() if config.eval_before else None
     if before is not None:
         tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
-    loop = TrainingLoop(context, tracker, memory)
+    loop = make_loop(context, tracker, memory)
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not loop.private)
     try:
         loop.run(recorder, progress)
     finally:  # a failed run keeps the steps it made
-        recorder.write(output_dir / TRAJECTORY_FILE)
+        if loop.records_trajectory:
+            recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
     validation = _validation_metrics(context, loop)
     if loop.nonfinite:  # on the operator's console only: the count is data-dependent
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
-    if config.save_model:
+    if config.save_model or not loop.records_trajectory:  # no trajectory: save the weights
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = _summary(context, loop, tracker, before, after, started)
@@ -362,8 +376,24 @@ def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
     )
 
 
+def make_loop(context: RunContext, tracker: Tracker, memory: PeakMemory) -> Any:
+    """The loop of the algorithm's family: zeroth-order (``TrainingLoop``) or a baseline."""
+    algorithm = context.config.optimizer.algorithm
+    if algorithm in FIRST_ORDER_ALGORITHMS:
+        from privzo.baselines.first_order import FirstOrderLoop
+
+        return FirstOrderLoop(context, tracker, memory)
+    if algorithm == "dpgd-0th":
+        from privzo.baselines.dpgd import DpgdLoop
+
+        return DpgdLoop(context, tracker, memory)
+    return TrainingLoop(context, tracker, memory)
+
+
 class TrainingLoop:
     """Samples, steps, accounts and logs; holds the per-run state the step function does not."""
+
+    records_trajectory = True
 
     def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
         self.context = context
@@ -474,6 +504,7 @@ def _make_estimator(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
         clip=config.privacy.clip,
         noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.expected_batch_size,
+        noise_parameters=plan.noise_parameters,
     )
 
 
@@ -481,8 +512,9 @@ def _make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
     if not plan.private:
         return None
     assert plan.mechanism and plan.accountant and plan.noise_multiplier and plan.delta is not None
+    options = {"noise_parameters": plan.noise_parameters} if plan.noise_parameters else {}
     accountant = make_accountant(
-        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate
+        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate, **options
     )
     return BudgetLedger(accountant, config.privacy.epsilon, plan.delta)
 
@@ -517,6 +549,7 @@ def _summary(
         "delta": plan.delta,
         "noise_multiplier": plan.noise_multiplier,
         "mechanism": plan.mechanism,
+        "mechanism_parameters": plan.noise_parameters,
         "accountant": plan.accountant,
         "sample_rate": plan.sample_rate,
         "expected_batch_size": plan.expected_batch_size,

@@ -30,6 +30,7 @@ from privzo.privacy.mechanisms import (
     SecretGenerator,
     get_mechanism,
 )
+from privzo.privacy.numeric import NumericAccountant  # registers the 'numeric' accountant
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "GaussianMechanism",
     "LaplaceMechanism",
     "Mechanism",
+    "NumericAccountant",
     "PldAccountant",
     "PoissonSampler",
     "PureLaplaceAccountant",

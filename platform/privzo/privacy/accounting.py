@@ -57,7 +57,7 @@ __all__ = [
     "make_accountant",
 ]
 
-MECHANISM_NAMES: tuple[str, ...] = ("gaussian", "laplace")
+MECHANISM_NAMES: tuple[str, ...] = ("gaussian", "laplace", "lmo")
 PLD_VALUE_DISCRETIZATION = 1e-4
 # Calibration searches σ in [MIN, MAX]: above MAX the target is called unattainable; below MIN
 # the PLD of one step gets so wide that each evaluation takes tens of seconds.
@@ -445,7 +445,11 @@ def accountant_from_state(state: dict[str, Any]) -> Accountant:
     missing = {"name", "mechanism", "noise_multiplier", "sample_rate", "steps"} - set(state)
     if missing:
         raise ValueError(f"accountant state is missing {sorted(missing)}; got keys {sorted(state)}")
-    options = {key: state[key] for key in ("value_discretization_interval",) if key in state}
+    options = {
+        key: state[key]
+        for key in ("value_discretization_interval", "noise_parameters")
+        if state.get(key) is not None
+    }
     accountant = make_accountant(
         state["name"],
         state["mechanism"],
@@ -468,12 +472,17 @@ def compute_epsilon(
     delta: float,
     mechanism: str = "gaussian",
     accountant: str = "pld",
+    noise_parameters: dict[str, Any] | None = None,
 ) -> float:
-    """ε of ``steps`` steps at noise multiplier σ and sampling rate p, at ``delta``."""
+    """ε of ``steps`` steps at noise multiplier σ and sampling rate p, at ``delta``.
+
+    ``noise_parameters``: a parametrised mechanism's settings (lmo), for the numeric accountant.
+    """
     steps = check_count("steps", steps, 1)
-    return make_accountant(accountant, mechanism, noise_multiplier, sample_rate).epsilon_at(
-        steps, delta
-    )
+    options = {"noise_parameters": noise_parameters} if noise_parameters else {}
+    return make_accountant(
+        accountant, mechanism, noise_multiplier, sample_rate, **options
+    ).epsilon_at(steps, delta)
 
 
 def calibrate_noise_multiplier(
@@ -484,6 +493,7 @@ def calibrate_noise_multiplier(
     steps: int,
     mechanism: str = "gaussian",
     accountant: str = "pld",
+    noise_parameters: dict[str, Any] | None = None,
 ) -> float:
     """The smallest σ (within ``CALIBRATION_RTOL``) for which ``steps`` steps cost ≤ ``epsilon``.
 
@@ -503,9 +513,15 @@ def calibrate_noise_multiplier(
             f"is met even at noise_multiplier=0: an example is sampled at all with probability "
             f"{ever_sampled:.3g} <= delta, so no σ is pinned down; tighten delta"
         )
+    options = {"noise_parameters": noise_parameters} if noise_parameters else {}
     return float(
         cls.calibrate(
-            epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps, mechanism=mechanism
+            epsilon=epsilon,
+            delta=delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            mechanism=mechanism,
+            **options,
         )
     )
 

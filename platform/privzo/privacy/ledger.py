@@ -96,6 +96,7 @@ def check_feasible(
     delta: float,
     mechanism: str = "gaussian",
     accountant: str = "pld",
+    noise_parameters: dict | None = None,
 ) -> float:
     """ε of the planned run; ValueError before any training if it would exceed ``epsilon``."""
     epsilon = check_positive("epsilon", epsilon)
@@ -107,6 +108,7 @@ def check_feasible(
         delta=delta,
         mechanism=mechanism,
         accountant=accountant,
+        noise_parameters=noise_parameters,
     )
     if not _within(spent, epsilon):
         raise ValueError(

@@ -20,6 +20,7 @@ __all__ = [
     "MECHANISMS",
     "GaussianMechanism",
     "LaplaceMechanism",
+    "LmoMechanism",
     "Mechanism",
     "SecretGenerator",
     "get_mechanism",
@@ -44,6 +45,15 @@ class SecretGenerator:
     def laplace(self, scale: float) -> float:
         """One draw from Laplace(0, b=scale)."""
         return float(self._rng.laplace(0.0, scale))
+
+    def gamma(self, shape: float, scale: float) -> float:
+        return float(self._rng.gamma(shape, scale))
+
+    def exponential(self, scale: float) -> float:
+        return float(self._rng.exponential(scale))
+
+    def uniform_between(self, low: float, high: float) -> float:
+        return float(self._rng.uniform(low, high))
 
     def uniform(self, size: int) -> np.ndarray:
         """``size`` independent draws from U[0, 1)."""
@@ -113,16 +123,91 @@ class LaplaceMechanism(Mechanism):
         return 2.0 * _check_scale(scale) ** 2
 
 
+class LmoMechanism(Mechanism):
+    """LMO-DP noise: Laplace(0, scale/R), R drawn per release from a weighted mixture of
+    Gamma(gamma_shape, gamma_scale), Exponential(rate) and Uniform(low, high).
+
+    The random inverse scale R is part of the noise (secret, from the same generator); the
+    numeric accountant (privzo.privacy.numeric) accounts the resulting heavy-tailed mixture.
+    """
+
+    name: ClassVar[str] = "lmo"
+
+    def __init__(
+        self,
+        weights: list[float],
+        gamma_shape: float,
+        gamma_scale: float,
+        exponential_rate: float,
+        uniform_low: float,
+        uniform_high: float,
+    ) -> None:
+        super().__init__()
+        if len(weights) != 3 or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
+            raise ValueError(f"weights={weights!r}: three non-negative weights summing to 1")
+        for label, value in (
+            ("gamma_shape", gamma_shape),
+            ("gamma_scale", gamma_scale),
+            ("exponential_rate", exponential_rate),
+            ("uniform_low", uniform_low),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{label}={value!r} must be a positive finite number")
+        if not uniform_high > uniform_low:
+            raise ValueError(f"uniform_high={uniform_high} must exceed uniform_low={uniform_low}")
+        self.weights = [float(w) for w in weights]
+        self.gamma_shape, self.gamma_scale = float(gamma_shape), float(gamma_scale)
+        self.exponential_rate = float(exponential_rate)
+        self.uniform_low, self.uniform_high = float(uniform_low), float(uniform_high)
+
+    def draw_inverse_scale(self) -> float:
+        """One R from the mixture."""
+        pick = float(self._generator.uniform(1)[0])
+        if pick < self.weights[0]:
+            return self._generator.gamma(self.gamma_shape, self.gamma_scale)
+        if pick < self.weights[0] + self.weights[1]:
+            return self._generator.exponential(1.0 / self.exponential_rate)
+        return self._generator.uniform_between(self.uniform_low, self.uniform_high)
+
+    def _draw(self, scale: float) -> float:
+        return self._generator.laplace(scale / self.draw_inverse_scale())
+
+    def variance(self, scale: float) -> float:
+        """scale²·2·E[1/R²]: infinite when any part with weight > 0 has E[1/R²] = ∞
+        (the Exponential always; Gamma with shape ≤ 2)."""
+        scale = _check_scale(scale)
+        w_gamma, w_exp, w_uniform = self.weights
+        if w_exp > 0 or (w_gamma > 0 and self.gamma_shape <= 2):
+            return math.inf
+        inverse_square = w_uniform / (self.uniform_low * self.uniform_high)
+        if w_gamma > 0:
+            k, theta = self.gamma_shape, self.gamma_scale
+            inverse_square += w_gamma / (theta**2 * (k - 1) * (k - 2))
+        return 2.0 * scale**2 * inverse_square
+
+
 MECHANISMS: dict[str, type[Mechanism]] = {
     GaussianMechanism.name: GaussianMechanism,
     LaplaceMechanism.name: LaplaceMechanism,
+    LmoMechanism.name: LmoMechanism,
 }
 
 
-def get_mechanism(name: str) -> Mechanism:
-    """A fresh instance (with its own secret generator) of the mechanism called ``name``."""
+def get_mechanism(name: str, **parameters: Any) -> Mechanism:
+    """A fresh instance (with its own secret generator) of the mechanism called ``name``;
+    ``parameters`` configure a parametrised mechanism (lmo)."""
     try:
         cls = MECHANISMS[name]
     except (KeyError, TypeError):
         raise ValueError(f"mechanism={name!r} is unknown; allowed: {sorted(MECHANISMS)}") from None
-    return cls()
+    return cls(**parameters)
+
+
+def secret_torch_generator(device: str | object = "cpu") -> Any:
+    """A torch generator seeded with 63 bits from ``secrets``, for vector noise (DP-SGD,
+    DPGD-0th) drawn with torch on the weights' device. Never seeded from anything logged."""
+    import torch  # local: the scalar mechanisms above need only numpy
+
+    generator = torch.Generator(device=device)  # type: ignore[arg-type]
+    generator.manual_seed(secrets.randbits(63))
+    return generator

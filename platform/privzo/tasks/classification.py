@@ -8,7 +8,9 @@ forward pass per batch, and the vocabulary projection runs only at that position
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,6 +218,25 @@ def no_cache(model: torch.nn.Module) -> dict[str, bool]:
     return {"use_cache": False} if getattr(config, "use_cache", None) is not None else {}
 
 
+_DIFFERENTIABLE = contextvars.ContextVar("privzo_differentiable_scoring", default=False)
+
+
+@contextlib.contextmanager
+def differentiable_scoring() -> Iterator[None]:
+    """Score with autograd on inside this block: the first-order baselines back-propagate
+    through the task's per-example loss; zeroth-order scoring stays in inference mode."""
+    token = _DIFFERENTIABLE.set(True)
+    try:
+        yield
+    finally:
+        _DIFFERENTIABLE.reset(token)
+
+
+def scoring_mode() -> contextlib.AbstractContextManager:
+    """Inference mode (no autograd state kept) unless inside ``differentiable_scoring``."""
+    return contextlib.nullcontext() if _DIFFERENTIABLE.get() else torch.inference_mode()
+
+
 def score_label_logits(
     model: PreTrainedModel, batch: Batch, label_token_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -230,7 +251,7 @@ def score_label_logits(
     positions = batch.positions.to(device)
     rows = torch.arange(len(positions), device=device)
     head = _vocabulary_head(model)
-    with torch.inference_mode():
+    with scoring_mode():
         if head is None:
             logits = model(
                 input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
@@ -267,7 +288,7 @@ def score_candidates(
     for index, sequence in enumerate(sequences):
         input_ids[index, : len(sequence)] = torch.tensor(sequence)
         attention_mask[index, : len(sequence)] = 1
-    with torch.inference_mode():
+    with scoring_mode():
         logits = model(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),

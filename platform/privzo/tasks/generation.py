@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, template_fields
-from privzo.tasks.classification import _vocabulary_head, no_cache
+from privzo.tasks.classification import _vocabulary_head, no_cache, scoring_mode
 from privzo.tasks.data import Row
 from privzo.tasks.metrics import mean_exact_match, mean_f1
 
@@ -372,7 +372,7 @@ def _logits_at(
     forward pass; the vocabulary projection runs only there when the model exposes its head,
     which for a long passage and a short answer is most of the logits' memory."""
     head = _vocabulary_head(model)
-    with torch.inference_mode():
+    with scoring_mode():
         if head is None:
             logits = model(
                 input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)

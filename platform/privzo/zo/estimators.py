@@ -68,10 +68,11 @@ class PrivateEstimator(GradientEstimator):
         clip: float,
         noise_multiplier: float,
         expected_batch_size: float,
+        noise_parameters: dict | None = None,
     ) -> None:
         if clip <= 0 or noise_multiplier <= 0 or expected_batch_size <= 0:
             raise ValueError("clip, noise_multiplier and expected_batch_size must be positive")
-        self.mechanism = get_mechanism(mechanism)
+        self.mechanism = get_mechanism(mechanism, **(noise_parameters or {}))
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
@@ -102,6 +103,7 @@ def make_estimator(
     clip: float | None = None,
     noise_multiplier: float | None = None,
     expected_batch_size: float | None = None,
+    noise_parameters: dict | None = None,
 ) -> GradientEstimator:
     """The estimator registered for ``algorithm`` ('mezo', 'dpzero', 'dpzo-laplace')."""
     if algorithm not in ESTIMATORS:
@@ -110,7 +112,11 @@ def make_estimator(
         return MeanEstimator()
     assert clip is not None and noise_multiplier is not None and expected_batch_size is not None
     return PrivateEstimator(
-        mechanism or ALGORITHM_MECHANISM[algorithm], clip, noise_multiplier, expected_batch_size
+        mechanism or ALGORITHM_MECHANISM[algorithm],
+        clip,
+        noise_multiplier,
+        expected_batch_size,
+        noise_parameters,
     )
 
 

@@ -1,0 +1,329 @@
+"""First-order baselines: ``dpsgd`` (Opacus) and ``adamw`` (non-private), on any PEFT view.
+
+``dpsgd`` is DP-SGD on the view's trainable tensors: full (DP-SGD), lora (DP-LoRA) or bitfit
+(DP-BiTFiT). Privacy matches the zeroth-order runs exactly: privzo's own Poisson sampler
+(secret generator) draws each logical batch, privzo's accountant calibrates σ for
+(ε, δ, q = B/N, T) and books each window, and Opacus' ``DPOptimizer`` clips every per-example
+gradient to ``privacy.clip`` (C), adds N(0, σ²C²) to the sum with a secret generator and
+divides by the expected batch size B. So one step is the Poisson-subsampled Gaussian mechanism
+with sensitivity C under add/remove adjacency, the event the zeroth-order accountants compose:
+a ``dpsgd`` and a ``dpzero`` run at the same (ε, δ, q, T) get the same σ.
+
+Logical batches larger than ``optimizer.first_order.physical_batch_size`` are split by Opacus'
+``BatchMemoryManager`` (the optimizer steps only at the end of the logical batch).
+
+The loss is the task's per-example loss (the one the zeroth-order runs difference), scored with
+autograd on. Dropout stays off as in the zeroth-order runs, so both optimise the same function:
+only the layers that own trainable tensors are put in training mode, which is what Opacus needs
+to capture their activations (Linear, Embedding and LayerNorm carry no dropout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from privzo.baselines.loop import BaselineLoop, BaselineStep, trainable_parameters
+from privzo.memory import PeakMemory
+from privzo.privacy.mechanisms import secret_torch_generator
+from privzo.privacy.sampling import Sampler
+from privzo.tasks.classification import differentiable_scoring
+from privzo.tracking import Tracker
+
+if TYPE_CHECKING:
+    from privzo.run import RunContext
+
+
+class FirstOrderLoop(BaselineLoop):
+    """Back-propagation steps on the view's trainable tensors (private with Opacus or not)."""
+
+    def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
+        super().__init__(context, tracker, memory)
+        first_order = context.config.optimizer.first_order
+        self.physical_batch_size = first_order.physical_batch_size
+        self.parameters = trainable_parameters(context)
+        self._cleanup = contextlib.ExitStack()
+        self.optimizer: Any = None
+        self._physical: Iterator[list[int]] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.context.config
+        for parameter in self.parameters:
+            parameter.requires_grad_(True)
+        self._cleanup.callback(self._freeze)
+        update_rule = _update_rule(config)
+        self.optimizer = update_rule(
+            self.parameters, lr=config.optimizer.learning_rate, **_update_options(config)
+        )
+        if self.private:
+            self._start_private()
+
+    def _start_private(self) -> None:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+        from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+        config, plan = self.context.config, self.context.plan
+        model = self.context.model
+        self._cleanup.enter_context(opacus_compatible_positions(model))
+        self._cleanup.enter_context(example_major_mlp_rows(model))
+        grad_samples = GradSampleModule(model, loss_reduction="mean")
+        self._cleanup.callback(grad_samples.remove_hooks)
+        self._cleanup.enter_context(parameter_layers_in_training_mode(model))
+        self.optimizer = DPOptimizer(
+            self.optimizer,
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=config.privacy.clip,
+            expected_batch_size=int(plan.expected_batch_size),
+            loss_reduction="mean",
+            generator=secret_torch_generator(self.context.loaded.device),
+        )
+        loader = torch.utils.data.DataLoader(
+            list(range(len(self.context.train))),
+            batch_sampler=LogicalBatches(self.sampler, config.optimizer.steps),
+            collate_fn=list,
+        )
+        manager = BatchMemoryManager(
+            data_loader=loader,
+            max_physical_batch_size=self.physical_batch_size,
+            optimizer=self.optimizer,
+        )
+        self._physical = iter(self._cleanup.enter_context(manager))
+
+    def finish(self) -> None:
+        self._cleanup.close()
+
+    def _freeze(self) -> None:
+        for parameter in self.parameters:
+            parameter.requires_grad_(False)
+            parameter.grad = None
+            for attribute in ("grad_sample", "summed_grad"):
+                if hasattr(parameter, attribute):
+                    delattr(parameter, attribute)
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def step(self, step: int) -> BaselineStep:
+        learning_rate = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        if self.private:
+            losses, empty = self._private_step()
+        else:
+            losses, empty = self._plain_step()
+        mean_loss = float(np.mean(losses)) if losses else math.nan
+        return BaselineStep(learning_rate, mean_loss, empty)
+
+    def _plain_step(self) -> tuple[list[float], bool]:
+        """Mean loss over the realised batch, accumulated over physical batches."""
+        indices = self.sampler.next_batch()
+        losses: list[float] = []
+        if len(indices):
+            chunks = math.ceil(len(indices) / self.physical_batch_size)
+            for chunk in np.array_split(indices, chunks):
+                per_example = self._per_example_loss(chunk.tolist())
+                (per_example.sum() / len(indices)).backward()
+                losses.extend(per_example.detach().tolist())
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return losses, not len(indices)
+
+    def _private_step(self) -> tuple[list[float], bool]:
+        """One logical Poisson batch: physical batches until Opacus takes the step."""
+        assert self._physical is not None
+        losses: list[float] = []
+        empty = True
+        while True:
+            indices = next(self._physical)
+            if indices:
+                empty = False
+                per_example = self._per_example_loss(indices)
+                with warnings.catch_warnings():
+                    # Opacus' full backward hooks on layers whose inputs need no gradient (the
+                    # first layers, frozen embeddings) fire on outputs; that is what they need.
+                    warnings.filterwarnings("ignore", "Full backward hook is firing")
+                    per_example.mean().backward()
+                self._fold_token_rows(len(indices))
+                losses.extend(per_example.detach().tolist())
+            else:  # an empty Poisson batch: the step releases noise only
+                self._empty_grad_samples()
+            self.optimizer.step()
+            skipped = self.optimizer._is_last_step_skipped  # Opacus: mid logical batch
+            self.optimizer.zero_grad(set_to_none=True)
+            if not skipped:
+                return losses, empty
+
+    def _per_example_loss(self, indices: list[int]) -> torch.Tensor:
+        context = self.context
+        batch = context.task.collate(context.train, indices)
+        with differentiable_scoring():
+            losses = context.task.per_example_loss(context.scoring_model, batch).float()
+        finite = torch.isfinite(losses)
+        self.nonfinite += int((~finite).sum())
+        return torch.where(finite, losses, torch.zeros_like(losses))
+
+    def _fold_token_rows(self, batch_size: int) -> None:
+        """Per-example gradients of layers that saw [B·L, H] rows (a flattened block that
+        ``example_major_mlp_rows`` does not cover): Opacus records one "sample" per token row,
+        ordered example-major, so the L rows of example b sum to its gradient. With
+        loss_reduction="mean" Opacus also rescaled those rows by B·L instead of B, which the
+        factor B / (B·L) undoes. Exact; a no-op when every layer saw B rows."""
+        for parameter in self.parameters:
+            grad_sample = parameter.grad_sample
+            rows = grad_sample.shape[0]
+            if rows != batch_size:
+                assert rows % batch_size == 0, f"{rows} gradient rows for {batch_size} examples"
+                folded = grad_sample.reshape(batch_size, rows // batch_size, *grad_sample.shape[1:])
+                parameter.grad_sample = folded.sum(dim=1) * (batch_size / rows)
+
+    def _empty_grad_samples(self) -> None:
+        """Zero per-example gradients of a batch of none, so Opacus noises a zero sum."""
+        for parameter in self.parameters:
+            parameter.grad_sample = parameter.new_zeros((0, *parameter.shape))
+
+
+class LogicalBatches(torch.utils.data.Sampler):
+    """``steps`` batches from a privzo sampler (Poisson, secret generator) for a DataLoader."""
+
+    def __init__(self, sampler: Sampler, steps: int) -> None:
+        self.sampler = sampler
+        self.steps = steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            yield self.sampler.next_batch().tolist()
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def _update_rule(config: Any) -> type[torch.optim.Optimizer]:
+    first_order = config.optimizer.first_order
+    name = first_order.update_rule or ("sgd" if config.optimizer.algorithm == "dpsgd" else "adamw")
+    return {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[name]
+
+
+def _update_options(config: Any) -> dict[str, float]:
+    return {"weight_decay": config.optimizer.first_order.weight_decay}
+
+
+@contextlib.contextmanager
+def parameter_layers_in_training_mode(model: nn.Module) -> Iterator[None]:
+    """Training mode only for modules that own trainable tensors (Opacus captures their
+    activations only then); the blocks around them keep dropout off. Restored on exit."""
+    changed = [
+        module
+        for module in model.modules()
+        if not module.training
+        and any(parameter.requires_grad for parameter in module.parameters(recurse=False))
+    ]
+    for module in changed:
+        module.training = True
+    try:
+        yield
+    finally:
+        for module in changed:
+            module.training = False
+
+
+class _PositionTable(nn.Module):
+    """OPT's learned positions as a plain ``nn.Embedding`` child, which Opacus supports.
+
+    OPT's ``OPTLearnedPositionalEmbedding`` subclasses ``nn.Embedding`` but is called with the
+    attention mask and an int, which Opacus' hooks cannot record; this computes the position
+    ids the same way and looks them up in the same weight tensor.
+    """
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.offset = original.offset
+        self.table = nn.Embedding(*original.weight.shape)
+        self.table.weight = original.weight  # the same Parameter: the optimizer updates it
+
+    def forward(
+        self,
+        attention_mask: torch.Tensor,
+        past_key_values_length: int = 0,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = torch.cumsum(attention_mask, dim=1)
+            position_ids = (position_ids * attention_mask - 1).long()
+            position_ids = position_ids[:, past_key_values_length:]
+        return self.table(position_ids + self.offset)
+
+
+@contextlib.contextmanager
+def opacus_compatible_positions(model: nn.Module) -> Iterator[None]:
+    """Swap OPT's positional embeddings for ``_PositionTable`` while Opacus trains."""
+    swapped = []
+    for parent in list(model.modules()):
+        original = getattr(parent, "embed_positions", None)
+        if type(original).__name__ == "OPTLearnedPositionalEmbedding":
+            table = _PositionTable(original)
+            table.train(original.training)
+            parent.embed_positions = table
+            swapped.append((parent, original))
+    try:
+        yield
+    finally:
+        for parent, original in swapped:
+            parent.embed_positions = original
+
+
+class _ExampleMajorRows(nn.Module):
+    """Gives a layer that OPT calls on flattened [B·L, H] rows a [B, L, H] view of them.
+
+    Opacus then records B per-example gradients of size |θ| instead of B·L per-row ones (for
+    an MLP that is L times less memory and time); the output is flattened back, so the block
+    computes exactly what it did.
+    """
+
+    def __init__(self, inner: nn.Module, shape: list[int]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.shape = shape  # [B, L] of the current forward, set by the layer's pre-hook
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        batch, length = self.shape
+        if rows.dim() != 2 or rows.shape[0] != batch * length:
+            return self.inner(rows)
+        out = self.inner(rows.view(batch, length, rows.shape[-1]))
+        return out.reshape(batch * length, out.shape[-1])
+
+
+@contextlib.contextmanager
+def example_major_mlp_rows(model: nn.Module) -> Iterator[None]:
+    """Wrap the MLP block layers of OPT decoder layers in ``_ExampleMajorRows`` while Opacus
+    trains; restored on exit (parameter objects never change)."""
+    swapped, handles = [], []
+    for layer in list(model.modules()):
+        if type(layer).__name__ != "OPTDecoderLayer":
+            continue
+        shape = [0, 0]
+
+        def record(_module: nn.Module, args: tuple, kwargs: dict, shape: list[int] = shape) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            shape[:] = hidden.shape[:2]
+
+        handles.append(layer.register_forward_pre_hook(record, with_kwargs=True))
+        for attribute in ("final_layer_norm", "fc1", "fc2"):
+            original = getattr(layer, attribute)
+            setattr(layer, attribute, _ExampleMajorRows(original, shape))
+            swapped.append((layer, attribute, original))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for layer, attribute, original in swapped:
+            setattr(layer, attribute, original)

@@ -1,0 +1,312 @@
+"""First-order baselines (real Opacus, real MLflow on sqlite) and DPGD-0th on tiny models."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.baselines.dpgd import clip_coefficients, direction_norm
+from privzo.baselines.first_order import FirstOrderLoop
+from privzo.baselines.loop import trainable_parameters
+from privzo.config import ConfigError, ModelConfig, load_config
+from privzo.memory import PeakMemory
+from privzo.models.loading import load_model
+from privzo.run import build_context, plan_privacy, run
+from privzo.tasks.classification import differentiable_scoring
+from privzo.tracking import NoopTracker, read_run
+from privzo.zo.directions import step_seed
+from privzo.zo.step import _estimate_differences
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=6",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=5e-2",
+            "optimizer.first_order.physical_batch_size=3",
+            "tracking.log_every=4",
+            "privacy.epsilon=3",
+            *extra,
+        ],
+    )
+
+
+def _base_weights(cache_dir: Path) -> dict[str, torch.Tensor]:
+    return load_model(ModelConfig(name_or_path="tiny-opt"), cache_dir).model.state_dict()
+
+
+def _changed(trained: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> set[str]:
+    return {name for name, tensor in trained.items() if not torch.equal(base[name], tensor)}
+
+
+@pytest.mark.parametrize("view", [pytest.param("full", marks=pytest.mark.slow), "bitfit", "lora"])
+def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
+    tmp_path, sentiment_files, cache_dir, view
+):
+    accountant = "pld" if view == "full" else "rdp"  # rdp calibrates in well under a second
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        f"model.trainable={view}",
+        f"privacy.accountant={accountant}",
+    )
+    output = tmp_path / "runs" / f"dpsgd-{view}"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+
+    assert summary["algorithm"] == "dpsgd" and summary["private"] is True
+    assert summary["accountant"] == accountant
+    assert summary["steps"] == 6 and summary["mechanism"] == "gaussian"
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
+    # the same (ε, δ, q, T) planned for dpzero gives the same σ
+    dpzero = _config(
+        *sentiment_files, "optimizer.algorithm=dpzero", f"privacy.accountant={accountant}"
+    )
+    assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
+    assert json.loads((output / "summary.json").read_text()) == summary
+    assert not (output / "trajectory.parquet").exists()  # no trajectory: the weights instead
+    assert (output / "model").is_dir()
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    assert record["params"]["optimizer.algorithm"] == "dpsgd"
+    assert [step for step, _ in record["history"]["epsilon_spent"]] == [4, 6]
+    assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
+    assert "train_loss" not in record["history"]  # private diagnostics stay off
+    assert {"summary.json", "config.yaml"} <= set(record["artifacts"])
+
+
+def test_dp_bitfit_changes_only_biases(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "model.trainable=bitfit",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    run(config, tmp_path / "bitfit", cache_dir=cache_dir, progress=False)
+    trained = load_file(tmp_path / "bitfit" / "model" / "model.safetensors")
+    changed = _changed(trained, _base_weights(cache_dir))
+    biases = {name for name in trained if name.endswith(".bias")}
+    assert changed and changed <= biases
+    assert len(changed) >= len(biases) // 2  # noise moves (almost) every bias
+
+
+def test_adamw_full_run_is_nonprivate_and_moves_every_tensor(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=adamw",
+        "privacy.sampler=shuffle",
+        "tracking.log_every=3",
+    )
+    output = tmp_path / "runs" / "adamw"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert summary["private"] is False and summary["epsilon"] is None
+    assert summary["noise_multiplier"] is None and summary["mechanism"] is None
+    trained = load_file(output / "model" / "model.safetensors")
+    assert _changed(trained, _base_weights(cache_dir)) == set(trained)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert [step for step, _ in record["history"]["train_loss"]] == [3, 6]
+
+
+def test_adamw_lora_trains_the_adapter_only(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=adamw",
+        "model.trainable=lora",
+        "tracking.backend=none",
+    )
+    summary = run(config, tmp_path / "lora", cache_dir=cache_dir, progress=False)
+    adapter = load_file(tmp_path / "lora" / "model" / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n)  # B left 0
+    assert summary["trainable_parameters"] == sum(t.numel() for t in adapter.values())
+
+
+@pytest.mark.parametrize("example_major", [True, False])
+def test_opacus_per_example_gradients_equal_autograd_per_example(
+    sentiment_files, cache_dir, monkeypatch, example_major
+):
+    """Opacus' per-example gradients are each example's own gradient, so clipping bounds what
+    every example contributes: with OPT's MLP rows fed example-major (the default), and with
+    the per-token rows folded back per example (the fallback for other flattened blocks)."""
+    from privzo.baselines import first_order
+
+    if not example_major:
+        monkeypatch.setattr(first_order, "example_major_mlp_rows", lambda model: nullcontext())
+    config = _config(*sentiment_files, "optimizer.algorithm=dpsgd", "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    parameters = trainable_parameters(context)
+    indices = [0, 5, 9]
+    batch = context.task.collate(context.train, indices)
+    for parameter in parameters:
+        parameter.requires_grad_(True)
+    with differentiable_scoring():
+        losses = context.task.per_example_loss(context.scoring_model, batch)
+    expected = [torch.autograd.grad(loss, parameters, retain_graph=True) for loss in losses]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    loop.start()
+    try:
+        loop._per_example_loss(indices).mean().backward()
+        rows = {parameter.grad_sample.shape[0] for parameter in parameters}
+        assert (rows == {3}) == example_major  # else OPT's flattened MLP gave B·L rows
+        loop._fold_token_rows(len(indices))
+        for parameter, *per_example in zip(parameters, *expected, strict=True):
+            for row, gradient in enumerate(per_example):
+                torch.testing.assert_close(
+                    parameter.grad_sample[row], gradient, atol=1e-5, rtol=1e-4
+                )
+    finally:
+        loop.finish()
+    assert all(not parameter.requires_grad for parameter in parameters)
+    assert "inner" not in " ".join(name for name, _ in context.model.named_parameters())
+
+
+def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
+    sentiment_files, cache_dir
+):
+    """An empty logical batch still takes the step: pure noise N(0, σ²C²) per coordinate,
+    divided by the expected batch size B, from Opacus' DPOptimizer with privzo's σ."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "optimizer.learning_rate=1.0",
+        "privacy.noise_multiplier=2.0",
+        "privacy.clip=0.5",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    parameters = trainable_parameters(context)
+    before = torch.cat([p.detach().flatten().clone() for p in parameters])
+    loop.start()
+    try:
+        loop._physical = iter([[]])  # the batch manager's view of an empty Poisson batch
+        losses, empty = loop._private_step()
+    finally:
+        loop.finish()
+    assert losses == [] and empty
+    step = torch.cat([p.detach().flatten() for p in parameters]) - before
+    expected_std = 1.0 * 2.0 * 0.5 / 8  # learning rate · σ · C / B
+    assert float(step.std()) == pytest.approx(expected_std, rel=0.05)  # 28k coordinates
+    assert abs(float(step.mean())) < 5 * expected_std / step.numel() ** 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["optimizer.algorithm=dpsgd", "model.trainable=prefix"], "model.trainable"),
+        (["optimizer.algorithm=adamw", "privacy.noise_multiplier=1.0"], "privacy.noise_multiplier"),
+        (["optimizer.algorithm=dpsgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
+        (["optimizer.algorithm=adamw", "privacy.mechanism=gaussian"], "privacy.mechanism"),
+        (["optimizer.algorithm=dpsgd", "privacy.sampler=shuffle"], "privacy.sampler"),
+        (["optimizer.first_order.physical_batch_size=0"], "physical_batch_size"),
+    ],
+)
+def test_bad_baseline_settings_fail_at_load(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, overrides)
+
+
+# --- DPGD-0th ------------------------------------------------------------------------------
+
+
+def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_files, cache_dir):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "optimizer.learning_rate=1e-3",
+        "privacy.accountant=rdp",
+    )
+    output = tmp_path / "runs" / "dpgd"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert summary["algorithm"] == "dpgd-0th" and summary["steps"] == 6
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
+    dpzero = _config(*sentiment_files, "optimizer.algorithm=dpzero", "privacy.accountant=rdp")
+    assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
+    assert not (output / "trajectory.parquet").exists()
+    trained = load_file(output / "model" / "model.safetensors")
+    assert _changed(trained, _base_weights(cache_dir)) == set(trained)  # d-dimensional noise
+
+
+def test_dpgd_refuses_a_model_above_the_size_cap_before_writing(
+    tmp_path, sentiment_files, cache_dir
+):
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "optimizer.dpgd_max_parameters=1000",
+        "privacy.accountant=rdp",
+    )
+    with pytest.raises(ConfigError, match="dpgd_max_parameters=1000"):
+        run(config, tmp_path / "too-big", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "too-big").exists()
+
+
+def test_dpgd_clipping_bounds_every_per_example_vector(sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "optimizer.algorithm=dpgd-0th", "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    perturber, seed = context.perturber, step_seed(config.seed, 0)
+    batch = context.task.collate(context.train, list(range(16)))
+    differences, _ = _estimate_differences(
+        perturber,
+        seed,
+        1e-3,
+        1e-3,
+        batch,
+        16,
+        lambda b: context.task.per_example_loss(context.scoring_model, b),
+    )
+    perturber.update(seed, 0.0)  # back to θ
+    norm = direction_norm(context.shards, perturber.sampler, seed)
+    whole = torch.cat(
+        [perturber.sampler.slice(seed, s.name, s.size, 0, s.size) for s in context.shards]
+    )
+    assert norm == pytest.approx(float(whole.double().norm()), rel=1e-9)
+    clip = float(differences.abs().median()) * norm  # about half the examples get clipped
+    coefficients = clip_coefficients(differences, norm, clip)
+    vector_norms = coefficients.abs() * norm  # ‖c_i z‖ of each example's contribution
+    assert bool((vector_norms <= clip * (1 + 1e-12)).all())
+    small = differences.double().abs() * norm <= clip
+    assert 0 < int(small.sum()) < 16
+    torch.testing.assert_close(coefficients[small], differences.double()[small])
+    torch.testing.assert_close(vector_norms[~small], torch.full_like(vector_norms[~small], clip))
+    assert bool((torch.sign(coefficients) == torch.sign(differences.double())).all())
+
+
+# --- privzo bench memory -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
+    from privzo.bench_memory import CASES
+    from privzo.cli import main
+
+    assert main(["bench", "memory", "--json", "--repeats", "1", "--cache-dir", str(cache_dir)]) == 0
+    result = json.loads(capfd.readouterr().out)  # the children print nothing to stdout
+    cases = result["cases"]
+    assert list(cases) == [label for label, _, _ in CASES]
+    for case in cases.values():
+        assert case["step_seconds"] > 0 and case["forward_seconds"] > 0
+        assert case["step_peak_mb"] > 0 and case["forward_peak_mb"] > 0
+    full = result["model"]["parameters"]
+    assert cases["dpgd-0th"]["trainable_parameters"] == full
+    # DPGD-0th holds a d-dimensional fp32 noise vector; DPZero noises one scalar
+    assert cases["dpgd-0th"]["step_extra_mb"] >= 0.8 * full * 4 / 2**20
+    assert cases["dpsgd-full"]["step_extra_mb"] > cases["dpzero"]["step_extra_mb"]
+    assert cases["dpsgd-lora"]["trainable_parameters"] < full
+    assert "dpsgd-bitfit" in result["table"]

@@ -1,0 +1,201 @@
+"""The numeric accountant against dp_accounting's closed-form PLDs, and the LMO-DP mechanism."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import pld
+
+from privzo.config import ConfigError, load_config
+from privzo.privacy import (
+    accountant_from_state,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    get_mechanism,
+    make_accountant,
+)
+from privzo.privacy.numeric import LmoNoise
+
+LMO = {
+    "weights": [0.4, 0.3, 0.3],
+    "gamma_shape": 3.0,
+    "gamma_scale": 0.5,
+    "exponential_rate": 1.0,
+    "uniform_low": 0.5,
+    "uniform_high": 1.5,
+}
+
+
+def _dp_accounting_epsilon(mechanism, sigma, sample_rate, steps, delta):
+    inner = (
+        dp_accounting.GaussianDpEvent(sigma)
+        if mechanism == "gaussian"
+        else dp_accounting.LaplaceDpEvent(sigma)
+    )
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(sample_rate, inner), steps
+    )
+    accountant = pld.PLDAccountant(value_discretization_interval=1e-4)
+    return accountant.compose(event).get_epsilon(delta)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "sigma", "sample_rate", "steps"),
+    [
+        ("gaussian", 1.0, 0.01, 1000),
+        ("gaussian", 0.8, 0.125, 12),
+        ("laplace", 1.0, 0.01, 1000),
+        ("laplace", 2.0, 0.05, 300),
+    ],
+)
+def test_numeric_matches_dp_accounting_pld_within_one_percent(mechanism, sigma, sample_rate, steps):
+    numeric = compute_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=1e-5,
+        mechanism=mechanism,
+        accountant="numeric",
+    )
+    reference = _dp_accounting_epsilon(mechanism, sigma, sample_rate, steps, 1e-5)
+    assert numeric == pytest.approx(reference, rel=0.01)
+
+
+def test_numeric_calibration_matches_pld_calibration():
+    common = dict(epsilon=2.0, delta=1e-5, sample_rate=0.05, steps=200, mechanism="gaussian")
+    numeric = calibrate_noise_multiplier(accountant="numeric", **common)
+    reference = calibrate_noise_multiplier(accountant="pld", **common)
+    assert numeric == pytest.approx(reference, rel=0.01)
+    spent = compute_epsilon(
+        noise_multiplier=numeric,
+        sample_rate=0.05,
+        steps=200,
+        delta=1e-5,
+        accountant="numeric",
+    )
+    assert spent <= 2.0 * (1 + 1e-9)
+
+
+def test_lmo_with_an_almost_fixed_scale_is_accounted_like_laplace():
+    """Uniform R on [0.999, 1.001] only: the LMO noise is Laplace(1) up to 0.1 % in scale."""
+    narrow = LMO | {"weights": [0.0, 0.0, 1.0], "uniform_low": 0.999, "uniform_high": 1.001}
+    lmo = compute_epsilon(
+        noise_multiplier=1.5,
+        sample_rate=0.02,
+        steps=500,
+        delta=1e-5,
+        mechanism="lmo",
+        accountant="numeric",
+        noise_parameters=narrow,
+    )
+    laplace = _dp_accounting_epsilon("laplace", 1.5, 0.02, 500, 1e-5)
+    assert lmo == pytest.approx(laplace, rel=0.01)
+
+
+def test_lmo_draws_follow_the_tail_the_accountant_uses():
+    mechanism = get_mechanism("lmo", **LMO)
+    draws = np.array([mechanism.sample(1.0) for _ in range(40_000)])
+    tail = LmoNoise(**LMO).tail
+    for t in (0.25, 1.0, 4.0, 20.0):
+        expected = float(tail(np.array(t)))
+        observed = float((draws > t).mean())
+        standard_error = math.sqrt(expected * (1 - expected) / len(draws))
+        assert abs(observed - expected) < 5 * standard_error, t
+    assert abs(float((draws < 0).mean()) - 0.5) < 5 * math.sqrt(0.25 / len(draws))
+
+
+def test_lmo_calibration_meets_the_target_and_state_round_trips():
+    sigma = calibrate_noise_multiplier(
+        epsilon=3.0,
+        delta=1e-5,
+        sample_rate=0.125,
+        steps=12,
+        mechanism="lmo",
+        accountant="numeric",
+        noise_parameters=LMO,
+    )
+    accountant = make_accountant("numeric", "lmo", sigma, 0.125, noise_parameters=LMO)
+    accountant.step(12)
+    assert accountant.epsilon(1e-5) <= 3.0 * (1 + 1e-9)
+    assert accountant.epsilon_at(12, 1e-5) > 0.99 * 3.0  # σ is the smallest, within 1e-3
+    rebuilt = accountant_from_state(accountant.state_dict())
+    assert rebuilt.noise_parameters == LMO and rebuilt.steps == 12
+    assert rebuilt.epsilon(1e-5) == pytest.approx(accountant.epsilon(1e-5), rel=1e-12)
+
+
+def test_lmo_variance_is_infinite_with_an_exponential_part_and_finite_without():
+    assert math.isinf(get_mechanism("lmo", **LMO).variance(1.0))
+    finite = LMO | {"weights": [0.5, 0.0, 0.5]}
+    # 2·(0.5/(0.5²·2·1) + 0.5/(0.5·1.5))
+    assert get_mechanism("lmo", **finite).variance(1.0) == pytest.approx(2 * (1.0 + 2 / 3))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["privacy.mechanism=lmo"], "privacy.accountant"),  # pld cannot account lmo
+        (["privacy.mechanism=cauchy"], "privacy.mechanism"),
+        (
+            [
+                "privacy.mechanism=lmo",
+                "privacy.accountant=numeric",
+                "privacy.lmo.weights=[0.5,0.6,0]",
+            ],
+            "privacy.lmo",
+        ),
+        (["privacy.lmo.uniform_high=0.1"], "uniform_high"),
+        (["privacy.lmo.gamma_shape=0"], "gamma_shape"),
+        (["optimizer.algorithm=mezo", "privacy.mechanism=lmo"], "privacy.mechanism"),
+        (
+            ["optimizer.algorithm=dpgd-0th", "privacy.mechanism=lmo", "privacy.accountant=numeric"],
+            "privacy.mechanism",
+        ),
+    ],
+)
+def test_bad_mechanism_settings_fail_at_load(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(None, overrides)
+
+
+def test_lmo_run_records_its_mechanism_parameters_and_epsilon(tmp_path, sentiment_files, cache_dir):
+    from privzo.run import run
+    from privzo.tracking import read_run
+
+    train, test = sentiment_files
+    config = load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=12",
+            "optimizer.batch_size=8",
+            "tracking.log_every=5",
+            "privacy.epsilon=3",
+            "privacy.mechanism=lmo",
+            "privacy.accountant=numeric",
+            "privacy.lmo.gamma_shape=4",
+        ],
+    )
+    summary = run(config, tmp_path / "runs" / "lmo", cache_dir=cache_dir, progress=False)
+    assert summary["mechanism"] == "lmo" and summary["accountant"] == "numeric"
+    assert summary["mechanism_parameters"] == LMO | {"gamma_shape": 4.0}
+    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=8 / 64,
+        steps=12,
+        delta=1e-5,
+        mechanism="lmo",
+        accountant="numeric",
+        noise_parameters=summary["mechanism_parameters"],
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["params"]["privacy.mechanism"] == "lmo"
+    assert float(record["params"]["privacy.lmo.gamma_shape"]) == 4.0
+    assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
