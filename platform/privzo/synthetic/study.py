@@ -150,7 +150,8 @@ def _markdown_table(best: pd.DataFrame, config: SyntheticStudyConfig, sigma: flo
         "each algorithm reaches when tuned, not an end-to-end (ε, δ) result.",
         "",
     ]
-    for pattern, rows in best.groupby("pattern", sort=False):
+    for pattern in config.patterns:
+        rows = best[best["pattern"] == pattern]
         lines += [f"## {pattern}", ""]
         header = ["d", "tr(A)/‖A‖", *config.algorithms]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
