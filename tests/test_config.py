@@ -11,7 +11,8 @@ from privzo.tuning.config import base_run_config, load_search_config
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
-CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES))  # run configs
+STUDIES = sorted((CONFIG_ROOT / "studies").glob("*.yaml"))
+CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES) - set(STUDIES))  # runs
 
 
 def test_defaults_are_valid():
