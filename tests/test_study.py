@@ -195,3 +195,30 @@ def test_a_bad_cell_fails_before_any_cell_runs(tmp_path, sentiment_files, cache_
     with pytest.raises(ConfigError, match=r"optimizer\.steps"):
         run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "study").exists()
+
+
+def test_synthetic_study_is_recorded_in_mlflow_and_not_rerun(tmp_path):
+    path = tmp_path / "synthetic.yaml"
+    data = {
+        "type": "synthetic-quadratic",
+        "dimensions": [4, 16],
+        "patterns": ["rank-log-d"],
+        "steps": 20,
+        "dataset_size": 10,
+        "grid": {"learning_rates": [0.1], "clip_thresholds": [1.0]},
+        "algorithm_grids": {"dp-gd": {"learning_rates": [0.1], "clip_thresholds": [1.0]}},
+        "seeds": [0],
+    }
+    path.write_text(yaml.safe_dump(data))
+    study = load_study_config(path)
+    output = tmp_path / "synthetic"
+    summary = run_study(study, output, progress=False, echo=lambda _: None)
+    client = open_client(f"sqlite:///{output / 'mlflow.db'}")
+    run = client.get_run(summary["parent_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["steps"] == "20"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"synthetic_table.md", "synthetic_gradient_norm.png"} <= artifacts
+    table = (output / "synthetic_table.md").read_text()
+    assert "dpzero" in table.lower() and "dpgd-0th" in table.lower()
+    again = run_study(study, output, progress=False, echo=lambda _: None)
+    assert again == summary  # reused, not run again

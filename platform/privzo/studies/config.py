@@ -33,6 +33,7 @@ from privzo.config import (
     apply_overrides,
     format_validation_error,
 )
+from privzo.synthetic.config import SyntheticStudyConfig
 
 
 class ScalingStudyConfig(Section):
@@ -93,7 +94,10 @@ class ScalingStudyConfig(Section):
         return self
 
 
-STUDY_TYPES: dict[str, type[Section]] = {"scaling": ScalingStudyConfig}
+STUDY_TYPES: dict[str, type[Section]] = {
+    "scaling": ScalingStudyConfig,
+    "synthetic-quadratic": SyntheticStudyConfig,
+}
 """``type:`` in a study YAML → its config class (more study types register here)."""
 
 
