@@ -230,6 +230,15 @@ class MlflowTracker(Tracker):
         self._client, self._run_id, self._active = client, run.info.run_id, True
         self._last_flush = time.monotonic()
 
+    def attach(self, run_id: str) -> None:
+        """Log into an existing RUNNING run (another process, e.g. the driver, owns and ends
+        it): how a distributed run's rank 0 reaches the run its launcher created."""
+        if self._run_id is not None:
+            raise RuntimeError(f"tracker already holds run {self._run_id}")
+        self.connect()
+        self._run_id, self._active = run_id, True
+        self._last_flush = time.monotonic()
+
     def _require_active(self) -> tuple[MlflowClient, str]:
         if not self._active or self._client is None or self._run_id is None:
             raise RuntimeError("tracker is not active: call start() (or use `with`) first")

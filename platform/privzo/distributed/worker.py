@@ -1,0 +1,221 @@
+"""The Ray Train worker: one rank of a distributed run, driven by its config argument only.
+
+Each rank builds the model (a whole replica, or its ZeRO-3 partition), draws its share of every
+batch, all-reduces three scalars per step and applies the same (seed, g) as every other rank.
+Every ``tracking.log_every`` steps all ranks call ``ray.train.report`` (a barrier) and rank 0
+attaches a checkpoint; rank 0 alone logs to MLflow and returns the run's summary and trajectory.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privzo.config import build_config
+from privzo.distributed.checkpoint import (
+    RunState,
+    read_checkpoint,
+    refill,
+    write_checkpoint,
+)
+from privzo.distributed.collectives import WorkerGroup
+from privzo.distributed.estimators import distribute_estimator
+from privzo.distributed.sampling import worker_sampler
+from privzo.memory import PeakMemory
+from privzo.models.loading import save_weights
+from privzo.run import (
+    RunContext,
+    TrainingLoop,
+    _final_metrics,
+    _make_estimator,
+    _summary,
+    _trajectory_meta,
+    build_context,
+)
+from privzo.tracking import NoopTracker, Tracker, make_tracker
+from privzo.zo.trajectory import TrajectoryRecorder, replay_steps
+
+
+def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's per-worker function; ``settings`` comes from ``launch.worker_settings``."""
+    config = build_config(settings["config"], source="parallel worker")
+    group = WorkerGroup.current()
+    context, keep_alive = _build(config, Path(settings["cache_dir"]))
+    tracker = _rank_tracker(group, settings["tracking"])
+    trainable = sum(shard.size for shard in context.shards)
+    tracker.set_tags({"privzo.trainable_parameters": str(trainable)})
+    memory = PeakMemory(context.loaded.device)
+    evaluate_here = group.rank == 0 or config.parallel.strategy == "zero3"  # zero3: collective
+    started = time.perf_counter()
+    before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
+    private = context.plan.private
+    recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not private)
+    loop = _worker_loop(context, tracker, memory, group, recorder)
+    start = _resume(loop, recorder)
+    if before is not None and start == 0:
+        tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
+    loop.run(recorder, progress=False, start=start)
+    after = _evaluate(context, memory) if evaluate_here else None
+    peaks = group.all_gather_float(max(loop.step_peak_mb, memory.peak_mb()))
+    if config.save_model:
+        _save_model(context, group, Path(settings["output_dir"]))
+    del keep_alive
+    if group.rank != 0:
+        return None
+    assert after is not None
+    summary = _summary(context, loop, tracker, before, after, started)
+    summary.update(_layout_summary(config, group, loop, recorder, peaks))
+    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
+    tracker.flush()
+    return {"summary": summary, "trajectory": _table_bytes(recorder.to_table())}
+
+
+def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
+    """The rank's context, and an object that must outlive training (DeepSpeed's config)."""
+    if config.parallel.strategy == "zero3":
+        from privzo.distributed.zero3 import build_zero3_context
+
+        return build_zero3_context(config, cache_dir)
+    return build_context(config, cache_dir, progress=False), None
+
+
+def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
+    """Rank 0 logs into the run the launcher created; the other ranks log nowhere."""
+    if group.rank != 0 or tracking["backend"] == "none":
+        tracker: Tracker = NoopTracker()
+        tracker.start()
+        return tracker
+    tracker = make_tracker(
+        tracking["backend"],
+        uri=tracking["uri"],
+        experiment=tracking["experiment"],
+        output_root=Path(tracking["output_root"]),
+        run_name=tracking["run_name"],
+    )
+    tracker.attach(tracking["run_id"])  # type: ignore[attr-defined]
+    return tracker
+
+
+def _worker_loop(
+    context: RunContext,
+    tracker: Tracker,
+    memory: PeakMemory,
+    group: WorkerGroup,
+    recorder: TrajectoryRecorder,
+) -> TrainingLoop:
+    config, plan = context.config, context.plan
+    sampler = worker_sampler(
+        config.privacy.sampler,
+        len(context.train),
+        config.optimizer.batch_size,
+        plan.sample_rate,
+        config.task.data_seed,
+        group,
+    )
+    estimator = distribute_estimator(_make_estimator(config, plan), group)
+    loop = TrainingLoop(
+        context,
+        tracker,
+        memory,
+        sampler=sampler,
+        estimator=estimator,
+        forward_on_empty=config.parallel.strategy == "zero3",
+    )
+    loop.on_window = _Reporter(loop, group, recorder)
+    return loop
+
+
+class _Reporter:
+    """After each window: ``ray.train.report`` on every rank (a barrier), with rank 0's
+    checkpoint attached, before the window's metrics are logged anywhere."""
+
+    def __init__(self, loop: TrainingLoop, group: WorkerGroup, recorder: TrajectoryRecorder):
+        self.loop, self.group, self.recorder = loop, group, recorder
+
+    def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
+        import ray.train
+
+        payload = {**metrics, "steps_done": steps_done, "peak_memory_mb": self.loop.step_peak_mb}
+        if self.group.rank != 0:
+            ray.train.report(payload)
+            return
+        ledger = self.loop.ledger
+        state = RunState(
+            model=self.loop.context.config.model.name_or_path,
+            steps_done=steps_done,
+            accountant_steps=ledger.accountant.steps if ledger else None,
+        )
+        with tempfile.TemporaryDirectory() as directory:
+            write_checkpoint(Path(directory), self.recorder, state)
+            ray.train.report(payload, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
+def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
+    """Steps already done by an earlier attempt (0 on a fresh run); rebuilds θ, the trajectory,
+    the ledger and the public sampler's position from the latest checkpoint."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        table, meta, state = read_checkpoint(Path(directory))
+    expected = _trajectory_meta(loop.context)
+    if meta != expected or state.model != loop.context.config.model.name_or_path:
+        raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
+    replay_steps(loop.context.perturber, table, meta)
+    refill(recorder, table)
+    if loop.ledger is not None:  # every step is accounted once: the checkpoint's steps are spent
+        assert state.accountant_steps == state.steps_done
+        if state.steps_done:
+            loop.ledger.accountant.step(state.steps_done)
+    if loop.context.config.privacy.sampler == "shuffle":  # public and seeded: replay its draws
+        for _ in range(state.steps_done):
+            loop.sampler.next_batch()
+    return state.steps_done
+
+
+def _evaluate(context: RunContext, memory: PeakMemory) -> tuple[dict[str, float], float]:
+    memory.reset()
+    started = time.perf_counter()
+    batch_size = context.config.optimizer.eval_batch_size
+    metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
+    return metrics, time.perf_counter() - started
+
+
+def _save_model(context: RunContext, group: WorkerGroup, output_dir: Path) -> None:
+    if context.config.parallel.strategy == "zero3":
+        from privzo.distributed.zero3 import save_gathered
+
+        save_gathered(context, group, output_dir / "model")
+    elif group.rank == 0:
+        save_weights(context.model, context.loaded.tokenizer, output_dir / "model")
+
+
+def _layout_summary(
+    config: Any,
+    group: WorkerGroup,
+    loop: TrainingLoop,
+    recorder: TrajectoryRecorder,
+    peaks: list[float],
+) -> dict[str, Any]:
+    return {
+        "strategy": config.parallel.strategy,
+        "workers": group.world_size,
+        "steps": len(recorder),  # including the steps of an attempt that failed and resumed
+        "resumed_steps": len(recorder) - len(loop.step_times),
+        "peak_memory_mb_per_worker": peaks,
+        "peak_memory_mb": max(peaks),
+    }
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
