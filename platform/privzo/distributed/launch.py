@@ -178,22 +178,25 @@ def check_fit(config: RunConfig, source: str) -> None:
         )
 
 
-def _init_ray(config: RunConfig) -> None:
-    """Connect to the cluster (``ray job submit`` sets its address) or start a local one.
-
-    This process's privzo package is shipped to the workers (``py_modules``), so they run the
-    code the driver validated with, not whatever privzo a node may have installed.
-    """
-    import ray
-
+def ray_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The job-level runtime env for ``ray.init``: this process's privzo package is shipped to
+    the workers (``py_modules``), so they run the code the driver validated with, not whatever
+    privzo a node may have installed; plus the configured environment variables."""
     import privzo
 
-    if ray.is_initialized():
-        return
     runtime_env: dict[str, Any] = {"py_modules": [str(Path(privzo.__file__).parent)]}
-    if config.parallel.env_vars:
-        runtime_env["env_vars"] = dict(config.parallel.env_vars)
-    ray.init(runtime_env=runtime_env)
+    if env_vars:
+        runtime_env["env_vars"] = dict(env_vars)
+    return runtime_env
+
+
+def _init_ray(config: RunConfig) -> None:
+    """Connect to the cluster (``ray job submit`` sets its address) or start a local one;
+    a caller that already started Ray keeps its session (and its runtime env)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(runtime_env=ray_runtime_env(config.parallel.env_vars))
 
 
 def _cluster_resources() -> dict[str, float]:

@@ -43,7 +43,11 @@ class StridedShuffleSampler(Sampler):
 
 
 def worker_sampler(
-    kind: str, dataset_size: int, batch_size: int, sample_rate: float, seed: int,
+    kind: str,
+    dataset_size: int,
+    batch_size: int,
+    sample_rate: float,
+    seed: int,
     group: WorkerGroup,
 ) -> Sampler:
     """This worker's sampler for ``privacy.sampler`` = ``kind``."""
