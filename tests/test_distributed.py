@@ -6,6 +6,8 @@ One Ray session serves the module (starting Ray costs ~10 s, each TorchTrainer ~
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,8 @@ SMALL = [
     "optimizer.batch_size=8",
     "tracking.log_every=4",
 ]
+PERTURBATION_SCALE = 1e-3  # both twins'
+ONE_LOSS_BIT_IN_G = float(np.spacing(np.float32(1.0))) / (2 * PERTURBATION_SCALE)
 FAST_REPORT = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
 
 
@@ -82,8 +86,14 @@ def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
         trajectory = trajectories[name]
         assert list(trajectory["seed"]) == list(reference["seed"])
         assert list(trajectory["batch_size"]) == [8] * 12  # the global batch, all-reduced count
+        # Each rank pads its half of the batch to its own longest example, so a loss can differ
+        # from the single-process one in its last fp32 bit; one bit of a loss near 1 is
+        # 2**-23 / (2ε) in g. Measured: at most 1.1e-5 (replica), under this bound.
         np.testing.assert_allclose(
-            trajectory["projected_gradient"], reference["projected_gradient"], rtol=1e-5
+            trajectory["projected_gradient"],
+            reference["projected_gradient"],
+            rtol=0,
+            atol=ONE_LOSS_BIT_IN_G,
         )
         assert summaries[name]["workers"] == 2 and summaries[name]["strategy"] == name
         assert len(summaries[name]["peak_memory_mb_per_worker"]) == 2
@@ -191,3 +201,90 @@ def test_more_workers_than_cpus_is_refused(ray_session, tmp_path, cache_dir):
     with pytest.raises(ConfigError, match=r"parallel.workers=3 needs 3 CPUs .* has 2"):
         _run(config, tmp_path / "out", cache_dir)
     assert not (tmp_path / "out").exists()
+
+
+def _train_worker_processes() -> list:
+    """Ray Train worker processes of this test's own local cluster (our descendants only)."""
+    import psutil
+
+    workers = []
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(process.cmdline()):
+                workers.append(process)
+        except psutil.Error:
+            continue
+    return workers
+
+
+def _latest_checkpoint(root: Path) -> Path | None:
+    done = sorted(root.glob("checkpoint_*/state.json"))
+    return done[-1].parent if done else None
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_dir):
+    """SIGKILL a worker after the first checkpoint: the run restarts its workers, keeps the
+    trajectory it had, accounts every step once and finishes with the right weights."""
+    steps = 80
+    config = _config(
+        TINY_DPZERO,
+        *_layout("replica", 2),
+        f"optimizer.steps={steps}",
+        "tracking.log_every=5",
+        "parallel.max_failures=1",
+        "save_model=true",
+        "eval_before=false",
+    )
+    output = tmp_path / "runs" / "resumed"
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = _run(config, output, cache_dir)
+        except BaseException as error:  # re-raised in the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 240
+    checkpoint = None
+    while checkpoint is None and thread.is_alive() and time.monotonic() < deadline:
+        checkpoint = _latest_checkpoint(output / "ray" / output.name)
+        time.sleep(0.02)
+    assert checkpoint is not None, "no checkpoint before the run ended"
+    kept = pq.read_table(checkpoint / "trajectory.parquet").to_pandas()
+    victims = _train_worker_processes()
+    assert len(victims) == 2
+    victims[-1].kill()
+    thread.join(timeout=300)
+    assert "error" not in outcome, outcome.get("error")
+    summary = outcome["summary"]
+
+    assert summary["steps"] == steps and summary["resumed_steps"] > 0
+    trajectory = pq.read_table(output / "trajectory.parquet").to_pandas()
+    assert list(trajectory["step"]) == list(range(steps))  # every step once
+    assert 0 < len(kept) < steps
+    prefix = trajectory.iloc[: len(kept)].reset_index(drop=True)
+    for column in ("seed", "projected_gradient", "learning_rate", "direction_scale"):
+        assert list(prefix[column]) == list(kept[column]), column  # kept, not redone
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"], sample_rate=8 / 64, steps=steps, delta=1e-5
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert read_run(uri, summary["tracking_run_id"])["metrics"]["final_epsilon"] == (
+        pytest.approx(expected, rel=1e-9)
+    )
+    # the resumed rank rebuilt θ by replay: its final weights are the whole trajectory's
+    from privzo.replay import replay
+
+    loaded, _model, replayed_steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir
+    )
+    assert replayed_steps == steps
+    trained = load_file(output / "model" / "model.safetensors")
+    replayed = loaded.model.state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(replayed[name], tensor), name
