@@ -197,8 +197,9 @@ class ParallelConfig(_Section):
         80.0, gt=0, description="Memory of one GPU (GiB), for the planner's fit check."
     )
     storage_path: str | None = Field(
-        None, description="Where Ray Train keeps checkpoints (shared storage on a cluster); "
-        "null = <output-dir>/ray."
+        None,
+        description="Where Ray Train keeps checkpoints (shared storage on a cluster); "
+        "null = <output-dir>/ray.",
     )
     env_vars: dict[str, str] = Field(
         default_factory=dict, description="Environment of the Ray workers (runtime_env)."
