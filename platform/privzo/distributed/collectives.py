@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 
-@dataclass(frozen=True)
+@dataclass
 class WorkerGroup:
-    """This process's place among the workers (the default torch.distributed group)."""
+    """This process's place among the workers (the default torch.distributed group), and the
+    payload bytes it has all-reduced (what the algorithm communicates)."""
 
     rank: int
     world_size: int
+    reduced_bytes: int = field(default=0, compare=False)
 
     @classmethod
     def current(cls) -> WorkerGroup:
@@ -31,6 +33,7 @@ class WorkerGroup:
             return [float(value) for value in values]
         tensor = torch.tensor(list(values), dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.reduced_bytes += tensor.numel() * tensor.element_size()
         return tensor.tolist()
 
     def all_gather_float(self, value: float) -> list[float]:
@@ -40,8 +43,3 @@ class WorkerGroup:
         parts = [torch.zeros(1, dtype=torch.float64) for _ in range(self.world_size)]
         dist.all_gather(parts, torch.tensor([value], dtype=torch.float64))
         return [float(part) for part in parts]
-
-
-def bytes_per_step(private: bool) -> int:
-    """Payload of one step's all-reduce: [sum, count] (+ noise) as fp64 scalars."""
-    return (3 if private else 2) * torch.finfo(torch.float64).bits // 8

@@ -62,7 +62,9 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
     loop.run(recorder, progress=False, start=start)
     after = _evaluate(context, memory) if evaluate_here else None
+    reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(loop.step_peak_mb, memory.peak_mb()))
+    held = group.all_gather_float(_local_parameter_bytes(context))
     if config.save_model:
         _save_model(context, group, Path(settings["output_dir"]))
     del keep_alive
@@ -71,6 +73,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     assert after is not None
     summary = _summary(context, loop, tracker, before, after, started)
     summary.update(_layout_summary(config, group, loop, recorder, peaks))
+    summary.update(_communication_summary(context, loop, reduced_bytes, held))
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
     return {"summary": summary, "trajectory": _table_bytes(recorder.to_table())}
@@ -213,6 +216,23 @@ def _layout_summary(
         "peak_memory_mb_per_worker": peaks,
         "peak_memory_mb": max(peaks),
     }
+
+
+def _communication_summary(
+    context: RunContext, loop: TrainingLoop, reduced_bytes: int, held: list[float]
+) -> dict[str, Any]:
+    shards = context.shards
+    return {
+        # payload of the steps' all-reduces ([sum, count(, noise)] in fp64), per step run here
+        "allreduce_bytes_per_step": reduced_bytes / max(1, len(loop.step_times)),
+        "parameter_bytes_per_worker": held,
+        "parameter_bytes_full": sum(s.size * s.tensor.element_size() for s in shards),
+    }
+
+
+def _local_parameter_bytes(context: RunContext) -> float:
+    """Bytes of trainable weights this rank holds: a partition under zero3, all of them else."""
+    return float(sum(s.tensor.numel() * s.tensor.element_size() for s in context.shards))
 
 
 def _table_bytes(table: pa.Table) -> bytes:
