@@ -217,9 +217,11 @@ def _train_worker_processes() -> list:
     return workers
 
 
-def _latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(root.glob("checkpoint_*/state.json"))
-    return done[-1].parent if done else None
+def _committed_checkpoint(root: Path) -> Path | None:
+    """A checkpoint Ray Train has registered: rank 0 writes a checkpoint's directory before the
+    report barrier completes, so only one with a later one beside it is surely committed."""
+    done = sorted(path.parent for path in root.glob("checkpoint_*/state.json"))
+    return done[-2] if len(done) >= 2 else None
 
 
 @pytest.mark.ray
@@ -251,7 +253,7 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
     deadline = time.monotonic() + 240
     checkpoint = None
     while checkpoint is None and thread.is_alive() and time.monotonic() < deadline:
-        checkpoint = _latest_checkpoint(output / "ray" / output.name)
+        checkpoint = _committed_checkpoint(output / "ray" / output.name)
         time.sleep(0.02)
     assert checkpoint is not None, "no checkpoint before the run ended"
     kept = pq.read_table(checkpoint / "trajectory.parquet").to_pandas()
