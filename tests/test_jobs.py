@@ -76,23 +76,25 @@ def head_node():
 def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
     address, env = head_node
     output = tmp_path / "job-output"
-    runtime_env = {"excludes": [".git", "runs", "mlruns", "*.db", "__pycache__"]}
+    # "/runs": the top-level run folder only ("runs" alone would also drop configs/runs)
+    runtime_env = {"excludes": ["/.git", "/runs", "/mlruns", "*.db", "__pycache__"]}
     started = time.monotonic()
-    job = subprocess.run(
-        [
-            RAY, "job", "submit", f"--address={address}", f"--working-dir={REPO}",
-            f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-            "python", "jobs/run.py", "--config", "configs/runs/tiny-mezo.yaml",
-            "--output-dir", str(output), "--cache-dir", str(cache_dir),
-            "model.name_or_path=tiny-opt", "task.examples_per_class=16", "task.test_size=8",
-            "optimizer.steps=6", "optimizer.batch_size=4", "tracking.log_every=3",
-            "tracking.backend=none", "parallel.strategy=replica", "parallel.workers=2",
-        ],
-        env={**env, "PYTHONPATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )  # fmt: skip
+    command = [
+        RAY, "job", "submit", f"--address={address}", f"--working-dir={REPO}",
+        f"--runtime-env-json={json.dumps(runtime_env)}", "--",
+        "python", "jobs/run.py", "--config", "configs/runs/tiny-mezo.yaml",
+        "--output-dir", str(output), "--cache-dir", str(cache_dir),
+        "model.name_or_path=tiny-opt", "task.examples_per_class=16", "task.test_size=8",
+        "optimizer.steps=6", "optimizer.batch_size=4", "tracking.log_every=3",
+        "tracking.backend=none", "parallel.strategy=replica", "parallel.workers=2",
+    ]  # fmt: skip
+    for _attempt in range(30):  # the head's job agent comes up a few seconds after `ray start`
+        job = subprocess.run(
+            command, env={**env, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=600
+        )
+        if "No available agent" not in job.stderr + job.stdout:
+            break
+        time.sleep(2)
     elapsed = time.monotonic() - started
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout
