@@ -181,9 +181,21 @@ def _bench_distributed_command(args: argparse.Namespace) -> int:
     # ray.train.report waits on a health check, every 2 s unless told otherwise
     fast_report = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
     os.environ.update(fast_report)
-    result = distributed_benchmark(
-        args.cache_dir, model=args.model, steps=args.steps, env_vars=fast_report
-    )
+    # Ray forwards its workers' output to this process's stdout: keep stdout for the result
+    sys.stdout.flush()
+    saved_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        result = distributed_benchmark(
+            args.cache_dir, model=args.model, steps=args.steps, env_vars=fast_report
+        )
+        import ray
+
+        ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
 
