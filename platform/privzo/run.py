@@ -526,7 +526,7 @@ def _summary(
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "peak_memory_mb": loop.peak_mb,
         "step_peak_memory_mb": loop.step_peak_mb,
-        "mean_step_time_s": sum(times) / len(times),
+        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
         "wall_time_s": time.perf_counter() - started,
         "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
         "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
