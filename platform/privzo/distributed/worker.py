@@ -36,6 +36,7 @@ from privzo.run import (
     _make_estimator,
     _summary,
     _trajectory_meta,
+    _validation_metrics,
     build_context,
 )
 from privzo.tracking import NoopTracker, Tracker, make_tracker
@@ -62,6 +63,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
     loop.run(recorder, progress=False, start=start)
     after = _evaluate(context, memory) if evaluate_here else None
+    validation = _validation_metrics(context, loop) if evaluate_here else {}
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(loop.step_peak_mb, memory.peak_mb()))
     held = group.all_gather_float(_local_parameter_bytes(context))
@@ -72,6 +74,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         return None
     assert after is not None
     summary = _summary(context, loop, tracker, before, after, started)
+    summary.update({f"validation_{name}": value for name, value in validation.items()})
     summary.update(_layout_summary(config, group, loop, recorder, peaks))
     summary.update(_communication_summary(context, loop, reduced_bytes, held))
     tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
