@@ -101,6 +101,14 @@ def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
         for key, tensor in weights["single"].items():
             torch.testing.assert_close(weights[name][key], tensor, rtol=0, atol=1e-6)
     assert np.abs(reference["projected_gradient"]).min() > 0  # every step moved the weights
+    assert summaries["replica"]["allreduce_bytes_per_step"] == 16  # MeZO: [sum, count] in fp64
+    zero3_held = summaries["zero3"]["parameter_bytes_per_worker"]
+    assert sum(zero3_held) == summaries["zero3"]["parameter_bytes_full"]  # no padding, no overlap
+    assert max(zero3_held) <= 0.55 * summaries["zero3"]["parameter_bytes_full"]
+    assert (
+        summaries["replica"]["parameter_bytes_per_worker"]
+        == [summaries["replica"]["parameter_bytes_full"]] * 2
+    )
 
     # MLflow got rank 0's window metrics and the driver's artifacts, in one run
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
