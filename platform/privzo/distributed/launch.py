@@ -8,12 +8,10 @@ model the planner says cannot fit the strategy, and options the strategy does no
 
 from __future__ import annotations
 
-import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
-
-import pyarrow.parquet as pq
 
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.models.loading import peek_kind, resolve_source
@@ -254,13 +252,19 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
             failure_config=FailureConfig(max_failures=parallel.max_failures),
         ),
     )
-    result = trainer.fit()
-    if result.error is not None:
-        raise result.error
+    try:
+        result = trainer.fit()
+    except Exception:
+        _keep_checkpointed_steps(storage / output_dir.name, output_dir)
+        raise
     value = result.return_value
     assert value is not None, "rank 0 returns the run's summary and trajectory"
     return value
 
 
-def read_trajectory_bytes(data: bytes) -> Any:
-    return pq.read_table(io.BytesIO(data))
+def _keep_checkpointed_steps(checkpoints: Path, output_dir: Path) -> None:
+    """A failed run keeps the steps it made (as a single-process run does): the trajectory of
+    its latest checkpoint, if it reached one."""
+    states = sorted(checkpoints.glob("checkpoint_*/state.json")) if checkpoints.is_dir() else []
+    if states:
+        shutil.copyfile(states[-1].parent / TRAJECTORY_FILE, output_dir / TRAJECTORY_FILE)
