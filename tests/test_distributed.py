@@ -314,3 +314,40 @@ def test_distributed_benchmark_measures_the_layouts(ray_session, cache_dir):
     assert sum(result["zero3_parameter_bytes_per_rank"]) == full
     assert all(0.45 < fraction <= 0.55 for fraction in result["zero3_fraction_per_rank"])
     assert "replica step time, 2 workers" in result["table"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_dir):
+    """No failures allowed: a killed worker fails the run, which keeps the trajectory of its
+    latest checkpoint (like a failed single-process run) and writes no summary."""
+    config = _config(
+        TINY_MEZO,
+        *_layout("replica", 2),
+        "optimizer.steps=80",
+        "tracking.log_every=5",
+        "tracking.backend=none",
+        "eval_before=false",
+    )
+    output = tmp_path / "failed"
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = _run(config, output, cache_dir)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while _committed_checkpoint(output / "ray" / output.name) is None and thread.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    _train_worker_processes()[0].kill()
+    thread.join(timeout=300)
+    assert "summary" not in outcome and "error" in outcome
+    assert not (output / "summary.json").exists()
+    kept = pq.read_table(output / "trajectory.parquet").to_pandas()
+    assert 0 < len(kept) < 80 and len(kept) % 5 == 0
+    assert list(kept["step"]) == list(range(len(kept)))
