@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,38 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     tracker = _rank_tracker(group, settings["tracking"])
     trainable = sum(shard.size for shard in context.shards)
     tracker.set_tags({"privzo.trainable_parameters": str(trainable)})
+    outcome = _train_and_evaluate(context, tracker, group)
+    reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
+    peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
+    held = group.all_gather_float(_local_parameter_bytes(context))
+    if config.save_model:
+        _save_model(context, group, Path(settings["output_dir"]))
+    del keep_alive
+    if group.rank != 0:
+        return None
+    summary = _rank0_summary(outcome, tracker, group, peaks)
+    summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
+    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
+    tracker.flush()
+    return {"summary": summary, "trajectory": _table_bytes(outcome.recorder.to_table())}
+
+
+@dataclass
+class _Outcome:
+    loop: TrainingLoop
+    recorder: TrajectoryRecorder
+    before: tuple[dict[str, float], float] | None
+    after: tuple[dict[str, float], float] | None
+    validation: dict[str, float]
+    started: float
+
+
+def _train_and_evaluate(context: RunContext, tracker: Tracker, group: WorkerGroup) -> _Outcome:
+    """Evaluate, train (resuming from a checkpoint if there is one), evaluate again. Under
+    zero3 every rank evaluates (forwards are collective); replicas leave it to rank 0."""
+    config = context.config
     memory = PeakMemory(context.loaded.device)
-    evaluate_here = group.rank == 0 or config.parallel.strategy == "zero3"  # zero3: collective
+    evaluate_here = group.rank == 0 or config.parallel.strategy == "zero3"
     started = time.perf_counter()
     before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
     private = context.plan.private
@@ -64,22 +95,18 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     loop.run(recorder, progress=False, start=start)
     after = _evaluate(context, memory) if evaluate_here else None
     validation = _validation_metrics(context, loop) if evaluate_here else {}
-    reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
-    peaks = group.all_gather_float(max(loop.step_peak_mb, memory.peak_mb()))
-    held = group.all_gather_float(_local_parameter_bytes(context))
-    if config.save_model:
-        _save_model(context, group, Path(settings["output_dir"]))
-    del keep_alive
-    if group.rank != 0:
-        return None
-    assert after is not None
-    summary = _summary(context, loop, tracker, before, after, started)
-    summary.update({f"validation_{name}": value for name, value in validation.items()})
-    summary.update(_layout_summary(config, group, loop, recorder, peaks))
-    summary.update(_communication_summary(context, loop, reduced_bytes, held))
-    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
-    tracker.flush()
-    return {"summary": summary, "trajectory": _table_bytes(recorder.to_table())}
+    return _Outcome(loop, recorder, before, after, validation, started)
+
+
+def _rank0_summary(
+    outcome: _Outcome, tracker: Tracker, group: WorkerGroup, peaks: list[float]
+) -> dict[str, Any]:
+    loop = outcome.loop
+    assert outcome.after is not None, "rank 0 always evaluates"
+    summary = _summary(loop.context, loop, tracker, outcome.before, outcome.after, outcome.started)
+    summary.update({f"validation_{k}": v for k, v in outcome.validation.items()})
+    summary.update(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
+    return summary
 
 
 def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
