@@ -174,7 +174,9 @@ class _Reporter:
     def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
         import ray.train
 
-        payload = {**metrics, "steps_done": steps_done, "peak_memory_mb": self.loop.step_peak_mb}
+        payload = {**metrics, "steps_done": steps_done}
+        if self.loop.log_diagnostics:  # a window's peak memory follows its (private) batch sizes
+            payload["peak_memory_mb"] = self.loop.step_peak_mb
         if self.group.rank != 0:
             ray.train.report(payload)
             return
