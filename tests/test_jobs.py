@@ -55,12 +55,24 @@ def _stop_head(temp_dir: Path) -> None:
 @pytest.fixture
 def head_node():
     temp_dir = Path(tempfile.mkdtemp(prefix="rz", dir="/tmp"))  # Ray's socket paths are short
-    gcs_port, dashboard_port = _free_port(), _free_port()
+    dashboard_port = _free_port()
+    # every port of our own, so another Ray on the machine (default agent port 52365, ...)
+    # cannot keep our job agent from starting ("No available agent to submit job")
+    ports = {
+        name: _free_port()
+        for name in (
+            "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+            "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
+            "object-manager-port", "ray-client-server-port",
+        )
+    }  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
     command = [
-        RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-        "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        RAY, "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        *(f"--{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
     try:
         subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
