@@ -95,20 +95,22 @@ def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext,
     return context, (hf_deepspeed, engine)
 
 
-def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Full copies of every parameter (collective: call on every rank)."""
+def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """Full copies of every parameter, kept (on CPU) only where ``keep``; a collective, so every
+    rank calls it, but only the saving rank ever holds the whole model."""
     import deepspeed
 
     state = {}
     for name, parameter in model.named_parameters():
         with deepspeed.zero.GatheredParameters([parameter], modifier_rank=None):
-            state[name] = parameter.data.detach().clone()
+            if keep:
+                state[name] = parameter.data.detach().to("cpu", copy=True)
     return state
 
 
 def save_gathered(context: RunContext, group: WorkerGroup, path: Path) -> None:
-    """Gather every parameter on every rank and save the whole model from rank 0."""
-    state = gathered_state_dict(context.model)
+    """Gather every parameter (one at a time) and save the whole model from rank 0."""
+    state = gathered_state_dict(context.model, keep=group.rank == 0)
     if group.rank == 0:
         context.model.save_pretrained(path, state_dict=state)
         context.loaded.tokenizer.save_pretrained(path)
