@@ -184,6 +184,32 @@ def _bench_memory_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_distributed_command(args: argparse.Namespace) -> int:
+    from privzo.distributed.bench import distributed_benchmark
+
+    _quiet_libraries()
+    # ray.train.report waits on a health check, every 2 s unless told otherwise
+    fast_report = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+    os.environ.update(fast_report)
+    # Ray forwards its workers' output to this process's stdout: keep stdout for the result
+    sys.stdout.flush()
+    saved_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        result = distributed_benchmark(
+            args.cache_dir, model=args.model, steps=args.steps, env_vars=fast_report
+        )
+        import ray
+
+        ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
+    print(json.dumps(result, indent=2) if args.json else result["table"])
+    return 0
+
+
 def _prepare_command(args: argparse.Namespace) -> int:
     from privzo.tasks.prepare import prepare_task_data
 
@@ -358,6 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--repeats", type=int, default=3)
     _add_cache_dir(memory)
     memory.set_defaults(handler=_bench_memory_command)
+    distributed = bench_commands.add_parser(
+        "distributed", help="replica step time (1 vs 2 workers), bytes per step, zero3 memory"
+    )
+    distributed.add_argument("--json", action="store_true")
+    distributed.add_argument("--model", default="demo-opt-s", help="a built-in model or path")
+    distributed.add_argument("--steps", type=int, default=30)
+    _add_cache_dir(distributed)
+    distributed.set_defaults(handler=_bench_distributed_command)
 
     planner = commands.add_parser(
         "plan", help="memory per GPU and strategy (replica / zero3) for an OPT size"

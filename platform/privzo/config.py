@@ -262,9 +262,32 @@ class PrivacyConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    strategy: Literal["single"] = "single"
+    """How a run is laid out: one process, Ray Train replicas, or DeepSpeed ZeRO-3 ranks."""
+
+    strategy: Literal["single", "replica", "zero3"] = "single"
     workers: int = Field(1, ge=1)
     use_gpu: bool = False
+    max_failures: int = Field(0, ge=0, description="Worker failures Ray Train recovers from.")
+    gpu_memory_gb: float = Field(
+        80.0, gt=0, description="Memory of one GPU (GiB), for the planner's fit check."
+    )
+    storage_path: str | None = Field(
+        None,
+        description="Where Ray Train keeps checkpoints (shared storage on a cluster); "
+        "null = <output-dir>/ray.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Environment of the Ray workers (runtime_env)."
+    )
+
+    @model_validator(mode="after")
+    def _one_worker_when_single(self) -> ParallelConfig:
+        if self.strategy == "single" and self.workers != 1:
+            raise ValueError(
+                f"parallel.workers={self.workers} with parallel.strategy='single'; allowed: "
+                "workers=1, or strategy 'replica' / 'zero3'"
+            )
+        return self
 
 
 class TrackingConfig(_Section):

@@ -228,6 +228,24 @@ def run(
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     """
     output_dir = Path(output_dir).resolve()
+    if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
+        from privzo.distributed.launch import run_distributed
+
+        if hooks is not None:
+            raise ConfigError(
+                f"parallel.strategy={config.parallel.strategy!r}: a search trial or other "
+                "caller's run hooks need the model in this process; use strategy 'single'"
+            )
+        return run_distributed(
+            config,
+            output_dir,
+            cache_dir=cache_dir,
+            progress=progress,
+            overwrite=overwrite,
+            tracking_root=tracking_root,
+            tracking_uri=tracking_uri,
+            tags=tags,
+        )
     check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
     context.hooks = hooks or RunHooks()
@@ -292,8 +310,9 @@ def _run_tags(context: RunContext) -> dict[str, str]:
 
 
 def model_parameters(model: torch.nn.Module) -> int:
-    """Parameter count of the model (tied weights counted once)."""
-    return sum(parameter.numel() for parameter in model.parameters())
+    """Parameter count of the model (tied weights counted once; a ZeRO-3 partitioned parameter
+    by its full size, ``ds_numel``, not its empty local placeholder)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def _train_and_evaluate(
@@ -395,13 +414,30 @@ class TrainingLoop:
 
     records_trajectory = True
 
-    def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
+    def __init__(
+        self,
+        context: RunContext,
+        tracker: Tracker,
+        memory: PeakMemory,
+        *,
+        sampler: Sampler | None = None,
+        estimator: GradientEstimator | None = None,
+        on_window: Callable[[int, dict[str, float]], None] | None = None,
+        forward_on_empty: bool = False,
+    ) -> None:
+        """``sampler``, ``estimator`` and ``on_window`` (called with the steps done and the
+        window's metrics, before they are logged) let a distributed worker take its share of
+        batches, all-reduce, and report / checkpoint; the defaults are the single-process run's.
+        ``forward_on_empty``: an empty local batch still runs both forwards on a dummy example
+        whose loss is discarded (ZeRO-3 gathers weights collectively in every forward)."""
         self.context = context
         self.tracker = tracker
         self.memory = memory
         config, plan = context.config, context.plan
-        self.sampler = _make_sampler(config, plan, len(context.train))
-        self.estimator = _make_estimator(config, plan)
+        self.sampler = sampler or _make_sampler(config, plan, len(context.train))
+        self.estimator = estimator or _make_estimator(config, plan)
+        self.on_window = on_window
+        self.forward_on_empty = forward_on_empty
         self.ledger = _make_ledger(config, plan)
         self.schedule = make_schedule(
             config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
@@ -413,13 +449,15 @@ class TrainingLoop:
         self.nonfinite = 0
         self.empty_batches = 0
 
-    def run(self, recorder: TrajectoryRecorder, progress: bool) -> None:
+    def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
         """Steps in windows of ``log_every``: each window's privacy cost is booked before it runs
-        (so no step can overspend) and its metrics are logged after it."""
+        (so no step can overspend) and its metrics are logged after it. ``start`` > 0 resumes
+        after that many steps (already in ``recorder`` and the ledger)."""
         config = self.context.config
         steps, window_size = config.optimizer.steps, config.tracking.log_every
-        bar = tqdm(total=steps, desc=config.optimizer.algorithm, disable=not progress)
-        for first in range(0, steps, window_size):
+        algorithm = config.optimizer.algorithm
+        bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
+        for first in range(start, steps, window_size):
             window_steps = range(first, min(first + window_size, steps))
             if self.ledger is not None:
                 self.ledger.spend(len(window_steps))
@@ -430,6 +468,8 @@ class TrainingLoop:
                 window.append(record)
                 bar.update(1)
             metrics = self._window_metrics(window)
+            if self.on_window is not None:  # checkpoint before logging: no released window is lost
+                self.on_window(window_steps[-1] + 1, metrics)
             self.tracker.log_metrics(metrics, step=window_steps[-1] + 1)
             hooks = self.context.hooks
             if hooks is not None and hooks.after_window is not None:
@@ -441,6 +481,9 @@ class TrainingLoop:
         context = self.context
         indices = self.sampler.next_batch()
         batch = context.task.collate(context.train, indices) if len(indices) else None
+        batch_size, keep = len(indices), len(indices)
+        if self.forward_on_empty and not len(indices):
+            batch, batch_size = context.task.collate(context.train, [0]), 1
         self.memory.reset()
         started = time.perf_counter()
         record = zo_step(
@@ -448,8 +491,8 @@ class TrainingLoop:
             seed=step_seed(context.config.seed, step),
             perturber=context.perturber,
             batch=batch,
-            batch_size=len(indices),
-            loss_fn=lambda b: context.task.per_example_loss(context.scoring_model, b),
+            batch_size=batch_size,
+            loss_fn=lambda b: context.task.per_example_loss(context.scoring_model, b)[:keep],
             estimator=self.estimator,
             learning_rate=self.schedule(step),
             perturbation_scale=context.config.optimizer.perturbation_scale,
@@ -562,7 +605,7 @@ def _summary(
         "model_parameters": model_parameters(context.scoring_model),
         "peak_memory_mb": loop.peak_mb,
         "step_peak_memory_mb": loop.step_peak_mb,
-        "mean_step_time_s": sum(times) / len(times),
+        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
         "wall_time_s": time.perf_counter() - started,
         "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
         "empty_batches": loop.empty_batches if loop.log_diagnostics else None,

@@ -231,13 +231,16 @@ class MlflowTracker(Tracker):
         self._last_flush = time.monotonic()
 
     def attach(self, run_id: str) -> None:
-        """Reopen an existing run (a resumed search's parent) instead of creating one."""
+        """Log into an existing run instead of creating one: a resumed search's or study's
+        parent (marked RUNNING again), or the run a distributed run's launcher created, which
+        rank 0 reaches this way (another process owns and ends it)."""
         if self._run_id is not None:
-            raise RuntimeError(f"tracker already started run {self._run_id}")
+            raise RuntimeError(f"tracker already holds run {self._run_id}")
         self.connect()
         client = self._client
         assert client is not None
-        client.update_run(run_id, status="RUNNING")
+        if client.get_run(run_id).info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
         self._run_id, self._active = run_id, True
         self._last_flush = time.monotonic()
 

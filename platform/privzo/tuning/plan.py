@@ -96,6 +96,12 @@ def plan_search(
             "computed in RDP, which cannot account the subsampled Laplace mechanism; search "
             "with a Gaussian algorithm (dpzero)"
         )
+    if base.parallel.strategy != "single":
+        raise ConfigError(
+            f"parallel.strategy={base.parallel.strategy!r}: search trials run in one process "
+            "each (the selection score is computed on the trained model in the trial); use "
+            "'single' and give trials GPUs with resources.gpus_per_trial"
+        )
     _check_selection(search, base)
     _check_task(base, cache_dir)
     count = trial_count or _trial_count(search)

@@ -42,14 +42,19 @@ class GradientEstimator(ABC):
         nonfinite = int((~finite).sum())
         return torch.where(finite, differences, torch.zeros_like(differences)), nonfinite
 
+    def aggregate(self, total: float, count: int) -> tuple[float, int]:
+        """Sum over every process's examples; one process here (the distribution seam)."""
+        return total, count
+
 
 class MeanEstimator(GradientEstimator):
     """MeZO: the plain batch mean, no clipping or noise (not private)."""
 
     def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
         values, nonfinite = self.sanitize(differences)
-        count = values.numel()
-        mean = float(values.double().sum()) / count if count else 0.0
+        # sum and count first, then divide: a split batch gives the single-process mean
+        total, count = self.aggregate(float(values.double().sum()), values.numel())
+        mean = total / count if count else 0.0
         return ScalarEstimate(mean, count, nonfinite)
 
 
@@ -86,10 +91,6 @@ class PrivateEstimator(GradientEstimator):
 
     def clip_each(self, values: torch.Tensor) -> torch.Tensor:
         return values.clamp(-self.clip, self.clip)
-
-    def aggregate(self, total: float, count: int) -> tuple[float, int]:
-        """Sum over every process's examples; one process here (the distribution seam)."""
-        return total, count
 
     def draw_noise(self) -> float:
         """One draw of scale σC from the mechanism's secret generator (the distribution seam)."""

@@ -1,0 +1,6 @@
+"""Scale-out: Ray Train workers holding replicas, or DeepSpeed ZeRO-3 ranks holding partitions.
+
+A zeroth-order step needs only forward passes, and data-parallel workers exchange only a few
+scalars per step (the clipped sum, the count and the noise: one small fp64 all-reduce); every
+worker then applies the same (seed, g), so the replicas never diverge.
+"""

@@ -1,0 +1,276 @@
+"""Start a distributed run on Ray Train and write its records like a single-process run.
+
+Everything that can be wrong with the layout is checked before any worker starts: more workers
+than the cluster's CPUs (or GPUs), an expected batch smaller than the number of workers (some
+workers would almost always idle, and a private run's partitions could not all be sampled), a
+model the planner says cannot fit the strategy, and options the strategy does not support.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.models.loading import peek_kind, resolve_source
+from privzo.run import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    check_output_dir,
+    plan_privacy,
+    prepare_output_dir,
+)
+from privzo.tasks import load_splits, resolve_task_config
+from privzo.tracking import Tracker, make_tracker
+
+
+def run_distributed(
+    config: RunConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    overwrite: bool = False,
+    tracking_root: Path | None = None,
+    tracking_uri: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``privzo.run.run`` for ``parallel.strategy`` 'replica' or 'zero3' (same records)."""
+    check_output_dir(output_dir, overwrite)
+    check_layout(config)
+    splits = load_splits(resolve_task_config(config.task, peek_kind(config.model)))
+    plan = plan_privacy(config, len(splits.train))
+    check_batch(config, plan.expected_batch_size)
+    source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
+    check_fit(config, source)
+    _init_ray(config)
+    check_resources(config, _cluster_resources())
+    tracker = _launch_tracker(
+        config, plan.private, output_dir, tracking_root, tracking_uri, tags or {}
+    )
+    prepare_output_dir(output_dir)
+    (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    with tracker:
+        params = config.model_dump(mode="json")
+        params["tracking"].pop("uri")
+        tracker.log_params(params)
+        settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
+        result = fit(config, settings, output_dir)
+        (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
+        summary = result["summary"]
+        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
+            tracker.log_artifact(output_dir / name)
+    return summary
+
+
+def _launch_tracker(
+    config: RunConfig,
+    private: bool,
+    output_dir: Path,
+    tracking_root: Path | None,
+    tracking_uri: str | None,
+    tags: Mapping[str, str],
+) -> Tracker:
+    """Like ``run._connect_tracker``, without the model (not loaded by the launcher): rank 0
+    adds the model's tags (sizes, metric) once it has built its model."""
+    tracking = config.tracking
+    tracker = make_tracker(
+        tracking.backend,
+        uri=tracking.uri or tracking_uri,
+        experiment=tracking.experiment,
+        output_root=(tracking_root or output_dir.parent).resolve(),
+        run_name=tracking.run_name or output_dir.name,
+        tags={
+            "privzo.model": config.model.name_or_path,
+            "privzo.task": config.task.name,
+            "privzo.algorithm": config.optimizer.algorithm,
+            "privzo.private": str(private).lower(),
+            "privzo.strategy": config.parallel.strategy,
+            "privzo.workers": str(config.parallel.workers),
+            **tags,
+        },
+    )
+    try:
+        tracker.connect()
+    except Exception as error:  # MLflow raises many types for an unreachable or bad store
+        raise ConfigError(
+            f"tracking.uri={tracking.uri or tracking_uri!r}: cannot open the tracking store "
+            f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
+        ) from None
+    return tracker
+
+
+def check_layout(config: RunConfig) -> None:
+    """Options a strategy cannot honour, before anything is loaded."""
+    parallel = config.parallel
+    if parallel.strategy == "zero3":
+        if config.model.dtype != "float32":
+            raise ConfigError(
+                f"model.dtype={config.model.dtype!r} with parallel.strategy='zero3': each rank "
+                "perturbs its partition in place, which needs float32; allowed: 'float32' (or "
+                "strategy 'replica' for half precision)"
+            )
+        if config.model.trainable != "full":
+            raise ConfigError(
+                f"model.trainable={config.model.trainable!r} with parallel.strategy='zero3'; "
+                "allowed: 'full' (adapters are small: use strategy 'replica')"
+            )
+    if parallel.use_gpu and config.model.device == "cpu":
+        raise ConfigError(
+            "parallel.use_gpu=true with model.device='cpu'; set model.device='auto' or 'cuda'"
+        )
+
+
+def check_batch(config: RunConfig, expected_batch_size: float) -> None:
+    workers = config.parallel.workers
+    if expected_batch_size < workers:
+        raise ConfigError(
+            f"optimizer.batch_size={config.optimizer.batch_size} (expected batch size "
+            f"{expected_batch_size:g}) is smaller than parallel.workers={workers}; allowed: "
+            f"batch_size >= {workers}, or fewer workers"
+        )
+
+
+def check_resources(config: RunConfig, resources: dict[str, float]) -> None:
+    """Each worker takes one CPU (and one GPU with use_gpu); the cluster must hold them all."""
+    parallel = config.parallel
+    needed = {"CPU": parallel.workers, **({"GPU": parallel.workers} if parallel.use_gpu else {})}
+    for kind, count in needed.items():
+        available = int(resources.get(kind, 0))
+        if count > available:
+            raise ConfigError(
+                f"parallel.workers={parallel.workers} needs {count} {kind}s but the Ray cluster "
+                f"has {available}; allowed: workers <= {available}"
+            )
+
+
+def check_fit(config: RunConfig, source: str) -> None:
+    """On GPUs, the planner's verdict for this OPT model, strategy and GPU count."""
+    parallel = config.parallel
+    if not parallel.use_gpu:
+        return
+    from transformers import AutoConfig
+
+    from privzo.planner import arch_from_config, plan
+
+    hf_config = AutoConfig.from_pretrained(source)
+    if hf_config.model_type != "opt":
+        return  # the planner models OPT decoders only
+    verdict = plan(
+        arch_from_config(hf_config),
+        gpus=parallel.workers,
+        gpu_memory_gb=parallel.gpu_memory_gb,
+        dtype=config.model.dtype,
+        batch_size=max(1, config.optimizer.batch_size // parallel.workers),
+    )
+    if parallel.strategy == "replica" and verdict.strategy != "replica":
+        raise ConfigError(
+            f"parallel.strategy='replica': {config.model.name_or_path} does not fit whole in one "
+            f"{parallel.gpu_memory_gb:g} GiB GPU (planner); allowed: strategy 'zero3'"
+        )
+    if not verdict.fits:
+        need = verdict.bytes_per_gpu / 2**30
+        raise ConfigError(
+            f"parallel.workers={parallel.workers}: {config.model.name_or_path} needs about "
+            f"{need:.1f} GiB per GPU under {verdict.strategy} (planner), over "
+            f"parallel.gpu_memory_gb={parallel.gpu_memory_gb:g}; use more GPUs"
+        )
+
+
+def ray_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The job-level runtime env for ``ray.init``: this process's privzo package is shipped to
+    the workers (``py_modules``), so they run the code the driver validated with, not whatever
+    privzo a node may have installed; plus the configured environment variables."""
+    import privzo
+
+    runtime_env: dict[str, Any] = {"py_modules": [str(Path(privzo.__file__).parent)]}
+    if env_vars:
+        runtime_env["env_vars"] = dict(env_vars)
+    return runtime_env
+
+
+def _init_ray(config: RunConfig) -> None:
+    """Connect to the cluster (``ray job submit`` sets its address) or start a local one;
+    a caller that already started Ray keeps its session (and its runtime env)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(runtime_env=ray_runtime_env(config.parallel.env_vars))
+
+
+def _cluster_resources() -> dict[str, float]:
+    import ray
+
+    return dict(ray.cluster_resources())
+
+
+def worker_settings(
+    config: RunConfig,
+    cache_dir: Path,
+    output_dir: Path,
+    tracker: Any,
+    tracking_root: Path | None,
+) -> dict[str, Any]:
+    """The worker function's only input: plain data Ray can ship to any node."""
+    tracking = config.tracking
+    return {
+        "config": config.model_dump(mode="json"),
+        "cache_dir": str(Path(cache_dir).resolve()),
+        "output_dir": str(output_dir),
+        "tracking": {
+            "backend": tracking.backend,
+            "uri": getattr(tracker, "uri", None),
+            "experiment": tracking.experiment,
+            "output_root": str((tracking_root or output_dir.parent).resolve()),
+            "run_name": tracking.run_name or output_dir.name,
+            "run_id": tracker.run_id,
+        },
+    }
+
+
+def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+    """Run the workers under a TorchTrainer and return rank 0's result."""
+    from ray.train import FailureConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from privzo.distributed.worker import train_worker
+
+    parallel = config.parallel
+    storage = Path(parallel.storage_path) if parallel.storage_path else output_dir / "ray"
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config=settings,
+        torch_config=TorchConfig(backend="nccl" if parallel.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=parallel.workers,
+            use_gpu=parallel.use_gpu,
+            resources_per_worker={"CPU": 1, **({"GPU": 1} if parallel.use_gpu else {})},
+        ),
+        run_config=RayRunConfig(
+            name=output_dir.name,
+            storage_path=str(storage.resolve()) if "://" not in str(storage) else str(storage),
+            failure_config=FailureConfig(max_failures=parallel.max_failures),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except Exception:
+        _keep_checkpointed_steps(storage / output_dir.name, output_dir)
+        raise
+    value = result.return_value
+    assert value is not None, "rank 0 returns the run's summary and trajectory"
+    return value
+
+
+def _keep_checkpointed_steps(checkpoints: Path, output_dir: Path) -> None:
+    """A failed run keeps the steps it made (as a single-process run does): the trajectory of
+    its latest checkpoint, if it reached one."""
+    states = sorted(checkpoints.glob("checkpoint_*/state.json")) if checkpoints.is_dir() else []
+    if states:
+        shutil.copyfile(states[-1].parent / TRAJECTORY_FILE, output_dir / TRAJECTORY_FILE)

@@ -1,0 +1,273 @@
+"""The Ray Train worker: one rank of a distributed run, driven by its config argument only.
+
+Each rank builds the model (a whole replica, or its ZeRO-3 partition), draws its share of every
+batch, all-reduces three scalars per step and applies the same (seed, g) as every other rank.
+Every ``tracking.log_every`` steps all ranks call ``ray.train.report`` (a barrier) and rank 0
+attaches a checkpoint; rank 0 alone logs to MLflow and returns the run's summary and trajectory.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privzo.config import build_config
+from privzo.distributed.checkpoint import (
+    RunState,
+    read_checkpoint,
+    refill,
+    write_checkpoint,
+)
+from privzo.distributed.collectives import WorkerGroup
+from privzo.distributed.estimators import distribute_estimator
+from privzo.distributed.sampling import worker_sampler
+from privzo.memory import PeakMemory
+from privzo.models.loading import save_weights
+from privzo.run import (
+    RunContext,
+    TrainingLoop,
+    _final_metrics,
+    _make_estimator,
+    _run_tags,
+    _summary,
+    _trajectory_meta,
+    _validation_metrics,
+    build_context,
+)
+from privzo.tracking import NoopTracker, Tracker, make_tracker
+from privzo.zo.trajectory import TrajectoryRecorder, replay_steps
+
+
+def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's per-worker function; ``settings`` comes from ``launch.worker_settings``."""
+    config = build_config(settings["config"], source="parallel worker")
+    group = WorkerGroup.current()
+    context, keep_alive = _build(config, Path(settings["cache_dir"]))
+    tracker = _rank_tracker(group, settings["tracking"])
+    tracker.set_tags(_run_tags(context))  # sizes and metric: known once the model is built
+    outcome = _train_and_evaluate(context, tracker, group)
+    reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
+    peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
+    held = group.all_gather_float(_local_parameter_bytes(context))
+    if config.save_model:
+        _save_model(context, group, Path(settings["output_dir"]))
+    del keep_alive
+    if group.rank != 0:
+        return None
+    summary = _rank0_summary(outcome, tracker, group, peaks)
+    summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
+    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
+    tracker.flush()
+    return {"summary": summary, "trajectory": _table_bytes(outcome.recorder.to_table())}
+
+
+@dataclass
+class _Outcome:
+    loop: TrainingLoop
+    recorder: TrajectoryRecorder
+    before: tuple[dict[str, float], float] | None
+    after: tuple[dict[str, float], float] | None
+    validation: dict[str, float]
+    started: float
+
+
+def _train_and_evaluate(context: RunContext, tracker: Tracker, group: WorkerGroup) -> _Outcome:
+    """Evaluate, train (resuming from a checkpoint if there is one), evaluate again. Under
+    zero3 every rank evaluates (forwards are collective); replicas leave it to rank 0."""
+    config = context.config
+    memory = PeakMemory(context.loaded.device)
+    evaluate_here = group.rank == 0 or config.parallel.strategy == "zero3"
+    started = time.perf_counter()
+    before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
+    private = context.plan.private
+    recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not private)
+    loop = _worker_loop(context, tracker, memory, group, recorder)
+    start = _resume(loop, recorder)
+    if before is not None and start == 0:
+        tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
+    loop.run(recorder, progress=False, start=start)
+    after = _evaluate(context, memory) if evaluate_here else None
+    validation = _validation_metrics(context, loop) if evaluate_here else {}
+    return _Outcome(loop, recorder, before, after, validation, started)
+
+
+def _rank0_summary(
+    outcome: _Outcome, tracker: Tracker, group: WorkerGroup, peaks: list[float]
+) -> dict[str, Any]:
+    loop = outcome.loop
+    assert outcome.after is not None, "rank 0 always evaluates"
+    summary = _summary(loop.context, loop, tracker, outcome.before, outcome.after, outcome.started)
+    summary.update({f"validation_{k}": v for k, v in outcome.validation.items()})
+    summary.update(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
+    return summary
+
+
+def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
+    """The rank's context, and an object that must outlive training (DeepSpeed's config)."""
+    if config.parallel.strategy == "zero3":
+        from privzo.distributed.zero3 import build_zero3_context
+
+        return build_zero3_context(config, cache_dir)
+    return build_context(config, cache_dir, progress=False), None
+
+
+def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
+    """Rank 0 logs into the run the launcher created; the other ranks log nowhere."""
+    if group.rank != 0 or tracking["backend"] == "none":
+        tracker: Tracker = NoopTracker()
+        tracker.start()
+        return tracker
+    tracker = make_tracker(
+        tracking["backend"],
+        uri=tracking["uri"],
+        experiment=tracking["experiment"],
+        output_root=Path(tracking["output_root"]),
+        run_name=tracking["run_name"],
+    )
+    tracker.attach(tracking["run_id"])  # type: ignore[attr-defined]
+    return tracker
+
+
+def _worker_loop(
+    context: RunContext,
+    tracker: Tracker,
+    memory: PeakMemory,
+    group: WorkerGroup,
+    recorder: TrajectoryRecorder,
+) -> TrainingLoop:
+    config, plan = context.config, context.plan
+    sampler = worker_sampler(
+        config.privacy.sampler,
+        len(context.train),
+        config.optimizer.batch_size,
+        plan.sample_rate,
+        config.task.data_seed,
+        group,
+    )
+    estimator = distribute_estimator(_make_estimator(config, plan), group)
+    loop = TrainingLoop(
+        context,
+        tracker,
+        memory,
+        sampler=sampler,
+        estimator=estimator,
+        forward_on_empty=config.parallel.strategy == "zero3",
+    )
+    loop.on_window = _Reporter(loop, group, recorder)
+    return loop
+
+
+class _Reporter:
+    """After each window: ``ray.train.report`` on every rank (a barrier), with rank 0's
+    checkpoint attached, before the window's metrics are logged anywhere."""
+
+    def __init__(self, loop: TrainingLoop, group: WorkerGroup, recorder: TrajectoryRecorder):
+        self.loop, self.group, self.recorder = loop, group, recorder
+
+    def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
+        import ray.train
+
+        payload = {**metrics, "steps_done": steps_done}
+        if self.loop.log_diagnostics:  # a window's peak memory follows its (private) batch sizes
+            payload["peak_memory_mb"] = self.loop.step_peak_mb
+        if self.group.rank != 0:
+            ray.train.report(payload)
+            return
+        ledger = self.loop.ledger
+        state = RunState(
+            model=self.loop.context.config.model.name_or_path,
+            steps_done=steps_done,
+            accountant_steps=ledger.accountant.steps if ledger else None,
+        )
+        with tempfile.TemporaryDirectory() as directory:
+            write_checkpoint(Path(directory), self.recorder, state)
+            ray.train.report(payload, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
+def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
+    """Steps already done by an earlier attempt (0 on a fresh run); rebuilds θ, the trajectory,
+    the ledger and the public sampler's position from the latest checkpoint."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        table, meta, state = read_checkpoint(Path(directory))
+    expected = _trajectory_meta(loop.context)
+    if meta != expected or state.model != loop.context.config.model.name_or_path:
+        raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
+    replay_steps(loop.context.perturber, table, meta)
+    refill(recorder, table)
+    if loop.ledger is not None:  # every step is accounted once: the checkpoint's steps are spent
+        assert state.accountant_steps == state.steps_done
+        if state.steps_done:
+            loop.ledger.accountant.step(state.steps_done)
+    if loop.context.config.privacy.sampler == "shuffle":  # public and seeded: replay its draws
+        for _ in range(state.steps_done):
+            loop.sampler.next_batch()
+    return state.steps_done
+
+
+def _evaluate(context: RunContext, memory: PeakMemory) -> tuple[dict[str, float], float]:
+    memory.reset()
+    started = time.perf_counter()
+    batch_size = context.config.optimizer.eval_batch_size
+    metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
+    return metrics, time.perf_counter() - started
+
+
+def _save_model(context: RunContext, group: WorkerGroup, output_dir: Path) -> None:
+    if context.config.parallel.strategy == "zero3":
+        from privzo.distributed.zero3 import save_gathered
+
+        save_gathered(context, group, output_dir / "model")
+    elif group.rank == 0:
+        save_weights(context.model, context.loaded.tokenizer, output_dir / "model")
+
+
+def _layout_summary(
+    config: Any,
+    group: WorkerGroup,
+    loop: TrainingLoop,
+    recorder: TrajectoryRecorder,
+    peaks: list[float],
+) -> dict[str, Any]:
+    return {
+        "strategy": config.parallel.strategy,
+        "workers": group.world_size,
+        "steps": len(recorder),  # including the steps of an attempt that failed and resumed
+        "resumed_steps": len(recorder) - len(loop.step_times),
+        "peak_memory_mb_per_worker": peaks,
+        "peak_memory_mb": max(peaks),
+    }
+
+
+def _communication_summary(
+    context: RunContext, loop: TrainingLoop, reduced_bytes: int, held: list[float]
+) -> dict[str, Any]:
+    shards = context.shards
+    return {
+        # payload of the steps' all-reduces ([sum, count(, noise)] in fp64), per step run here
+        "allreduce_bytes_per_step": reduced_bytes / max(1, len(loop.step_times)),
+        "parameter_bytes_per_worker": held,
+        "parameter_bytes_full": sum(s.size * s.tensor.element_size() for s in shards),
+    }
+
+
+def _local_parameter_bytes(context: RunContext) -> float:
+    """Bytes of trainable weights this rank holds: a partition under zero3, all of them else."""
+    return float(sum(s.tensor.numel() * s.tensor.element_size() for s in context.shards))
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

@@ -1,0 +1,116 @@
+"""DeepSpeed ZeRO stage 3, used forward-only: no optimizer state, no gradients.
+
+The model loads partitioned through transformers' DeepSpeed integration (an ``HfDeepSpeedConfig``
+kept alive while ``from_pretrained`` runs makes it build under ``deepspeed.zero.Init``), so no
+rank ever holds the whole model. Each parameter's local partition is ``param.ds_tensor``: a flat,
+contiguous slice ``[rank·P, rank·P + P)`` of the flattened parameter, P = ceil(numel / world),
+with the last rank's slice padded past ``numel``. Every rank perturbs its partition in place with
+the directions of exactly those element indices, so z stays a pure function of (seed, name,
+element index) and the padding is never touched. Forward passes gather each layer's weights
+from the partitions just before use (a collective: every rank must run the same forwards).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privzo.config import RunConfig
+from privzo.distributed.collectives import WorkerGroup
+from privzo.models.loading import apply_view, load_model, peek_kind, position_limit
+from privzo.models.peft_views import unwrap_for_scoring
+from privzo.run import RunContext, plan_privacy
+from privzo.tasks import build_task, load_splits, resolve_task_config
+from privzo.zo.directions import DirectionSampler
+from privzo.zo.perturbation import InPlacePerturber
+from privzo.zo.sweeps import ParameterShard
+
+
+def deepspeed_config() -> dict[str, Any]:
+    """Stage 3 for inference. No parameter stays resident after a forward (persistence
+    thresholds 0): a persistent parameter would keep a full copy in ``param.data`` that an
+    edit of ``ds_tensor`` does not reach."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_model_persistence_threshold": 0,
+        },
+    }
+
+
+def partition_shards(
+    named_parameters: list[tuple[str, torch.nn.Parameter]], group: WorkerGroup
+) -> list[ParameterShard]:
+    """This rank's real (unpadded) elements of every partitioned parameter."""
+    shards = []
+    for name, parameter in named_parameters:
+        local = parameter.ds_tensor.view(-1)
+        numel = parameter.ds_numel
+        offset = group.rank * local.numel()
+        length = max(0, min(local.numel(), numel - offset))
+        shards.append(ParameterShard(name, local[:length], numel, offset if length else numel))
+    return shards
+
+
+def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
+    """``run.build_context`` for a partitioned model; also returns the DeepSpeed objects that
+    must stay alive (the HfDeepSpeedConfig and the engine holding the gather hooks)."""
+    import deepspeed
+    from transformers.integrations import HfDeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend="gloo" if not config.parallel.use_gpu else "nccl")
+    group = WorkerGroup.current()
+    task_config = resolve_task_config(config.task, peek_kind(config.model))
+    splits = load_splits(task_config)
+    plan = plan_privacy(config, len(splits.train))
+    ds_config = deepspeed_config()
+    hf_deepspeed = HfDeepSpeedConfig(ds_config)  # while alive, from_pretrained partitions
+    loaded = load_model(config.model, cache_dir, progress=False)
+    engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
+    model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
+    shards = partition_shards(pairs, group)
+    perturber = InPlacePerturber(
+        shards, DirectionSampler(config.optimizer.direction, loaded.device)
+    )
+    limit = position_limit(loaded.model.config, config.model)
+    task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
+    context = RunContext(
+        config,
+        plan,
+        loaded,
+        task,
+        task.encode(splits.train),
+        task.encode(splits.test),
+        shards,
+        perturber,
+        model,
+        unwrap_for_scoring(model),
+        splits.skipped_rows,
+        task.encode(splits.validation) if splits.validation else None,
+    )
+    return context, (hf_deepspeed, engine)
+
+
+def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """Full copies of every parameter, kept (on CPU) only where ``keep``; a collective, so every
+    rank calls it, but only the saving rank ever holds the whole model."""
+    import deepspeed
+
+    state = {}
+    for name, parameter in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([parameter], modifier_rank=None):
+            if keep:
+                state[name] = parameter.data.detach().to("cpu", copy=True)
+    return state
+
+
+def save_gathered(context: RunContext, group: WorkerGroup, path: Path) -> None:
+    """Gather every parameter (one at a time) and save the whole model from rank 0."""
+    state = gathered_state_dict(context.model, keep=group.rank == 0)
+    if group.rank == 0:
+        context.model.save_pretrained(path, state_dict=state)
+        context.loaded.tokenizer.save_pretrained(path)

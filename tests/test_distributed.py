@@ -1,0 +1,353 @@
+"""Distributed runs on a real local Ray cluster (gloo on CPU) and real DeepSpeed ZeRO-3.
+
+One Ray session serves the module (starting Ray costs ~10 s, each TorchTrainer ~20 s on 2 CPUs).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.config import ConfigError, load_config
+from privzo.privacy import compute_epsilon
+from privzo.run import run
+from privzo.tracking import read_run
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MEZO = REPO / "configs" / "runs" / "tiny-mezo.yaml"
+TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+# The twins' data and schedule, shrunk to seconds: tiny-opt, 64 training examples.
+SMALL = [
+    "model.name_or_path=tiny-opt",
+    "task.examples_per_class=32",
+    "task.test_size=16",
+    "optimizer.steps=12",
+    "optimizer.batch_size=8",
+    "tracking.log_every=4",
+]
+PERTURBATION_SCALE = 1e-3  # both twins'
+ONE_LOSS_BIT_IN_G = float(np.spacing(np.float32(1.0))) / (2 * PERTURBATION_SCALE)
+FAST_REPORT = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    from privzo.distributed.launch import ray_runtime_env
+
+    previous = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+    os.environ.update(FAST_REPORT)  # the driver side of the report interval (entry point)
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env(FAST_REPORT))
+    yield ray
+    ray.shutdown()
+    if previous is None:
+        os.environ.pop("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", None)
+
+
+def _config(path: Path, *extra: str):
+    return load_config(path, [*SMALL, *extra])
+
+
+def _layout(strategy: str, workers: int) -> list[str]:
+    return [f"parallel.strategy={strategy}", f"parallel.workers={workers}"]
+
+
+def _run(config, output: Path, cache_dir: Path) -> dict:
+    return run(config, output, cache_dir=cache_dir, progress=False)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
+    """single, replica x2 and zero3 x2: same trajectory and same final weights (fp32)."""
+    layouts = {"single": ("single", 1), "replica": ("replica", 2), "zero3": ("zero3", 2)}
+    summaries, trajectories, weights = {}, {}, {}
+    for name, (strategy, workers) in layouts.items():
+        backend = "mlflow" if name == "replica" else "none"
+        config = _config(
+            TINY_MEZO, *_layout(strategy, workers), "save_model=true", f"tracking.backend={backend}"
+        )
+        output = tmp_path / "runs" / name
+        summaries[name] = _run(config, output, cache_dir)
+        trajectories[name] = pq.read_table(output / "trajectory.parquet").to_pandas()
+        weights[name] = load_file(output / "model" / "model.safetensors")
+
+    reference = trajectories["single"]
+    assert list(reference["step"]) == list(range(12))
+    for name in ("replica", "zero3"):
+        trajectory = trajectories[name]
+        assert list(trajectory["seed"]) == list(reference["seed"])
+        assert list(trajectory["batch_size"]) == [8] * 12  # the global batch, all-reduced count
+        # Each rank pads its half of the batch to its own longest example, so a loss can differ
+        # from the single-process one in its last fp32 bit; one bit of a loss near 1 is
+        # 2**-23 / (2ε) in g. Measured: at most 1.1e-5 (replica), under this bound.
+        np.testing.assert_allclose(
+            trajectory["projected_gradient"],
+            reference["projected_gradient"],
+            rtol=0,
+            atol=ONE_LOSS_BIT_IN_G,
+        )
+        assert summaries[name]["workers"] == 2 and summaries[name]["strategy"] == name
+        assert len(summaries[name]["peak_memory_mb_per_worker"]) == 2
+        assert all(peak > 0 for peak in summaries[name]["peak_memory_mb_per_worker"])
+        for key, tensor in weights["single"].items():
+            torch.testing.assert_close(weights[name][key], tensor, rtol=0, atol=1e-6)
+    assert np.abs(reference["projected_gradient"]).min() > 0  # every step moved the weights
+    assert summaries["replica"]["allreduce_bytes_per_step"] == 16  # MeZO: [sum, count] in fp64
+    zero3_held = summaries["zero3"]["parameter_bytes_per_worker"]
+    assert sum(zero3_held) == summaries["zero3"]["parameter_bytes_full"]  # no padding, no overlap
+    assert max(zero3_held) <= 0.55 * summaries["zero3"]["parameter_bytes_full"]
+    assert (
+        summaries["replica"]["parameter_bytes_per_worker"]
+        == [summaries["replica"]["parameter_bytes_full"]] * 2
+    )
+
+    # MLflow got rank 0's window metrics and the driver's artifacts, in one run
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summaries["replica"]["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    assert [step for step, _ in record["history"]["projected_gradient_abs"]] == [4, 8, 12]
+    assert record["params"]["parallel.strategy"] == "replica"
+    assert record["tags"]["privzo.trainable_parameters"] == str(
+        summaries["replica"]["trainable_parameters"]
+    )
+    assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tmp_path, cache_dir):
+    single = _run(_config(TINY_DPZERO, "tracking.backend=none"), tmp_path / "one", cache_dir)
+    replica = _run(
+        _config(TINY_DPZERO, *_layout("replica", 2), "tracking.backend=none"),
+        tmp_path / "two",
+        cache_dir,
+    )
+    for key in ("noise_multiplier", "sample_rate", "expected_batch_size", "steps"):
+        assert replica[key] == single[key], key
+    assert replica["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
+    expected = compute_epsilon(
+        noise_multiplier=single["noise_multiplier"],
+        sample_rate=8 / 64,
+        steps=12,
+        delta=1e-5,
+    )
+    assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
+    trajectory = pq.read_table(tmp_path / "two" / "trajectory.parquet")
+    assert trajectory.column("batch_size").null_count == 12  # withheld, as on one process
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, cache_dir):
+    """p = 2/64: a rank's 32-example partition is empty in ~36% of steps; the rank must still
+    join both forwards' weight gathers, or the job deadlocks."""
+    config = _config(
+        TINY_DPZERO,
+        *_layout("zero3", 2),
+        "optimizer.batch_size=2",
+        "optimizer.steps=24",
+        "tracking.backend=none",
+        "tracking.log_every=12",
+        "tracking.log_private_diagnostics=true",
+        "eval_before=false",
+    )
+    summary = _run(config, tmp_path / "z3", cache_dir)
+    assert summary["steps"] == 24
+    assert summary["empty_batches"] > 0  # rank 0's local batch was empty at least once
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"], sample_rate=2 / 64, steps=24, delta=1e-5
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+
+
+# --- bad input: a clear error before any worker starts (no Ray needed) ---------------------
+
+
+def test_expected_batch_smaller_than_workers_is_refused(tmp_path, cache_dir):
+    config = _config(TINY_MEZO, *_layout("replica", 2), "optimizer.batch_size=1")
+    with pytest.raises(ConfigError, match=r"batch_size=1 .* parallel.workers=2"):
+        _run(config, tmp_path / "out", cache_dir)
+    assert not (tmp_path / "out").exists()
+
+
+def test_zero3_needs_float32_weights(tmp_path, cache_dir):
+    config = _config(TINY_MEZO, *_layout("zero3", 2), "model.dtype=bfloat16")
+    with pytest.raises(ConfigError, match=r"model.dtype='bfloat16' with parallel.strategy='zero3'"):
+        _run(config, tmp_path / "out", cache_dir)
+
+
+def test_single_strategy_takes_one_worker():
+    with pytest.raises(ConfigError, match=r"parallel.workers=2 with parallel.strategy='single'"):
+        _config(TINY_MEZO, "parallel.workers=2")
+
+
+def test_planner_refuses_a_model_that_does_not_fit(tmp_path, cache_dir):
+    config = _config(
+        TINY_MEZO,
+        *_layout("replica", 2),
+        "parallel.use_gpu=true",
+        "model.device=auto",
+        "parallel.gpu_memory_gb=0.01",
+    )
+    with pytest.raises(ConfigError, match=r"does not fit whole in one 0.01 GiB GPU"):
+        _run(config, tmp_path / "out", cache_dir)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
+def test_more_workers_than_cpus_is_refused(ray_session, tmp_path, cache_dir):
+    config = _config(TINY_MEZO, *_layout("replica", 3))
+    with pytest.raises(ConfigError, match=r"parallel.workers=3 needs 3 CPUs .* has 2"):
+        _run(config, tmp_path / "out", cache_dir)
+    assert not (tmp_path / "out").exists()
+
+
+def _train_worker_processes() -> list:
+    """Ray Train worker processes of this test's own local cluster (our descendants only)."""
+    import psutil
+
+    workers = []
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(process.cmdline()):
+                workers.append(process)
+        except psutil.Error:
+            continue
+    return workers
+
+
+def _committed_checkpoint(root: Path) -> Path | None:
+    """A checkpoint Ray Train has registered: rank 0 writes a checkpoint's directory before the
+    report barrier completes, so only one with a later one beside it is surely committed."""
+    done = sorted(path.parent for path in root.glob("checkpoint_*/state.json"))
+    return done[-2] if len(done) >= 2 else None
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_dir):
+    """SIGKILL a worker after the first checkpoint: the run restarts its workers, keeps the
+    trajectory it had, accounts every step once and finishes with the right weights."""
+    steps = 80
+    config = _config(
+        TINY_DPZERO,
+        *_layout("replica", 2),
+        f"optimizer.steps={steps}",
+        "tracking.log_every=5",
+        "parallel.max_failures=1",
+        "save_model=true",
+        "eval_before=false",
+    )
+    output = tmp_path / "runs" / "resumed"
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = _run(config, output, cache_dir)
+        except BaseException as error:  # re-raised in the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 240
+    checkpoint = None
+    while checkpoint is None and thread.is_alive() and time.monotonic() < deadline:
+        checkpoint = _committed_checkpoint(output / "ray" / output.name)
+        time.sleep(0.02)
+    assert checkpoint is not None, "no checkpoint before the run ended"
+    kept = pq.read_table(checkpoint / "trajectory.parquet").to_pandas()
+    victims = _train_worker_processes()
+    assert len(victims) == 2
+    victims[-1].kill()
+    thread.join(timeout=300)
+    assert "error" not in outcome, outcome.get("error")
+    summary = outcome["summary"]
+
+    assert summary["steps"] == steps and summary["resumed_steps"] > 0
+    trajectory = pq.read_table(output / "trajectory.parquet").to_pandas()
+    assert list(trajectory["step"]) == list(range(steps))  # every step once
+    assert 0 < len(kept) < steps
+    prefix = trajectory.iloc[: len(kept)].reset_index(drop=True)
+    for column in ("seed", "projected_gradient", "learning_rate", "direction_scale"):
+        assert list(prefix[column]) == list(kept[column]), column  # kept, not redone
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"], sample_rate=8 / 64, steps=steps, delta=1e-5
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert read_run(uri, summary["tracking_run_id"])["metrics"]["final_epsilon"] == (
+        pytest.approx(expected, rel=1e-9)
+    )
+    # the resumed rank rebuilt θ by replay: its final weights are the whole trajectory's
+    from privzo.replay import replay
+
+    loaded, _model, replayed_steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir
+    )
+    assert replayed_steps == steps
+    trained = load_file(output / "model" / "model.safetensors")
+    replayed = loaded.model.state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(replayed[name], tensor), name
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_distributed_benchmark_measures_the_layouts(ray_session, cache_dir):
+    from privzo.distributed.bench import distributed_benchmark
+
+    result = distributed_benchmark(cache_dir, model="tiny-opt", steps=4)
+    assert result["allreduce_bytes_per_step"] == 24  # [clipped sum, count, noise] in fp64
+    assert all(t > 0 for t in result["replica_step_time_s"].values())
+    full = result["zero3_parameter_bytes_full"]
+    assert full == 28256 * 4  # tiny-opt's float32 weights
+    # two ranks hold about half each (the last rank's partition may be short of padding)
+    assert sum(result["zero3_parameter_bytes_per_rank"]) == full
+    assert all(0.45 < fraction <= 0.55 for fraction in result["zero3_fraction_per_rank"])
+    assert "replica step time, 2 workers" in result["table"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_dir):
+    """No failures allowed: a killed worker fails the run, which keeps the trajectory of its
+    latest checkpoint (like a failed single-process run) and writes no summary."""
+    config = _config(
+        TINY_MEZO,
+        *_layout("replica", 2),
+        "optimizer.steps=80",
+        "tracking.log_every=5",
+        "tracking.backend=none",
+        "eval_before=false",
+    )
+    output = tmp_path / "failed"
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = _run(config, output, cache_dir)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while _committed_checkpoint(output / "ray" / output.name) is None and thread.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    _train_worker_processes()[0].kill()
+    thread.join(timeout=300)
+    assert "summary" not in outcome and "error" in outcome
+    assert not (output / "summary.json").exists()
+    kept = pq.read_table(output / "trajectory.parquet").to_pandas()
+    assert 0 < len(kept) < 80 and len(kept) % 5 == 0
+    assert list(kept["step"]) == list(range(len(kept)))
