@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -479,9 +479,21 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-# Public names for the other config modules (the search config in privzo.tuning).
+# Public names for the other config modules (search, study and synthetic-study configs).
 Section = _Section
 format_validation_error = _format_validation_error
+read_yaml = _read_yaml
+
+_SectionT = TypeVar("_SectionT", bound=BaseModel)
+
+
+def validate_section(section: type[_SectionT], data: Any, source: str) -> _SectionT:
+    """``section.model_validate(data)``, with a validation error as a ConfigError that names
+    the field, the value and what is allowed."""
+    try:
+        return section.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
 
 
 def with_values(

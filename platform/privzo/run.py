@@ -46,7 +46,7 @@ from privzo.tasks import (
     load_splits,
     resolve_task_config,
 )
-from privzo.tracking import Tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator, make_estimator
 from privzo.zo.perturbation import Perturber, make_perturber
@@ -281,14 +281,7 @@ def _connect_tracker(
         run_name=tracking.run_name or output_dir.name,
         tags={**_run_tags(context), **(tags or {})},
     )
-    try:
-        tracker.connect()
-    except Exception as error:  # MLflow raises many types for an unreachable or bad store
-        raise ConfigError(
-            f"tracking.uri={tracking.uri or tracking_uri!r}: cannot open the tracking store "
-            f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
-        ) from None
-    return tracker
+    return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
 def _run_tags(context: RunContext) -> dict[str, str]:

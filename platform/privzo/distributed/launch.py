@@ -25,7 +25,7 @@ from privzo.run import (
     prepare_output_dir,
 )
 from privzo.tasks import load_splits, resolve_task_config
-from privzo.tracking import Tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, make_tracker
 
 
 def run_distributed(
@@ -95,14 +95,7 @@ def _launch_tracker(
             **tags,
         },
     )
-    try:
-        tracker.connect()
-    except Exception as error:  # MLflow raises many types for an unreachable or bad store
-        raise ConfigError(
-            f"tracking.uri={tracking.uri or tracking_uri!r}: cannot open the tracking store "
-            f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
-        ) from None
-    return tracker
+    return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
 def check_layout(config: RunConfig) -> None:

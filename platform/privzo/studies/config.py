@@ -22,8 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from privzo.config import (
     ALGORITHMS,
@@ -31,7 +30,8 @@ from privzo.config import (
     ConfigError,
     Section,
     apply_overrides,
-    format_validation_error,
+    read_yaml,
+    validate_section,
 )
 from privzo.synthetic.config import SyntheticStudyConfig
 
@@ -108,22 +108,14 @@ def register_study_type(name: str, config_class: type[Section]) -> None:
 def load_study_config(path: str | Path, overrides: list[str] | None = None) -> Section:
     """Read a study YAML; file paths in it are resolved relative to the file."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"study config {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    data = apply_overrides(data, overrides or [])
+    data = apply_overrides(read_yaml(path), overrides or [])
     study_type = data.get("type")
     if study_type not in STUDY_TYPES:
         raise ConfigError(
             f"{path}: type={study_type!r} is not a study type; allowed: {sorted(STUDY_TYPES)}"
         )
     _resolve_paths(data, path.parent)
-    try:
-        return STUDY_TYPES[study_type].model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, str(path))) from None
+    return validate_section(STUDY_TYPES[study_type], data, str(path))
 
 
 def _resolve_paths(data: dict[str, Any], root: Path) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
-from privzo.config import ConfigError, Section
+from privzo.config import Section
 from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
-from privzo.tracking import make_tracker
+from privzo.tracking import connect_tracker, make_tracker
 
 StudyRunner = Callable[..., dict[str, Any]]
 SYNTHETIC_CONFIG_FILE = "synthetic_config.yaml"
@@ -46,10 +46,7 @@ def run_synthetic(
         run_name=f"synthetic-{output_dir.name}",
         tags={"privzo.role": "study", "privzo.study": "synthetic-quadratic"},
     )
-    try:
-        tracker.connect()
-    except Exception as error:  # MLflow raises many types for an unreachable or bad store
-        raise ConfigError(f"tracking: cannot open the tracking store ({error})") from None
+    connect_tracker(tracker, tracking_uri)
     output_dir.mkdir(parents=True, exist_ok=True)
     with tracker:
         tracker.log_params(study.model_dump(mode="json"))

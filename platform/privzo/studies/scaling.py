@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
+from privzo.config import RunConfig, dump_config, load_config, with_values
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 from privzo.studies.config import ScalingStudyConfig
-from privzo.tracking import Tracker, default_tracking_uri, make_tracker
+from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
 
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
@@ -182,13 +182,7 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
         run_name=f"study-{study.name}",
         tags={"privzo.role": "study", "privzo.study": study.name},
     )
-    try:
-        tracker.connect()
-    except Exception as error:  # MLflow raises many types for an unreachable or bad store
-        raise ConfigError(
-            f"tracking: cannot open the tracking store ({type(error).__name__}: {error})"
-        ) from None
-    return tracker
+    return connect_tracker(tracker, tracking_uri)
 
 
 def _finished_summary(cell_dir: Path, config: RunConfig) -> dict[str, Any] | None:

@@ -19,10 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from privzo.config import ConfigError, Section, apply_overrides, format_validation_error
+from privzo.config import ConfigError, Section, apply_overrides, read_yaml, validate_section
 from privzo.privacy import ACCOUNTANTS
 
 __all__ = [
@@ -209,10 +208,7 @@ def build_synthetic_config(data: dict[str, Any], source: str = "<dict>") -> Synt
             f"invalid config ({source}):\n  type: unknown study type (got {data['type']!r}); "
             f"allowed: {STUDY_TYPE!r}"
         )
-    try:
-        return SyntheticStudyConfig.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from None
+    return validate_section(SyntheticStudyConfig, data, source)
 
 
 def load_synthetic_config(
@@ -220,9 +216,4 @@ def load_synthetic_config(
 ) -> SyntheticStudyConfig:
     """Read a study YAML, apply ``key.sub=value`` overrides, validate."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"study config {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return build_synthetic_config(apply_overrides(data, overrides or []), str(path))
+    return build_synthetic_config(apply_overrides(read_yaml(path), overrides or []), str(path))

@@ -179,16 +179,18 @@ def _plot(best: pd.DataFrame, config: SyntheticStudyConfig, path: Path) -> None:
     from matplotlib import pyplot as plt
 
     patterns = list(config.patterns)
-    figure, axes = plt.subplots(
-        1, len(patterns), figsize=(4.2 * len(patterns), 3.6), squeeze=False
-    )
+    figure, axes = plt.subplots(1, len(patterns), figsize=(4.2 * len(patterns), 3.6), squeeze=False)
     for axis, pattern in zip(axes[0], patterns, strict=True):
         rows = best[best["pattern"] == pattern]
         for algorithm in config.algorithms:
             line = rows[(rows["algorithm"] == algorithm) & np.isfinite(rows["mean"])]
             line = line.sort_values("dimension")
             axis.errorbar(
-                line["dimension"], line["mean"], yerr=line["std"], marker="o", capsize=3,
+                line["dimension"],
+                line["mean"],
+                yerr=line["std"],
+                marker="o",
+                capsize=3,
                 label=algorithm,
             )
         axis.set_xscale("log")

@@ -67,3 +67,17 @@ __all__ = [
     "read_run",
     "split_param",
 ]
+
+
+def connect_tracker(tracker: Tracker, uri: str | None) -> Tracker:
+    """Reach the tracker's store now, so an unreachable or bad store fails before compute."""
+    from privzo.config import ConfigError
+
+    try:
+        tracker.connect()
+    except Exception as error:  # MLflow raises many types for an unreachable or bad store
+        raise ConfigError(
+            f"tracking.uri={uri!r}: cannot open the tracking store "
+            f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
+        ) from None
+    return tracker

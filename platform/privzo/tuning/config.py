@@ -21,16 +21,15 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from privzo.config import (
-    ConfigError,
     RunConfig,
     Section,
     apply_overrides,
-    format_validation_error,
     load_config,
+    read_yaml,
+    validate_section,
     with_values,
 )
 
@@ -215,20 +214,12 @@ def load_search_config(path: str | Path, overrides: list[str] | None = None) -> 
     """Read a search YAML (``key.sub=value`` overrides apply to the search config itself);
     base paths are resolved relative to the search file."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"search config {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    data = apply_overrides(data, overrides or [])
+    data = apply_overrides(read_yaml(path), overrides or [])
     if isinstance(data.get("base"), str):
         data["base"] = [data["base"]]
     if isinstance(data.get("base"), list):
         data["base"] = [str((path.parent / item).resolve()) for item in data["base"]]
-    try:
-        return SearchConfig.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, str(path))) from None
+    return validate_section(SearchConfig, data, str(path))
 
 
 def base_run_config(search: SearchConfig, values: dict[str, Any] | None = None) -> RunConfig:

@@ -20,7 +20,7 @@ import yaml
 
 from privzo.config import ConfigError
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
-from privzo.tracking import Tracker, make_tracker, open_client
+from privzo.tracking import Tracker, connect_tracker, make_tracker, open_client
 from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
 from privzo.tuning.trial import SCORE, TRIALS_DIR, run_trial
@@ -136,13 +136,7 @@ def _parent_tracker(
         run_name=f"search-{output_dir.name}",
         tags={**tags, **extra_tags},
     )
-    try:
-        tracker.connect()
-    except Exception as error:  # MLflow raises many types for an unreachable or bad store
-        raise ConfigError(
-            f"tracking.uri: cannot open the tracking store ({type(error).__name__}: {error})"
-        ) from None
-    return tracker
+    return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
 def _start_ray(address: str | None) -> None:
