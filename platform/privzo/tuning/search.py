@@ -278,7 +278,8 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     ]
     rows.sort(key=lambda row: row["trial_id"])
     pd.DataFrame(rows).to_parquet(output_dir / TRIALS_FILE, index=False)
-    _close_stopped_children(tracker, plan)
+    stopped = {row["trial_id"] for row in rows if row["status"] == "stopped"}
+    _close_stopped_children(tracker, plan, stopped)
     summary = {
         "interrupted": any(row["status"] in UNFINISHED for row in rows),
         "trials_run": sum(row["status"] != "pending" for row in rows),
@@ -347,8 +348,9 @@ def best_trial(rows: list[dict[str, Any]], mode: str) -> str | None:
     return str(pick(scored, key=lambda row: row[SCORE])["trial_id"])
 
 
-def _close_stopped_children(tracker: Tracker, plan: SearchPlan) -> None:
-    """A trial ASHA stopped was killed mid-run: end its MLflow run as KILLED, not RUNNING."""
+def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str]) -> None:
+    """End as KILLED the child runs of trials that did not finish on their own: still RUNNING
+    (an interrupted attempt) or FAILED because the scheduler stopped them mid-run."""
     uri = getattr(tracker, "uri", None)
     if uri is None or tracker.run_id is None:
         return
@@ -357,12 +359,12 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan) -> None:
     if experiment is None:
         return
     children = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{tracker.run_id}' and "
-        "attributes.status = 'RUNNING'",
+        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{tracker.run_id}'"
     )
     for child in children:
-        client.set_terminated(child.info.run_id, status="KILLED")
+        status, trial = child.info.status, child.data.tags.get("privzo.trial")
+        if status == "RUNNING" or (status == "FAILED" and trial in stopped):
+            client.set_terminated(child.info.run_id, status="KILLED")
 
 
 def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
