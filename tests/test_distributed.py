@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from privzo.config import ConfigError, load_config
 from privzo.privacy import compute_epsilon
-from privzo.run import run
+from privzo.run import RunHooks, run
 from privzo.tracking import read_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,11 +232,69 @@ def _committed_checkpoint(root: Path) -> Path | None:
     return done[-2] if len(done) >= 2 else None
 
 
+PAUSE_AT = 15  # steps done when rank 0 pauses: checkpoints for 5, 10 and 15 exist by then
+PAUSE_LIMIT_S = 600  # a paused rank 0 that nobody kills fails the run instead of hanging
+
+
+def _pause_rank0(pid_file: Path) -> RunHooks:
+    """Rank 0's first attempt writes its PID and waits to be killed once ``PAUSE_AT`` steps
+    are done and checkpointed; a resumed attempt finds the PID file and goes on.
+
+    While rank 0 waits, rank 1 blocks in the next step's all-reduce, so the run cannot finish
+    before the test kills the paused worker, however fast or slow the machine is. (The hook is
+    a closure so that cloudpickle ships it by value to the worker.)"""
+
+    def after_window(context, steps_done: int, metrics: dict[str, float]) -> None:
+        if steps_done < PAUSE_AT or pid_file.exists():
+            return
+        written = pid_file.with_suffix(".tmp")
+        written.write_text(str(os.getpid()))
+        written.rename(pid_file)  # the test never reads a half-written PID
+        deadline = time.monotonic() + PAUSE_LIMIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise RuntimeError(f"rank 0 paused {PAUSE_LIMIT_S} s and was not killed")
+
+    return RunHooks(after_window=after_window)
+
+
+def _start_paused_run(config, output: Path, cache_dir: Path, pid_file: Path):
+    """Start the run in a thread; return it, its outcome dict and the paused rank-0 process
+    (checked to be one of this test's own Ray Train workers)."""
+    import psutil
+
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = run(
+                config, output, cache_dir=cache_dir, progress=False, hooks=_pause_rank0(pid_file)
+            )
+        except BaseException as error:  # re-raised in the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 300  # a loaded machine starts Ray Train slowly
+    while not pid_file.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), f"rank 0 never paused at step {PAUSE_AT}: {outcome}"
+    paused = int(pid_file.read_text())
+    assert paused in {process.pid for process in _train_worker_processes()}
+    assert thread.is_alive()  # the run cannot have finished: its rank 0 is paused
+    return thread, outcome, psutil.Process(paused)
+
+
+def _kill(process) -> None:
+    process.kill()
+    process.wait(timeout=60)  # gone before the test looks at what the run did next
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_dir):
-    """SIGKILL a worker after the first checkpoint: the run restarts its workers, keeps the
-    trajectory it had, accounts every step once and finishes with the right weights."""
+    """SIGKILL rank 0 while it is paused after a checkpoint: the run restarts its workers, keeps
+    the trajectory it had, accounts every step once and finishes with the right weights."""
     steps = 80
     config = _config(
         TINY_DPZERO,
@@ -248,34 +306,20 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
         "eval_before=false",
     )
     output = tmp_path / "runs" / "resumed"
-    outcome: dict = {}
-
-    def train() -> None:
-        try:
-            outcome["summary"] = _run(config, output, cache_dir)
-        except BaseException as error:  # re-raised in the test thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=train)
-    thread.start()
-    deadline = time.monotonic() + 240
-    checkpoint = None
-    while checkpoint is None and thread.is_alive() and time.monotonic() < deadline:
-        checkpoint = _committed_checkpoint(output / "ray" / output.name)
-        time.sleep(0.02)
-    assert checkpoint is not None, "no checkpoint before the run ended"
+    thread, outcome, victim = _start_paused_run(config, output, cache_dir, tmp_path / "rank0.pid")
+    checkpoint = _committed_checkpoint(output / "ray" / output.name)
+    assert checkpoint is not None, "no committed checkpoint while rank 0 is paused"
     kept = pq.read_table(checkpoint / "trajectory.parquet").to_pandas()
-    victims = _train_worker_processes()
-    assert len(victims) == 2
-    victims[-1].kill()
-    thread.join(timeout=300)
+    _kill(victim)
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the resumed run did not finish in 600 s"
     assert "error" not in outcome, outcome.get("error")
     summary = outcome["summary"]
 
-    assert summary["steps"] == steps and summary["resumed_steps"] > 0
+    assert summary["steps"] == steps and summary["resumed_steps"] >= len(kept) > 0
     trajectory = pq.read_table(output / "trajectory.parquet").to_pandas()
     assert list(trajectory["step"]) == list(range(steps))  # every step once
-    assert 0 < len(kept) < steps
+    assert len(kept) < steps
     prefix = trajectory.iloc[: len(kept)].reset_index(drop=True)
     for column in ("seed", "projected_gradient", "learning_rate", "direction_scale"):
         assert list(prefix[column]) == list(kept[column]), column  # kept, not redone
@@ -330,24 +374,12 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
         "eval_before=false",
     )
     output = tmp_path / "failed"
-    outcome: dict = {}
-
-    def train() -> None:
-        try:
-            outcome["summary"] = _run(config, output, cache_dir)
-        except BaseException as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=train)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while _committed_checkpoint(output / "ray" / output.name) is None and thread.is_alive():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    _train_worker_processes()[0].kill()
-    thread.join(timeout=300)
+    thread, outcome, victim = _start_paused_run(config, output, cache_dir, tmp_path / "rank0.pid")
+    _kill(victim)
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the failed run did not end in 600 s"
     assert "summary" not in outcome and "error" in outcome
     assert not (output / "summary.json").exists()
     kept = pq.read_table(output / "trajectory.parquet").to_pandas()
-    assert 0 < len(kept) < 80 and len(kept) % 5 == 0
+    assert PAUSE_AT <= len(kept) < 80 and len(kept) % 5 == 0
     assert list(kept["step"]) == list(range(len(kept)))

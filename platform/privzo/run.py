@@ -201,8 +201,10 @@ class RunHooks:
     """What a caller (a search trial) adds to a run without a second training loop.
 
     ``after_window(context, step, metrics)`` runs after each logging window (e.g. to report to
-    Ray Tune); ``final_scores(context)`` runs on the trained model before the summary is
-    written and returns extra summary values (e.g. a noised selection score).
+    Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
+    shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
+    trained model before the summary is written and returns extra summary values (e.g. a noised
+    selection score); single-process runs only.
     """
 
     after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None
@@ -231,10 +233,10 @@ def run(
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
-        if hooks is not None:
+        if hooks is not None and hooks.final_scores is not None:
             raise ConfigError(
-                f"parallel.strategy={config.parallel.strategy!r}: a search trial or other "
-                "caller's run hooks need the model in this process; use strategy 'single'"
+                f"parallel.strategy={config.parallel.strategy!r}: a search trial's final scores "
+                "need the model in this process; use strategy 'single'"
             )
         return run_distributed(
             config,
@@ -245,6 +247,7 @@ def run(
             tracking_root=tracking_root,
             tracking_uri=tracking_uri,
             tags=tags,
+            after_window=hooks.after_window if hooks is not None else None,
         )
     check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,12 @@ def run_distributed(
     tracking_root: Path | None = None,
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
+    after_window: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
-    """``privzo.run.run`` for ``parallel.strategy`` 'replica' or 'zero3' (same records)."""
+    """``privzo.run.run`` for ``parallel.strategy`` 'replica' or 'zero3' (same records).
+
+    ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
+    """
     check_output_dir(output_dir, overwrite)
     check_layout(config)
     splits = load_splits(resolve_task_config(config.task, peek_kind(config.model)))
@@ -59,6 +63,7 @@ def run_distributed(
         params["tracking"].pop("uri")
         tracker.log_params(params)
         settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
+        settings["after_window"] = after_window  # a callable: Ray pickles it with cloudpickle
         result = fit(config, settings, output_dir)
         (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
         summary = result["summary"]

@@ -32,6 +32,7 @@ from privzo.memory import PeakMemory
 from privzo.models.loading import save_weights
 from privzo.run import (
     RunContext,
+    RunHooks,
     TrainingLoop,
     _final_metrics,
     _make_estimator,
@@ -50,6 +51,8 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     config = build_config(settings["config"], source="parallel worker")
     group = WorkerGroup.current()
     context, keep_alive = _build(config, Path(settings["cache_dir"]))
+    if group.rank == 0:  # the caller's hook acts where the run reports, as its tracker does
+        context.hooks = RunHooks(after_window=settings.get("after_window"))
     tracker = _rank_tracker(group, settings["tracking"])
     tracker.set_tags(_run_tags(context))  # sizes and metric: known once the model is built
     outcome = _train_and_evaluate(context, tracker, group)
