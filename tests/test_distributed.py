@@ -35,7 +35,12 @@ SMALL = [
 ]
 PERTURBATION_SCALE = 1e-3  # both twins'
 ONE_LOSS_BIT_IN_G = float(np.spacing(np.float32(1.0))) / (2 * PERTURBATION_SCALE)
-FAST_REPORT = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+# Reports every 0.1 s instead of 2 s; and a worker group may take up to 10 minutes to start, not
+# Ray's 60 s (under load 8-12 on 2 cores, starting two workers that import torch took longer).
+RAY_TEST_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +48,16 @@ def ray_session():
     ray = pytest.importorskip("ray")
     from privzo.distributed.launch import ray_runtime_env
 
-    previous = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
-    os.environ.update(FAST_REPORT)  # the driver side of the report interval (entry point)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env(FAST_REPORT))
+    previous = {name: os.environ.get(name) for name in RAY_TEST_ENV}
+    os.environ.update(RAY_TEST_ENV)  # the driver side (entry point) and the cluster it starts
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env(RAY_TEST_ENV))
     yield ray
     ray.shutdown()
-    if previous is None:
-        os.environ.pop("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", None)
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _config(path: Path, *extra: str):

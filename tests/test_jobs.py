@@ -66,7 +66,13 @@ def head_node():
             "object-manager-port", "ray-client-server-port",
         )
     }  # fmt: skip
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # the head's workers inherit its environment: Ray Train's worker group may take 10 minutes
+    # to start on a loaded machine, not Ray's 60 s
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+    }
     env.pop("RAY_ADDRESS", None)
     command = [
         RAY, "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
