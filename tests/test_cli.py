@@ -184,3 +184,29 @@ def test_plan_command_json_and_table(capsys):
     assert "opt-125m" in table and "opt-66b" in table and "NO" in table
     assert main(["plan", "--model", "opt-7b", "--gpus", "1", "--gpu-memory-gb", "24"]) == 2
     assert "opt-7b" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_version(capsys):
+    from privzo import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"privzo {__version__}"
+
+
+def test_help_speaks_to_users_not_developers(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "parse, build, call, print" not in text
+    assert "without backpropagation" in text and "--version" in text
+
+
+def test_run_help_documents_config_output_dir_and_overrides(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "a run config (YAML)" in text
+    assert "the run's directory" in text  # --output-dir has a help line
+    assert "optimizer.steps=800 privacy.epsilon=4 --output-dir runs/x" in text  # an example

@@ -309,16 +309,44 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "Private fine-tuning of language models without backpropagation (DPZero / DP-ZO, MeZO and "
+    "first-order baselines), with privacy accounting, Ray Train / Tune scale-out and MLflow "
+    "records. Start with `privzo demo`; `privzo COMMAND --help` describes each command."
+)
+RUN_EPILOG = """examples:
+  privzo run configs/runs/tiny-dpzero.yaml --output-dir runs/tiny-dp
+  privzo run configs/runs/tiny-dpzero.yaml optimizer.steps=800 privacy.epsilon=4 --output-dir runs/x
+
+The output directory receives config.yaml, summary.json and trajectory.parquet."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="privzo", description=__doc__)
+    from privzo import __version__
+
+    parser = argparse.ArgumentParser(prog="privzo", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"privzo {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="one fine-tuning run")
-    run.add_argument("config", type=Path, help="a run config (YAML)")
-    run.add_argument(
-        "overrides", nargs="*", help="more config files to merge, then key.sub=value overrides"
+    run = commands.add_parser(
+        "run",
+        help="one fine-tuning run",
+        description="Fine-tune, evaluate and record one run.",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--output-dir", type=Path, required=True)
+    run.add_argument("config", type=Path, help="a run config (YAML), e.g. configs/runs/*.yaml")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        help="more config files to merge, then key.sub=value overrides (e.g. optimizer.steps=800)",
+    )
+    run.add_argument(
+        "--output-dir",
+        type=Path,
+        required=True,
+        help="the run's directory: refused if it holds another run (see --overwrite)",
+    )
     run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_cache_dir(run)
