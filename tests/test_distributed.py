@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from privzo.config import ConfigError, load_config
+from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
@@ -335,6 +336,9 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
         noise_multiplier=summary["noise_multiplier"], sample_rate=8 / 64, steps=steps, delta=1e-5
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    # 16 windows checkpointed over two attempts; Ray keeps only the newest two
+    kept_dirs = [path for path in (output / "ray" / output.name).iterdir() if path.is_dir()]
+    assert len(kept_dirs) == CHECKPOINTS_KEPT
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     assert read_run(uri, summary["tracking_run_id"])["metrics"]["final_epsilon"] == (
         pytest.approx(expected, rel=1e-9)

@@ -231,9 +231,12 @@ def worker_settings(
     }
 
 
+CHECKPOINTS_KEPT = 2
+
+
 def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[str, Any]:
     """Run the workers under a TorchTrainer and return rank 0's result."""
-    from ray.train import FailureConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -254,6 +257,9 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
             name=output_dir.name,
             storage_path=str(storage.resolve()) if "://" not in str(storage) else str(storage),
             failure_config=FailureConfig(max_failures=parallel.max_failures),
+            # the newest checkpoint is what a restart resumes from; one more in case the newest
+            # is incomplete when a worker dies (each holds the whole trajectory so far)
+            checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
         ),
     )
     try:
@@ -263,7 +269,18 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
         raise
     value = result.return_value
     assert value is not None, "rank 0 returns the run's summary and trajectory"
+    _prune_checkpoints(storage / output_dir.name)
     return value
+
+
+def _prune_checkpoints(checkpoints: Path) -> None:
+    """Ray keeps the newest registered checkpoints, but not one a killed attempt uploaded and
+    never registered: after a finished run, only the newest ``CHECKPOINTS_KEPT`` stay."""
+    if not checkpoints.is_dir():  # remote storage (a URI) is Ray's to manage
+        return
+    found = sorted(path for path in checkpoints.glob("checkpoint_*") if path.is_dir())
+    for stale in found[:-CHECKPOINTS_KEPT]:
+        shutil.rmtree(stale)
 
 
 def _keep_checkpointed_steps(checkpoints: Path, output_dir: Path) -> None:
