@@ -8,9 +8,18 @@ import math
 import pytest
 import torch
 
-from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_seed, step_seed
+from privzo.zo.directions import (
+    BLOCK_SIZE,
+    DIRECTIONS_VERSION,
+    GENERATORS,
+    DirectionSampler,
+    block_seed,
+    resolve_generator,
+    step_seed,
+)
 from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
 from privzo.zo.perturbation import InPlacePerturber, VirtualPerturber, make_perturber
+from privzo.zo.philox import LANES, STREAM_DIRECTION, element_values, philox4x32, philox_key
 from privzo.zo.step import zo_step
 from privzo.zo.sweeps import ParameterShard, full_shards, sweep
 from privzo.zo.trajectory import (
@@ -23,11 +32,52 @@ from privzo.zo.trajectory import (
 SIZE = 2 * BLOCK_SIZE + 1234  # three blocks, the last one partial
 
 
+# Known-answer vectors of Philox-4x32-10 published with Random123 (kat_vectors): counter, key,
+# output. The all-ones case makes every 32x32-bit product overflow int64's sign bit.
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize(("counter", "key", "expected"), PHILOX_KAT)
+def test_philox_matches_the_published_known_answers(counter, key, expected):
+    words = philox4x32(tuple(torch.tensor([c], dtype=torch.int64) for c in counter), key)
+    assert tuple(int(word) for word in words) == expected
+
+
+def test_philox_elements_of_any_slice_are_generated_at_their_offsets():
+    key = philox_key(3, "w")
+    full = element_values(key, STREAM_DIRECTION, 0, 70_001, "normal", torch.device("cpu"))
+    for start, stop in [(0, 1), (1, 6), (3, 70_001), (65_535, 65_541), (70_000, 70_001)]:
+        piece = element_values(key, STREAM_DIRECTION, start, stop, "normal", torch.device("cpu"))
+        assert torch.equal(piece, full[start:stop])
+    other_stream = element_values(key, 1, 0, 70_001, "normal", torch.device("cpu"))
+    assert not torch.equal(other_stream, full)
+    assert full.dtype == torch.float32 and LANES == 4
+
+
+def test_generator_defaults_by_device_and_rejects_unknown_names():
+    assert resolve_generator("auto", "cpu") == "torch-blocks"
+    assert resolve_generator("auto", "cuda") == "philox"
+    assert resolve_generator("philox", "cpu") == "philox"
+    with pytest.raises(ValueError, match="generator"):
+        DirectionSampler("gaussian", generator="mt")
+
+
+@pytest.mark.parametrize("generator", GENERATORS)
 @pytest.mark.parametrize("distribution", ["gaussian", "rademacher", "sphere"])
-def test_direction_is_a_pure_function_of_seed_name_and_index(distribution):
-    sampler = DirectionSampler(distribution)
+def test_direction_is_a_pure_function_of_seed_name_and_index(distribution, generator):
+    sampler = DirectionSampler(distribution, generator=generator)
     full = sampler.slice(7, "layer.weight", SIZE, 0, SIZE)
-    again = DirectionSampler(distribution).slice(7, "layer.weight", SIZE, 0, SIZE)
+    again = DirectionSampler(distribution, generator=generator).slice(
+        7, "layer.weight", SIZE, 0, SIZE
+    )
     assert torch.equal(full, again)
     for start, stop in [(0, 10), (5, BLOCK_SIZE + 3), (BLOCK_SIZE - 1, SIZE), (SIZE - 1, SIZE)]:
         assert torch.equal(sampler.slice(7, "layer.weight", SIZE, start, stop), full[start:stop])
@@ -35,12 +85,15 @@ def test_direction_is_a_pure_function_of_seed_name_and_index(distribution):
     assert not torch.equal(full, sampler.slice(7, "layer.bias", SIZE, 0, SIZE))
 
 
-def test_direction_distributions_have_the_right_moments():
-    gaussian = DirectionSampler("gaussian").slice(1, "w", SIZE, 0, SIZE)
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_direction_distributions_have_the_right_moments(generator):
+    gaussian = DirectionSampler("gaussian", generator=generator).slice(1, "w", SIZE, 0, SIZE)
     assert abs(gaussian.mean()) < 0.02 and abs(gaussian.std() - 1) < 0.02
-    rademacher = DirectionSampler("rademacher").slice(1, "w", SIZE, 0, SIZE)
+    assert abs(float((gaussian.double() ** 4).mean()) - 3) < 0.1  # Gaussian kurtosis
+    rademacher = DirectionSampler("rademacher", generator=generator).slice(1, "w", SIZE, 0, SIZE)
     assert set(rademacher.unique().tolist()) == {-1.0, 1.0}
-    sphere = DirectionSampler("sphere")
+    assert abs(float(rademacher.mean())) < 0.02
+    sphere = DirectionSampler("sphere", generator=generator)
     scale = sphere.scale(1, [("w", SIZE), ("b", 10)])
     raw = torch.cat([sphere.slice(1, "w", SIZE, 0, SIZE), sphere.slice(1, "b", 10, 0, 10)])
     assert math.isclose(float((raw.double() * scale).norm()), math.sqrt(SIZE + 10), rel_tol=1e-9)
@@ -62,13 +115,15 @@ def _split_shards(tensor: torch.Tensor, name: str, cuts: list[int]) -> list[Para
     ]
 
 
-def test_sweep_is_independent_of_how_parameters_are_split():
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_sweep_is_independent_of_how_parameters_are_split(generator):
     base = torch.randn(SIZE)
     whole = base.clone()
-    sweep([ParameterShard("w", whole, SIZE)], DirectionSampler("gaussian"), 3, 0.5)
+    sampler = DirectionSampler("gaussian", generator=generator)
+    sweep([ParameterShard("w", whole, SIZE)], sampler, 3, 0.5)
     pieces = base.clone()
     shards = _split_shards(pieces, "w", [100, BLOCK_SIZE + 7, SIZE - 5])
-    sweep(shards, DirectionSampler("gaussian"), 3, 0.5)
+    sweep(shards, sampler, 3, 0.5)
     assert torch.equal(whole, pieces)
     assert not torch.equal(whole, base)
 
@@ -83,10 +138,11 @@ def test_in_place_perturbation_refuses_half_precision():
     )
 
 
-def _quadratic_setup():
+def _quadratic_setup(generator: str = "torch-blocks"):
     torch.manual_seed(0)
     theta = torch.nn.Parameter(torch.randn(50), requires_grad=False)
-    perturber = InPlacePerturber(full_shards([("theta", theta)]), DirectionSampler("gaussian"))
+    sampler = DirectionSampler("gaussian", generator=generator)
+    perturber = InPlacePerturber(full_shards([("theta", theta)]), sampler)
 
     def losses(_batch):
         return (torch.sin(theta) + 0.5 * theta**2).unsqueeze(0).sum(dim=1)
@@ -185,10 +241,13 @@ def test_unknown_algorithm_is_rejected():
         make_estimator("sgd")
 
 
-def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
-    theta, perturber, losses = _quadratic_setup()
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path, generator):
+    theta, perturber, losses = _quadratic_setup(generator)
     base = theta.detach().clone()
-    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", {}, 0, "quadratic", "float32", "inplace")
+    meta = TrajectoryMeta(
+        1e-3, "gaussian", "cpu", "full", {}, 0, "quadratic", "float32", "inplace", generator
+    )
     recorder = TrajectoryRecorder(meta, release_batch_size=False)
     estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
     for step in range(30):
@@ -211,9 +270,41 @@ def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path):
     assert table.column("batch_size").null_count == 30  # withheld in private runs
     replayed = base.clone()
     shards = full_shards([("theta", torch.nn.Parameter(replayed))])
-    replay_steps(InPlacePerturber(shards, DirectionSampler("gaussian")), table, meta)
+    replay_steps(
+        InPlacePerturber(shards, DirectionSampler("gaussian", generator=generator)), table, meta
+    )
     assert torch.equal(replayed, theta.detach())
     assert not torch.equal(replayed, base)
+
+
+def test_replay_refuses_another_directions_version_or_generator(tmp_path):
+    _theta, perturber, losses = _quadratic_setup("philox")
+    old = TrajectoryMeta(
+        1e-3, "gaussian", "cpu", "full", {}, 0, "q", "float32", "inplace", "philox", 1
+    )
+    recorder = TrajectoryRecorder(old, release_batch_size=True)
+    recorder.append(
+        zo_step(
+            step=0,
+            seed=1,
+            perturber=perturber,
+            batch=None,
+            batch_size=1,
+            loss_fn=losses,
+            estimator=MeanEstimator(),
+            learning_rate=0.01,
+            perturbation_scale=1e-3,
+        )
+    )
+    recorder.write(tmp_path / "old.parquet")
+    table, meta = read_trajectory(tmp_path / "old.parquet")
+    with pytest.raises(
+        ValueError, match=f"version 1; this privzo draws version {DIRECTIONS_VERSION}"
+    ):
+        replay_steps(perturber, table, meta)
+    current = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", {}, 0, "q", "float32", "inplace")
+    with pytest.raises(ValueError, match="'torch-blocks' generator"):
+        replay_steps(perturber, table, current)
 
 
 def _tiny_half_model(dtype: torch.dtype) -> torch.nn.Module:

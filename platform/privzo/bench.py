@@ -5,7 +5,9 @@ measures peak memory of: an inference forward (the same scoring forward the step
 step, a DPZero step, and a reference 4-sweep step (perturb +ε, −2ε, +ε, then a separate update)
 to show what fusing the restore into the update saves, and one sweep alone (a step is about two
 forwards plus three sweeps; on CPU a sweep is dominated by drawing z from torch's sequential
-generator). Every figure printed is measured here.
+generator), and the same sweep with the counter-based Philox generator (the CUDA default; on
+CPU drawn in torch integer ops, which is why the CPU default stays torch-blocks). Every figure
+printed is measured here.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def zo_step_benchmark(repeats: int = 5, progress: bool = True) -> dict[str, Any]
     model, batch, label_ids = _bench_model()
     shards = full_shards(model.named_parameters())
     sampler = DirectionSampler("gaussian")
+    philox = DirectionSampler("gaussian", generator="philox")
     perturber = InPlacePerturber(shards, sampler)
     memory = PeakMemory("cpu")
     estimators = {
@@ -142,6 +145,7 @@ def zo_step_benchmark(repeats: int = 5, progress: bool = True) -> dict[str, Any]
     cases = {
         "forward": loss,
         "one_sweep": lambda: sweep(shards, sampler, 7, 1e-9),
+        "one_sweep_philox": lambda: sweep(shards, philox, 7, 1e-9),
         "mezo": fused("mezo"),
         "dpzero": fused("dpzero"),
         "mezo_4sweep": four_sweep("mezo"),
@@ -165,6 +169,9 @@ def _report(
     ratios["fused_over_4sweep_time"] = measured["dpzero"][0] / measured["dpzero_4sweep"][0]
     # A step is about 2 forwards + 3 sweeps: this says how much of the step is direction work.
     ratios["sweep_over_forward_time"] = measured["one_sweep"][0] / forward_time
+    ratios["philox_sweep_over_sweep_time"] = (
+        measured["one_sweep_philox"][0] / measured["one_sweep"][0]
+    )
     result = {
         "model": {**BENCH_MODEL, "parameters": parameters},
         "batch_size": BATCH_SIZE,
@@ -215,6 +222,7 @@ def _table(result: dict[str, Any]) -> str:
         ),
         ("fused 3-sweep / 4-sweep time", ratios["fused_over_4sweep_time"], None),
         ("one sweep / forward time", ratios["sweep_over_forward_time"], None),
+        ("philox sweep / sweep time", ratios["philox_sweep_over_sweep_time"], None),
     ]
     for label, value, target in checks:
         verdict = "" if target is None else (" ok" if value <= target else " ABOVE TARGET")

@@ -186,6 +186,13 @@ class OptimizerConfig(_Section):
     lr_schedule: Literal["constant", "linear"] = "constant"
     perturbation_scale: float = Field(1e-3, gt=0, description="ZO smoothing radius (MeZO's ε).")
     direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
+    generator: Literal["auto", "philox", "torch-blocks"] = Field(
+        "auto",
+        description="Generator of the directions: counter-based 'philox' (replays on any device) "
+        "or 'torch-blocks' (the device's torch generator per 65,536-element block, faster on "
+        "CPU, replays on the device type it ran on); 'auto' is philox on CUDA, torch-blocks on "
+        "CPU.",
+    )
     batch_size: int = Field(16, ge=1, description="Expected batch size (Poisson: p·N).")
     eval_batch_size: int = Field(64, ge=1)
     first_order: FirstOrderConfig = Field(default_factory=FirstOrderConfig)

@@ -34,7 +34,7 @@ def replay(
     )
     loaded = load_model(model_config, cache_dir, progress=progress)
     model, pairs = apply_view(loaded.model, model_config, seed=meta.view_seed)
-    directions = DirectionSampler(meta.direction, loaded.device)
+    directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
     perturber = make_perturber(model, full_shards(pairs), directions)
     steps = replay_steps(perturber, table, meta)
     return loaded, model, steps

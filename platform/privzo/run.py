@@ -47,7 +47,7 @@ from privzo.tasks import (
     resolve_task_config,
 )
 from privzo.tracking import Tracker, connect_tracker, make_tracker
-from privzo.zo.directions import DirectionSampler, step_seed
+from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
 from privzo.zo.estimators import GradientEstimator, make_estimator
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.schedules import make_schedule
@@ -177,7 +177,11 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = full_shards(pairs)
-    directions = DirectionSampler(config.optimizer.direction, loaded.device)
+    directions = DirectionSampler(
+        config.optimizer.direction,
+        loaded.device,
+        resolve_generator(config.optimizer.generator, loaded.device),
+    )
     perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     return RunContext(
@@ -388,6 +392,7 @@ def _trajectory_meta(context: RunContext) -> TrajectoryMeta:
         model=config.model.name_or_path,
         dtype=config.model.dtype,
         perturbation=context.perturber.mode,
+        generator=context.perturber.sampler.generator,
     )
 
 

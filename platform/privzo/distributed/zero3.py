@@ -23,7 +23,7 @@ from privzo.models.loading import apply_view, load_model, peek_kind, position_li
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.run import RunContext, plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
-from privzo.zo.directions import DirectionSampler
+from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.perturbation import InPlacePerturber
 from privzo.zo.sweeps import ParameterShard
 
@@ -73,8 +73,9 @@ def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext,
     engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = partition_shards(pairs, group)
+    generator = resolve_generator(config.optimizer.generator, loaded.device)
     perturber = InPlacePerturber(
-        shards, DirectionSampler(config.optimizer.direction, loaded.device)
+        shards, DirectionSampler(config.optimizer.direction, loaded.device, generator)
     )
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)

@@ -8,8 +8,9 @@ Two ways, chosen by the weights' dtype:
 - ``VirtualPerturber`` (bf16 / fp16): in half precision θ + εz − 2εz + εz drifts visibly from θ
   (a bf16 ulp is 2⁻⁸ relative), so θ is never perturbed in place. A forward pre-hook on each
   module that owns trainable weights swaps in θ + c·z (computed in fp32, block by block, rounded
-  once) for that module's forward only, and the update is one fp32 sweep rounded once. Extra
-  memory: one module's weights at a time.
+  once) for that module's forward only, and the update is one fp32 sweep rounded once,
+  stochastically (``privzo.zo.rounding``), so updates below half an ulp still land in
+  expectation. Extra memory: one module's weights at a time.
 
 Both expose the same three calls, used identically by training and by replay.
 """
@@ -23,6 +24,8 @@ import torch
 from torch import nn
 
 from privzo.zo.directions import DirectionSampler
+from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
+from privzo.zo.rounding import stochastic_round
 from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, sweep
 
 
@@ -97,7 +100,7 @@ class VirtualPerturber(Perturber):
     def update(self, seed: int, coefficient: float) -> None:
         self._coefficient = 0.0
         for shard in self.shards:
-            _rounded_sweep(shard, self.sampler, seed, coefficient)
+            rounded_update(shard, self.sampler, seed, coefficient)
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -148,15 +151,25 @@ def _perturbed_copy(
 
 
 @torch.no_grad()
-def _rounded_sweep(
+def rounded_update(
     shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
 ) -> None:
-    """θ ← round(θ + c·z) with the arithmetic in fp32: one rounding per step."""
+    """θ ← round(θ + c·z), the arithmetic in fp32 and one stochastic rounding per step.
+
+    The rounding uniforms are Philox stream 1 keyed by (seed, name) at the elements' indices
+    (whatever the direction generator), so replay repeats every decision.
+    """
     if coefficient == 0.0:
         return
+    key = philox_key(seed, shard.name)
     for local, direction in iter_direction_blocks(shard, sampler, seed):
         view = shard.tensor[local]
-        view.copy_(view.float().add_(direction, alpha=coefficient))
+        start = shard.offset + local.start
+        uniforms = element_values(
+            key, STREAM_ROUNDING, start, start + view.numel(), "uniform", view.device
+        )
+        updated = view.float().add_(direction, alpha=coefficient)
+        view.copy_(stochastic_round(updated, uniforms, view.dtype))
 
 
 def make_perturber(

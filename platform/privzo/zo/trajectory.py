@@ -45,6 +45,7 @@ class TrajectoryMeta:
     model: str
     dtype: str
     perturbation: str  # "inplace" (fp32) or "virtual" (half precision)
+    generator: str = "torch-blocks"  # of the directions (privzo.zo.directions.GENERATORS)
     directions_version: int = DIRECTIONS_VERSION
 
 
@@ -107,7 +108,13 @@ def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) ->
     if meta.directions_version != DIRECTIONS_VERSION:
         raise ValueError(
             f"trajectory uses directions version {meta.directions_version}; this privzo draws "
-            f"version {DIRECTIONS_VERSION}, so replay would not reproduce the run"
+            f"version {DIRECTIONS_VERSION}, so replay would not reproduce the run; replay it with "
+            "the privzo release that trained it"
+        )
+    if meta.generator != perturber.sampler.generator:
+        raise ValueError(
+            f"trajectory was drawn with the {meta.generator!r} generator but the replay samples "
+            f"directions with {perturber.sampler.generator!r}"
         )
     if meta.perturbation != perturber.mode:
         raise ValueError(
