@@ -85,8 +85,10 @@ def test_grid_override_for_an_algorithm_that_is_not_run_is_rejected() -> None:
 
 def test_per_algorithm_grid_overrides_only_what_it_names() -> None:
     config = build_synthetic_config(
-        {"grid": {"learning_rates": [0.1], "clip_thresholds": [1.0, 2.0]},
-         "algorithm_grids": {"dp-gd": {"learning_rates": [0.5]}}}
+        {
+            "grid": {"learning_rates": [0.1], "clip_thresholds": [1.0, 2.0]},
+            "algorithm_grids": {"dp-gd": {"learning_rates": [0.5]}},
+        }
     )
     assert config.grid_for("dp-gd").learning_rates == [0.5]
     assert config.grid_for("dp-gd").clip_thresholds == [1.0, 2.0]
@@ -187,16 +189,18 @@ def test_noiseless_step_is_the_mean_clipped_update(problem, name: str) -> None: 
     x = rng.normal(size=(2, problem.dimension))
     z = rng.normal(size=problem.dimension)
     rates, clips = np.array([0.1, 0.7]), np.array([0.2, 3.0])
-    inputs = StepInputs(problem, z if ALGORITHMS[name].zeroth_order else None, rates, clips, 0.0,
-                        SecretNormal())
+    inputs = StepInputs(
+        problem, z if ALGORITHMS[name].zeroth_order else None, rates, clips, 0.0, SecretNormal()
+    )
     stepped = ALGORITHMS[name].step(x, inputs, {})
     for k in range(2):
         if name == "dp-gd":
             contributions = problem.example_gradients(x[k])
         else:
             delta = 1e-4
-            diffs = (problem.example_losses(x[k] + delta * z)
-                     - problem.example_losses(x[k] - delta * z)) / (2 * delta)
+            diffs = (
+                problem.example_losses(x[k] + delta * z) - problem.example_losses(x[k] - delta * z)
+            ) / (2 * delta)
             if name == "dpzero":
                 contributions = np.clip(diffs, -clips[k], clips[k])[:, None] * z[None, :]
             else:
@@ -216,7 +220,11 @@ def test_sigma_is_privzos_calibration_for_full_batch_steps() -> None:
         {"steps": 250, "privacy": {"epsilon": 1.5, "delta": 1e-5, "accountant": "rdp"}}
     )
     expected = calibrate_noise_multiplier(
-        epsilon=1.5, delta=1e-5, sample_rate=1.0, steps=250, mechanism="gaussian",
+        epsilon=1.5,
+        delta=1e-5,
+        sample_rate=1.0,
+        steps=250,
+        mechanism="gaussian",
         accountant="rdp",
     )
     assert study_noise_multiplier(config) == expected
@@ -230,8 +238,9 @@ def test_noise_is_secret_and_scaled_by_sigma(problem, name: str) -> None:  # typ
     rates, clips = np.array([0.05]), np.array([1.0])
 
     def final(sigma: float) -> float:
-        result = run_algorithm(name, problem, rates, clips, steps=20, noise_multiplier=sigma,
-                               seed=7)
+        result = run_algorithm(
+            name, problem, rates, clips, steps=20, noise_multiplier=sigma, seed=7
+        )
         return float(result.final_gradient_norm[0])
 
     assert final(0.0) == final(0.0)
