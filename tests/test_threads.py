@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,20 @@ def test_cli_reads_the_affinity_of_its_process():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize(("given", "used"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_cli_makes_openmp_threads_wait_passively_unless_the_user_chose(given, used):
+    """Set before torch loads its OpenMP runtime (which reads it once); the user's choice wins."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    code = (
+        "import os, sys; from privzo.cli import main; "
+        "main(['plan', '--model', 'opt-125m', '--gpus', '1', '--gpu-memory-gb', '80']); "
+        "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split()[-2:] == [used, "True"]  # the command loaded torch after it
