@@ -70,10 +70,7 @@ def load_hf_rows(source: HubSource) -> tuple[list[Row], list[Row]]:
 
     GLUE-style test splits carry no labels, so presets use the labelled validation split there.
     """
-    require_extra(
-        "datasets",
-        f"hub dataset {source.dataset!r} (or local files in task.train_path / task.data_dir)",
-    )
+    require_extra("datasets", f"loading the hub dataset {source.dataset!r}")
     import datasets
 
     loaded = datasets.load_dataset(source.dataset, source.subset)
