@@ -101,7 +101,7 @@ CHECKS = {
     "privzo study configs/studies/tiny-scaling.yaml": _wrote("report/report.md"),
     "privzo study configs/studies/synthetic-quadratic.yaml": _wrote("synthetic_summary.json"),
     "privzo report": _wrote("report.md"),
-    "privzo bench zo-step": _printed("DPZero"),
+    "privzo bench zo-step": _printed("ZO step benchmark", "dpzero"),
     "privzo bench memory": _printed("dpzero"),
     "privzo bench distributed": _printed("replica"),
     "privzo plan": _printed("opt-66b"),
