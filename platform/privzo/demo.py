@@ -9,11 +9,15 @@ scored on the same held-out test set and recorded in one MLflow store.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from privzo.config import RunConfig, load_config
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.threads import threads_per_process, use_threads
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
@@ -30,16 +34,52 @@ def run_demo(
     quick: bool = False,
     arms_only: bool = False,
     config_dir: Path = CONFIG_DIR,
+    cores: int = 1,
 ) -> list[dict[str, Any]]:
     """Run (or reuse finished) demo arms under ``output_dir``, print the comparison table, then
     run (or resume) the small search in ``output_dir/search`` and the scaling study over the
-    built-in model sizes in ``output_dir/scaling``, printing their tables."""
+    built-in model sizes in ``output_dir/scaling``, printing their tables and each part's time.
+
+    ``cores`` is what this process may use (the entry point reads its affinity and cgroup
+    quota): the parts run one at a time, each sized to all of it.
+    """
     output_dir = Path(output_dir).resolve()
     if not all((config_dir / name).is_file() for name in ARMS.values()):
         raise FileNotFoundError(
             f"the demo's configs {sorted(ARMS.values())} are not in {config_dir}: run the demo "
             "from a checkout installed with `pip install -e .`"
         )
+    use_threads(cores)  # the arms and the study's cells train in this process, one at a time
+    started = time.perf_counter()
+    with timed("arms"):
+        rows = _run_arms(output_dir, cache_dir, config_dir, quick)
+    if not arms_only:
+        with timed("search"):
+            _run_search(output_dir / "search", cache_dir, config_dir / SEARCH_CONFIG, quick, cores)
+        with timed("scaling study"):
+            _run_scaling_study(output_dir / "scaling", cache_dir, config_dir / STUDY_CONFIG, quick)
+    print(f"\ndemo: {time.perf_counter() - started:.0f} s in all ({cores} cores)")
+    print(
+        f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
+        "\n(then open http://127.0.0.1:5000: experiments 'privzo-tiny', 'privzo-tiny-search' "
+        "and 'tiny-scaling')"
+    )
+    return rows
+
+
+@contextmanager
+def timed(part: str, echo: Callable[[str], None] = print) -> Iterator[None]:
+    """Print the part's measured wall time when it ends (also when it fails)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        echo(f"[{part}: {time.perf_counter() - started:.0f} s]")
+
+
+def _run_arms(
+    output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool
+) -> list[dict[str, Any]]:
     overrides = ["optimizer.steps=20"] if quick else []
     summaries = {}
     for arm, config_name in ARMS.items():
@@ -56,29 +96,36 @@ def run_demo(
         )
     rows = _table_rows(summaries)
     print(format_table(rows))
-    if not arms_only:
-        _run_search(output_dir / "search", cache_dir, config_dir / SEARCH_CONFIG, quick)
-        _run_scaling_study(output_dir / "scaling", cache_dir, config_dir / STUDY_CONFIG, quick)
-    print(
-        f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        "\n(then open http://127.0.0.1:5000: experiments 'privzo-tiny', 'privzo-tiny-search' "
-        "and 'tiny-scaling')"
-    )
     return rows
 
 
-def _run_search(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
+def _run_search(
+    output_dir: Path, cache_dir: Path, config_path: Path, quick: bool, cores: int
+) -> None:
+    import ray
+
     from privzo.tuning import SearchConfig, load_search_config, run_search
 
-    search = load_search_config(config_path)
+    data = load_search_config(config_path).model_dump(mode="json")
     if quick:
-        data = search.model_dump(mode="json")
         data["space"]["optimizer.steps"] = QUICK_SEARCH_STEPS
-        search = SearchConfig.model_validate(data)
+    # the trials that run at once share this machine's cores (the config's count assumes two)
+    resources = data["resources"]
+    resources["cpus_per_trial"] = threads_per_process(cores, resources["concurrency"])
+    search = SearchConfig.model_validate(data)
     print(f"\nsearch: {config_path.resolve()} (Ray Tune; every trial at the same (ε, δ))")
-    run_search(
-        search, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent, progress=False
-    )
+    try:
+        run_search(
+            search,
+            output_dir,
+            cache_dir=cache_dir,
+            num_cpus=cores,
+            tracking_root=output_dir.parent,
+            progress=False,
+        )
+    finally:
+        # Ray's daemons and idle trial workers would take CPU from the study that follows
+        ray.shutdown()
 
 
 def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:

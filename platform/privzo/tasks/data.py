@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError
+from privzo.extras import require_extra
 from privzo.tasks.presets import HubSource
 
 Row = dict[str, Any]
@@ -69,13 +70,9 @@ def load_hf_rows(source: HubSource) -> tuple[list[Row], list[Row]]:
 
     GLUE-style test splits carry no labels, so presets use the labelled validation split there.
     """
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            f"hub dataset {source.dataset!r} needs the 'datasets' package: pip install "
-            "'privzo[hub]', or export the data to local files and set task.train_path"
-        ) from None
+    require_extra("datasets", f"loading the hub dataset {source.dataset!r}")
+    import datasets
+
     loaded = datasets.load_dataset(source.dataset, source.subset)
     for split in (source.train_split, source.test_split):
         if split not in loaded:

@@ -32,6 +32,7 @@ from privzo.config import (
     validate_section,
     with_values,
 )
+from privzo.extras import require_extra
 
 # Keys a search may vary. The privacy budget (ε, δ) is fixed: it is what every trial meets.
 SEARCHABLE = (
@@ -162,6 +163,8 @@ class SearchConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> SearchConfig:
         _check_space(self)
+        if self.algorithm == "optuna":
+            require_extra("optuna", "algorithm='optuna'")
         if self.algorithm == "grid" and self.trials.distribution != "fixed":
             raise ValueError(
                 "algorithm='grid' runs every point once: use trials.distribution=fixed"

@@ -60,6 +60,7 @@ def run_search(
     *,
     cache_dir: Path,
     ray_address: str | None = None,
+    num_cpus: int | None = None,
     tracking_uri: str | None = None,
     tracking_root: Path | None = None,
     tags: dict[str, str] | None = None,
@@ -69,7 +70,9 @@ def run_search(
     """Plan, run (or resume) and record the search; returns the search summary.
 
     Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
-    ``output_dir``), shared by the parent run and every trial.
+    ``output_dir``), shared by the parent run and every trial. ``num_cpus`` is what a local Ray
+    (no ``ray_address``) may schedule: the cores this process may use, which Ray would otherwise
+    take from the machine.
     """
     output_dir = Path(output_dir).resolve()
     tracking_root = Path(tracking_root or output_dir).resolve()
@@ -83,7 +86,7 @@ def run_search(
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
     tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
-    _start_ray(ray_address)
+    _start_ray(ray_address, num_cpus)
     _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
     if state is None:
@@ -139,11 +142,13 @@ def _parent_tracker(
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
-def _start_ray(address: str | None) -> None:
+def _start_ray(address: str | None, num_cpus: int | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        # a cluster's address brings its own CPU count; Ray refuses num_cpus when connecting
+        cpus = {"num_cpus": num_cpus} if address is None and num_cpus else {}
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, **cpus)
 
 
 def _check_resources(search: SearchConfig) -> None:
@@ -185,6 +190,8 @@ def _fit(
         "tracking_uri": tracking_uri,
         "parent_run_id": state.parent_run_id,
         "search_name": output_dir.name,
+        # each trial's torch threads: the CPUs Tune reserves for it, so trials never share cores
+        "threads": max(1, int(search.resources.cpus_per_trial)),
     }
     # the fixed settings travel beside the sampled point, so Tune's tables show only the point
     trainable = tune.with_resources(

@@ -16,6 +16,7 @@ from privzo.config import dump_config
 from privzo.privacy.mechanisms import get_mechanism
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, run
 from privzo.tasks.data import read_rows
+from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
 
 SCORE = "selection_score"
@@ -77,6 +78,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # one bar per trial and load is noise in logs
+    use_threads(setup["threads"])
     search = SearchConfig.model_validate(setup["search"])
     point: dict[str, Any] = {**trial_config["point"], **setup["derived"]}
     config = base_run_config(search, point)

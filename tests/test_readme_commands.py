@@ -1,0 +1,164 @@
+"""The README's "Running" commands, run as written, so the README and the code cannot drift.
+
+The commands are read from the README itself. Each runs in a fresh directory holding a copy of
+``configs/`` (the README's paths are relative to a checkout), with small sizes appended through
+the overrides and options the README documents, and a model cache of its own; the test checks
+the exit code and what each command writes or prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs the network
+# Smaller sizes appended to a command (by its leading words): only overrides / options the README
+# documents for that command, so the command as written still decides what runs.
+SHRINK = {
+    "privzo run": ["optimizer.steps=20"],
+    "privzo tune": ["trials.count=1"],
+    "privzo study configs/studies/tiny-scaling.yaml": ["models=[demo-opt-s]"],
+    "privzo study configs/studies/synthetic-quadratic.yaml": [
+        "dimensions=[20]",
+        "patterns=[rank-d]",
+        "seeds=[0]",
+        "steps=50",
+    ],
+    "privzo bench zo-step": ["--repeats", "1"],
+    "privzo bench memory": ["--repeats", "1"],
+    "privzo bench distributed": ["--steps", "3"],
+}
+# commands that build or cache models take the test's own cache
+CACHED = (
+    "privzo run",
+    "privzo replay",
+    "privzo tune",
+    "privzo study",
+    "privzo bench memory",
+    "privzo bench distributed",
+)
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """(command, its comment) for each line of the first bash block of "## Running"."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Running\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        command, _, comment = line.partition("#")
+        if command.strip():
+            commands.append((command.strip(), comment.strip()))
+    return commands
+
+
+def _output_dir(words: list[str], cwd: Path) -> Path:
+    return cwd / words[words.index("--output-dir") + 1]
+
+
+def _wrote(*names: str) -> Callable[[list[str], Path, str], None]:
+    def check(words: list[str], cwd: Path, stdout: str) -> None:
+        for name in names:
+            assert (_output_dir(words, cwd) / name).is_file(), f"no {name}"
+
+    return check
+
+
+def _printed(*fragments: str) -> Callable[[list[str], Path, str], None]:
+    def check(words: list[str], cwd: Path, stdout: str) -> None:
+        for fragment in fragments:
+            assert fragment in stdout, f"{fragment!r} not printed"
+
+    return check
+
+
+def _epsilon_json(words: list[str], cwd: Path, stdout: str) -> None:
+    assert json.loads(stdout.strip().splitlines()[-1])["epsilon"] > 0
+
+
+def _run_record(words: list[str], cwd: Path, stdout: str) -> None:
+    output = _output_dir(words, cwd)
+    _wrote("summary.json", "config.yaml")(words, cwd, stdout)
+    # zeroth-order runs write their trajectory; first-order (DP-SGD) ones their weights instead
+    assert (output / "trajectory.parquet").is_file() or (output / "model").is_dir()
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["steps"] == 20 and 0 <= summary["metric_after"] <= 1
+
+
+CHECKS = {
+    "privzo run": _run_record,
+    "privzo replay": _wrote("config.json"),
+    "privzo privacy calibrate": _printed("noise multiplier σ"),
+    "privzo privacy epsilon": _epsilon_json,
+    "privzo tune": _wrote("search_summary.json", "trials.parquet"),
+    "privzo study configs/studies/tiny-scaling.yaml": _wrote("report/report.md"),
+    "privzo study configs/studies/synthetic-quadratic.yaml": _wrote("synthetic_summary.json"),
+    "privzo report": _wrote("report.md"),
+    "privzo bench zo-step": _printed("ZO step benchmark", "dpzero"),
+    "privzo bench memory": _printed("dpzero"),
+    "privzo bench distributed": _printed("replica"),
+    "privzo plan": _printed("opt-66b"),
+}
+
+
+def _starts_with(command: str, words: str) -> bool:
+    return command == words or command.startswith(words + " ")
+
+
+def _matching(table: dict[str, object], command: str) -> object | None:
+    """The entry whose key is the longest leading part of ``command``."""
+    keys = [key for key in table if _starts_with(command, key)]
+    return table[max(keys, key=len)] if keys else None
+
+
+def test_every_readme_command_is_checked_or_explicitly_needs_the_hub():
+    commands = readme_commands()
+    assert len(commands) >= 15, "the Running block was not found where expected"
+    for command, comment in commands:
+        assert command.startswith("privzo "), command
+        assert NEEDS_HUB in comment or _matching(CHECKS, command) is not None, (
+            f"add a check for the README command {command!r}"
+        )
+
+
+def _words(command: str, cwd: Path) -> list[str]:
+    words = shlex.split(command.replace("$PWD", str(cwd)))
+    words += _matching(SHRINK, command) or []
+    if any(_starts_with(command, key) for key in CACHED):
+        words += ["--cache-dir", str(cwd / "cache")]
+    return words
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.ray
+def test_readme_running_commands_work_as_written(tmp_path):
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    # a user's shell: no tracking server or Ray cluster of this machine's other work
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    for command, comment in readme_commands():
+        if NEEDS_HUB in comment:
+            continue  # offline here; tests/test_prepare.py runs it on a local copy
+        words = _words(command, tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-m", "privzo.cli", *words[1:]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        check = _matching(CHECKS, command)
+        assert callable(check)
+        check(words, tmp_path, done.stdout)
