@@ -41,7 +41,7 @@ def process_cores() -> int:
     return available_cores(affinity, quota)
 
 
-def _useprocess_cores() -> int:
+def _use_process_cores() -> int:
     """Size torch's pools to the cores available to this one process (a run, a study's cells
     one after another) and return the count."""
     from privzo.threads import use_threads
@@ -87,7 +87,7 @@ def _run_command(args: argparse.Namespace) -> int:
     overrides = [item for item in args.overrides if "=" in item]
     config = load_config([args.config, *extra_files], overrides)
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
-        _useprocess_cores()
+        _use_process_cores()
     summary = run(
         config,
         args.output_dir,
@@ -324,7 +324,7 @@ def _study_command(args: argparse.Namespace) -> int:
 
     _quiet_libraries()
     study = load_study_config(args.config, args.overrides)
-    _useprocess_cores()  # cells train one after another in this process
+    _use_process_cores()  # cells train one after another in this process
     options: dict[str, Any] = {
         "cache_dir": args.cache_dir,
         "tracking_uri": os.environ.get("MLFLOW_TRACKING_URI") or None,

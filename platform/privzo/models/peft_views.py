@@ -242,7 +242,8 @@ def _import_peft(view: str) -> Any:
         import peft
     except ImportError as error:
         raise ImportError(
-            f"PEFT view {view!r} needs the 'peft' package (pip install peft)"
+            f"PEFT view {view!r} needs the 'peft' package, a dependency of privzo that this "
+            "environment lacks: reinstall privzo (pip install -e . in a checkout)"
         ) from error
     return peft
 
