@@ -143,6 +143,7 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tm
     assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
     trajectory = pq.read_table(tmp_path / "two" / "trajectory.parquet")
     assert trajectory.column("batch_size").null_count == 12  # withheld, as on one process
+    assert replica["peak_memory_mb_per_worker"] is None and replica["peak_memory_mb"] is None
 
 
 @pytest.mark.ray

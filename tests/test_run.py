@@ -14,7 +14,7 @@ from privzo.cli import main
 from privzo.config import ConfigError, load_config
 from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.replay import replay
-from privzo.run import _make_sampler, plan_privacy, run
+from privzo.run import RESOURCE_FIGURES, _make_sampler, plan_privacy, run
 from privzo.tracking import read_run
 
 
@@ -51,7 +51,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
         delta=1e-5,
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert summary["peak_memory_mb"] > 0 and summary["mean_step_time_s"] > 0
+    for figure in RESOURCE_FIGURES:  # they follow the sampled records: withheld
+        assert summary[figure] is None, figure
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert load_config(output / "config.yaml") == config
 
@@ -73,6 +74,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
     assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary["epsilon"])
     for private_diagnostic in ("train_loss", "step_time_s", "nonfinite_differences"):
         assert private_diagnostic not in record["history"]  # data-dependent: not logged
+    for figure in RESOURCE_FIGURES:
+        assert f"final_{figure}" not in record["metrics"], figure
     assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
     assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
     assert "tracking.uri" not in record["params"]
@@ -250,6 +253,8 @@ def test_private_diagnostics_are_logged_only_when_asked(tmp_path, sentiment_file
     history = read_run(uri, summary["tracking_run_id"])["history"]
     assert {"train_loss", "step_time_s", "nonfinite_differences"} <= set(history)
     assert summary["nonfinite_differences"] == 0 and summary["empty_batches"] >= 0
+    assert all(summary[figure] > 0 for figure in RESOURCE_FIGURES)
+    assert {f"final_{figure}" for figure in RESOURCE_FIGURES} <= set(history)
 
 
 def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_files, cache_dir):

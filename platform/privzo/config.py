@@ -352,6 +352,13 @@ class RunConfig(_Section):
         return self
 
     @property
+    def releases_diagnostics(self) -> bool:
+        """Whether data-dependent figures (training loss, times, peak memory, counts, exact
+        validation metrics) may be released: always for a non-private run, for a private one
+        only with ``tracking.log_private_diagnostics`` (outside its guarantee)."""
+        return not self.optimizer.is_private or self.tracking.log_private_diagnostics
+
+    @property
     def mechanism(self) -> str | None:
         if not self.optimizer.is_private:
             return None

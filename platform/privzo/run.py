@@ -500,7 +500,7 @@ class TrainingLoop:
     @property
     def log_diagnostics(self) -> bool:
         """Whether data-dependent diagnostics may be logged (see ``_window_metrics``)."""
-        return not self.private or self.context.config.tracking.log_private_diagnostics
+        return self.context.config.releases_diagnostics
 
     def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:
         """Public metrics always; diagnostics only where they release nothing private.
@@ -578,7 +578,6 @@ def _summary(
         "metric_before": before[0][metric] if before else None,
         "metric_after": after[0][metric],
         **scores,
-        "eval_time_s": after[1],
         "private": plan.private,
         "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
         "epsilon_target": config.privacy.epsilon if plan.private else None,
@@ -596,15 +595,40 @@ def _summary(
         "skipped_rows": context.skipped_rows,
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "model_parameters": model_parameters(context.scoring_model),
-        "peak_memory_mb": loop.peak_mb,
-        "step_peak_memory_mb": loop.step_peak_mb,
-        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
-        "wall_time_s": time.perf_counter() - started,
+        **_resource_figures(loop, after, started),
         "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
         "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
         "device": context.loaded.device.type,
         "dtype": config.model.dtype,
         "tracking_run_id": tracker.run_id,
+    }
+
+
+RESOURCE_FIGURES = (
+    "eval_time_s",
+    "peak_memory_mb",
+    "step_peak_memory_mb",
+    "mean_step_time_s",
+    "wall_time_s",
+)
+
+
+def _resource_figures(loop: TrainingLoop, after: Evaluation, started: float) -> dict[str, Any]:
+    """Peak memory and times, or None for each in a private run without diagnostics.
+
+    Batches are padded to their longest example and an empty Poisson batch skips the forwards,
+    so these figures follow which (and how many) records were sampled; the accountant does not
+    cover them. Generation's evaluation time follows the trained model's answers.
+    """
+    if not loop.log_diagnostics:
+        return dict.fromkeys(RESOURCE_FIGURES)
+    times = loop.step_times
+    return {
+        "eval_time_s": after[1],
+        "peak_memory_mb": loop.peak_mb,
+        "step_peak_memory_mb": loop.step_peak_mb,
+        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
+        "wall_time_s": time.perf_counter() - started,
     }
 
 

@@ -245,8 +245,9 @@ def _layout_summary(
         "workers": group.world_size,
         "steps": len(recorder),  # including the steps of an attempt that failed and resumed
         "resumed_steps": len(recorder) - len(loop.step_times),
-        "peak_memory_mb_per_worker": peaks,
-        "peak_memory_mb": max(peaks),
+        # withheld like the run's own figures (privzo.run._resource_figures) when private
+        "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
+        "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,
     }
 
 
