@@ -15,7 +15,7 @@ from privzo.config import ConfigError, load_config
 from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.replay import replay
 from privzo.run import RESOURCE_FIGURES, _make_sampler, plan_privacy, run
-from privzo.tracking import read_run
+from privzo.tracking import open_client, read_run
 
 
 def _config(train: Path, test: Path, *extra: str):
@@ -76,6 +76,11 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
         assert private_diagnostic not in record["history"]  # data-dependent: not logged
     for figure in RESOURCE_FIGURES:
         assert f"final_{figure}" not in record["metrics"], figure
+    client = open_client(uri)  # no timing either: metrics are stamped start + step
+    start = client.get_run(summary["tracking_run_id"]).info.start_time
+    stamps = client.get_metric_history(summary["tracking_run_id"], "epsilon_spent")
+    assert sorted((m.step, m.timestamp) for m in stamps) == [(s, start + s) for s in (5, 10, 12)]
+    assert record["end_time"] == start
     assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
     assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
     assert "tracking.uri" not in record["params"]

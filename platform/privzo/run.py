@@ -280,6 +280,7 @@ def _connect_tracker(
         output_root=(tracking_root or output_dir.parent).resolve(),
         run_name=tracking.run_name or output_dir.name,
         tags={**_run_tags(context), **(tags or {})},
+        release_timing=context.config.releases_diagnostics,
     )
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 

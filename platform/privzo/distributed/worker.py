@@ -50,7 +50,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     config = build_config(settings["config"], source="parallel worker")
     group = WorkerGroup.current()
     context, keep_alive = _build(config, Path(settings["cache_dir"]))
-    tracker = _rank_tracker(group, settings["tracking"])
+    tracker = _rank_tracker(group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(_run_tags(context))  # sizes and metric: known once the model is built
     outcome = _train_and_evaluate(context, tracker, group)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
@@ -118,7 +118,7 @@ def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
     return build_context(config, cache_dir, progress=False), None
 
 
-def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
+def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any], release_timing: bool) -> Tracker:
     """Rank 0 logs into the run the launcher created; the other ranks log nowhere."""
     if group.rank != 0 or tracking["backend"] == "none":
         tracker: Tracker = NoopTracker()
@@ -130,6 +130,7 @@ def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
         experiment=tracking["experiment"],
         output_root=Path(tracking["output_root"]),
         run_name=tracking["run_name"],
+        release_timing=release_timing,
     )
     tracker.attach(tracking["run_id"])  # type: ignore[attr-defined]
     return tracker
