@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from privzo.baselines.dpgd import clip_coefficients, direction_norm
-from privzo.baselines.first_order import FirstOrderLoop
+from privzo.baselines.first_order import FirstOrderLoop, zero_nonfinite_grad_samples
 from privzo.baselines.loop import trainable_parameters
 from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.memory import PeakMemory
@@ -310,3 +310,34 @@ def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
     assert cases["dpsgd-full"]["step_extra_mb"] > cases["dpzero"]["step_extra_mb"]
     assert cases["dpsgd-lora"]["trainable_parameters"] < full
     assert "dpsgd-bitfit" in result["table"]
+
+
+def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_files, cache_dir):
+    """A finite loss can still back-propagate to a non-finite gradient (an overflow in the
+    backward); Opacus' clip factor is then NaN and the noisy sum of the step NaN. The example
+    must contribute nothing, be counted, and the step stay finite."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "privacy.noise_multiplier=2.0",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    parameters = trainable_parameters(context)
+    loop.start()
+    try:
+        loop._per_example_loss([0, 5, 9]).mean().backward()
+        loop._fold_token_rows(3)
+        parameters[0].grad_sample[1].view(-1)[0] = float("nan")  # example 5's gradient
+        parameters[-1].grad_sample[2].view(-1)[0] = float("inf")  # example 9's gradient
+        kept = parameters[0].grad_sample[0].clone()
+        unusable = zero_nonfinite_grad_samples(parameters, 3)
+        assert unusable.tolist() == [False, True, True]
+        assert all(float(p.grad_sample[1:].abs().sum()) == 0 for p in parameters)
+        assert torch.equal(parameters[0].grad_sample[0], kept)  # a finite example is untouched
+        loop.optimizer.step()
+        assert all(torch.isfinite(p).all() for p in parameters)
+    finally:
+        loop.finish()
