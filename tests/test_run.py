@@ -299,3 +299,25 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view
     assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
     full = replay_base(cache_dir)
     assert summary["trainable_parameters"] < sum(t.numel() for t in full.values())
+
+
+@pytest.mark.parametrize("diagnostics", [False, True])
+def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
+    tmp_path, sentiment_files, cache_dir, caplog, diagnostics
+):
+    """A perturbation of 1e38 overflows every loss; the count of non-finite differences is
+    data-dependent, so a private run prints it only when diagnostics are on."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.steps=2",
+        "optimizer.perturbation_scale=1e38",
+        "tracking.backend=none",
+        "eval_before=false",
+        f"tracking.log_private_diagnostics={str(diagnostics).lower()}",
+    )
+    with caplog.at_level("WARNING", logger="privzo.run"):
+        summary = run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
+    printed = "non-finite" in caplog.text
+    assert printed == diagnostics
+    if diagnostics:
+        assert summary["nonfinite_differences"] > 0

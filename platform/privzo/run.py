@@ -329,7 +329,7 @@ def _train_and_evaluate(
             recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
     validation = _validation_metrics(context, loop)
-    if loop.nonfinite:  # on the operator's console only: the count is data-dependent
+    if loop.nonfinite and loop.log_diagnostics:  # the count is data-dependent: a diagnostic
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
