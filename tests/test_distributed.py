@@ -307,7 +307,7 @@ def test_distributed_benchmark_measures_the_layouts(ray_session, cache_dir):
     from privzo.distributed.bench import distributed_benchmark
 
     result = distributed_benchmark(cache_dir, model="tiny-opt", steps=4)
-    assert result["allreduce_bytes_per_step"] == 24  # [clipped sum, count, noise] in fp64
+    assert result["allreduce_bytes_per_step"] == 16  # [noisy clipped sum, count] in fp64
     assert all(t > 0 for t in result["replica_step_time_s"].values())
     full = result["zero3_parameter_bytes_full"]
     assert full == 28256 * 4  # tiny-opt's float32 weights

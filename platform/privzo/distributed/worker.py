@@ -257,7 +257,7 @@ def _communication_summary(
 ) -> dict[str, Any]:
     shards = context.shards
     return {
-        # payload of the steps' all-reduces ([sum, count(, noise)] in fp64), per step run here
+        # payload of the steps' all-reduces ([sum (noised by rank 0), count] in fp64), per step
         "allreduce_bytes_per_step": reduced_bytes / max(1, len(loop.step_times)),
         "parameter_bytes_per_worker": held,
         "parameter_bytes_full": sum(s.size * s.tensor.element_size() for s in shards),
