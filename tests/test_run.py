@@ -321,3 +321,23 @@ def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
     assert printed == diagnostics
     if diagnostics:
         assert summary["nonfinite_differences"] > 0
+
+
+def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, cache_dir):
+    """ZeRO-3 ranks join both forwards even when their Poisson share is empty; the input is the
+    task's public example, never a private record (here: records wiped, a step still runs)."""
+    from privzo.memory import PeakMemory
+    from privzo.run import TrainingLoop, build_context
+    from privzo.tracking import NoopTracker
+
+    config = _config(*sentiment_files, "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    context.train.input_ids.clear()  # nothing private left to read
+    sampler = PoissonSampler(64, 1e-12)  # an empty batch (probability 1 - 6.4e-11)
+    loop = TrainingLoop(
+        context, NoopTracker(), PeakMemory(), sampler=sampler, forward_on_empty=True
+    )
+    record = loop.step(0)
+    assert loop.empty_batches == 1 and record.nonfinite == 0
+    example = context.task.public_example()
+    assert len(example) == 1 and "film" not in context.loaded.tokenizer.decode(example.input_ids[0])

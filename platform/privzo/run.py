@@ -422,8 +422,9 @@ class TrainingLoop:
         """``sampler``, ``estimator`` and ``on_window`` (called with the steps done and the
         window's metrics, before they are logged) let a distributed worker take its share of
         batches, all-reduce, and report / checkpoint; the defaults are the single-process run's.
-        ``forward_on_empty``: an empty local batch still runs both forwards on a dummy example
-        whose loss is discarded (ZeRO-3 gathers weights collectively in every forward)."""
+        ``forward_on_empty``: an empty local batch still runs both forwards on the task's public
+        example (built from the template, no record), whose loss is discarded (ZeRO-3 gathers
+        weights collectively in every forward)."""
         self.context = context
         self.tracker = tracker
         self.memory = memory
@@ -476,8 +477,8 @@ class TrainingLoop:
         indices = self.sampler.next_batch()
         batch = context.task.collate(context.train, indices) if len(indices) else None
         batch_size, keep = len(indices), len(indices)
-        if self.forward_on_empty and not len(indices):
-            batch, batch_size = context.task.collate(context.train, [0]), 1
+        if self.forward_on_empty and not len(indices):  # a public input: no record is read
+            batch, batch_size = context.task.collate(context.task.public_example(), [0]), 1
         self.memory.reset()
         started = time.perf_counter()
         record = zo_step(
