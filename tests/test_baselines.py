@@ -196,6 +196,7 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
     loop.start()
     try:
         loop._physical = iter([[]])  # the batch manager's view of an empty Poisson batch
+        assert loop.optimizer.secure_mode  # noise robust to floating-point attacks
         losses, empty = loop._private_step()
     finally:
         loop.finish()
@@ -341,3 +342,32 @@ def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_fil
         assert all(torch.isfinite(p).all() for p in parameters)
     finally:
         loop.finish()
+
+
+def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, cache_dir):
+    """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ)."""
+    from privzo.baselines.dpgd import DpgdLoop
+
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "privacy.accountant=rdp",
+        "model.dtype=bfloat16",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = DpgdLoop(context, NoopTracker(), PeakMemory())
+    loop.start()
+    loop._generator = torch.Generator().manual_seed(7)  # a known draw, to recompute it here
+    before = [shard.tensor.detach().clone() for shard in context.shards]
+    loop._add_noise(-0.3)
+    noise = torch.empty(sum(t.numel() for t in before)).normal_(
+        0.0, loop.noise_std, generator=torch.Generator().manual_seed(7)
+    )
+    offset = 0
+    for shard, old in zip(context.shards, before, strict=True):
+        part = noise[offset : offset + old.numel()].view_as(old)
+        expected = (old.float() - 0.3 * part).to(torch.bfloat16)
+        assert shard.tensor.dtype == torch.bfloat16 and torch.equal(shard.tensor, expected)
+        offset += old.numel()
+    loop.finish()

@@ -86,6 +86,9 @@ class FirstOrderLoop(BaselineLoop):
             expected_batch_size=int(plan.expected_batch_size),
             loss_reduction="mean",
             generator=secret_torch_generator(self.context.loaded.device),
+            # each coordinate's noise is a sum of 4 draws (/2), which defeats the floating-
+            # point attacks on a single Gaussian draw (Opacus' secure mode, arXiv 2107.10138)
+            secure_mode=True,
         )
         loader = torch.utils.data.DataLoader(
             list(range(len(self.context.train))),
