@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from privzo.baselines.dpgd import clip_coefficients, direction_norm
-from privzo.baselines.first_order import FirstOrderLoop
+from privzo.baselines.first_order import FirstOrderLoop, zero_nonfinite_grad_samples
 from privzo.baselines.loop import trainable_parameters
 from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.memory import PeakMemory
@@ -196,6 +196,7 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
     loop.start()
     try:
         loop._physical = iter([[]])  # the batch manager's view of an empty Poisson batch
+        assert loop.optimizer.secure_mode  # noise robust to floating-point attacks
         losses, empty = loop._private_step()
     finally:
         loop.finish()
@@ -310,3 +311,63 @@ def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
     assert cases["dpsgd-full"]["step_extra_mb"] > cases["dpzero"]["step_extra_mb"]
     assert cases["dpsgd-lora"]["trainable_parameters"] < full
     assert "dpsgd-bitfit" in result["table"]
+
+
+def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_files, cache_dir):
+    """A finite loss can still back-propagate to a non-finite gradient (an overflow in the
+    backward); Opacus' clip factor is then NaN and the noisy sum of the step NaN. The example
+    must contribute nothing, be counted, and the step stay finite."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "privacy.noise_multiplier=2.0",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    parameters = trainable_parameters(context)
+    loop.start()
+    try:
+        loop._per_example_loss([0, 5, 9]).mean().backward()
+        loop._fold_token_rows(3)
+        parameters[0].grad_sample[1].view(-1)[0] = float("nan")  # example 5's gradient
+        parameters[-1].grad_sample[2].view(-1)[0] = float("inf")  # example 9's gradient
+        kept = parameters[0].grad_sample[0].clone()
+        unusable = zero_nonfinite_grad_samples(parameters, 3)
+        assert unusable.tolist() == [False, True, True]
+        assert all(float(p.grad_sample[1:].abs().sum()) == 0 for p in parameters)
+        assert torch.equal(parameters[0].grad_sample[0], kept)  # a finite example is untouched
+        loop.optimizer.step()
+        assert all(torch.isfinite(p).all() for p in parameters)
+    finally:
+        loop.finish()
+
+
+def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, cache_dir):
+    """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ)."""
+    from privzo.baselines.dpgd import DpgdLoop
+
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpgd-0th",
+        "privacy.accountant=rdp",
+        "model.dtype=bfloat16",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = DpgdLoop(context, NoopTracker(), PeakMemory())
+    loop.start()
+    loop._generator = torch.Generator().manual_seed(7)  # a known draw, to recompute it here
+    before = [shard.tensor.detach().clone() for shard in context.shards]
+    loop._add_noise(-0.3)
+    noise = torch.empty(sum(t.numel() for t in before)).normal_(
+        0.0, loop.noise_std, generator=torch.Generator().manual_seed(7)
+    )
+    offset = 0
+    for shard, old in zip(context.shards, before, strict=True):
+        part = noise[offset : offset + old.numel()].view_as(old)
+        expected = (old.float() - 0.3 * part).to(torch.bfloat16)
+        assert shard.tensor.dtype == torch.bfloat16 and torch.equal(shard.tensor, expected)
+        offset += old.numel()
+    loop.finish()

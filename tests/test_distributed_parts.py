@@ -58,7 +58,10 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
     )
     # zero differences: g is pure noise / 5, so Var(5g) = (σC)² if the noise is drawn once
     noise = [private.estimate(torch.zeros(2)).projected_gradient * 5 for _ in range(3000)]
-    results[rank] = (mean.projected_gradient, mean.batch_size, noise, group.reduced_bytes)
+    reduced_bytes = group.reduced_bytes
+    # local sums 1 and 2: what each rank receives from the all-reduce (the plain sum is 3)
+    received = [private.aggregate(float(rank + 1), 1)[0] for _ in range(20)]
+    results[rank] = (mean.projected_gradient, mean.batch_size, noise, reduced_bytes, received)
     dist.destroy_process_group()
 
 
@@ -76,7 +79,7 @@ def test_distributed_mean_is_the_single_process_mean(two_ranks):
     differences = torch.arange(10, dtype=torch.float32) / 3 - 1
     single = make_estimator("mezo").estimate(differences)
     for rank in (0, 1):
-        mean, count, _noise, _bytes = two_ranks[rank]
+        mean, count, _noise, _bytes, _received = two_ranks[rank]
         assert count == 10
         assert mean == pytest.approx(single.projected_gradient, rel=1e-12, abs=1e-12)
 
@@ -92,5 +95,14 @@ def test_noise_is_drawn_once_and_shared(two_ranks):
 
 @pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
 def test_payload_is_a_few_fp64_scalars_per_step(two_ranks):
-    # one mean step ([sum, count]) and 3000 private steps ([sum, count, noise]) in fp64
-    assert two_ranks[0][3] == 2 * 8 + 3000 * 3 * 8
+    # one mean step ([sum, count]) and 3000 private steps ([noisy sum, count]) in fp64
+    assert two_ranks[0][3] == 2 * 8 + 3000 * 2 * 8
+
+
+@pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
+def test_no_rank_receives_the_sum_without_noise(two_ranks):
+    """Rank 0 adds its draw to its local sum before the all-reduce, so the sum every rank
+    receives is already noised (σC = 2: a draw within 1e-9 of 0 has probability ~1e-9)."""
+    received_0, received_1 = two_ranks[0][4], two_ranks[1][4]
+    assert received_0 == received_1
+    assert all(abs(total - 3.0) > 1e-9 for total in received_0)

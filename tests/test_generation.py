@@ -410,3 +410,13 @@ def test_presets_build_generation_tasks_with_the_newline_suffix(words) -> None:
     config = resolve_task_config(TaskConfig(name="squad"), "causal")
     task = build_task(config, words, "causal", position_limit=128)
     assert task.answer_suffix == "\n" and task.max_length == 128
+
+
+def test_public_example_is_the_template_alone_and_scores(opt_dir, opt_tokenizer) -> None:
+    """The input a rank with an empty batch forwards (ZeRO-3): template only, a finite loss."""
+    task = _squad(opt_tokenizer)
+    example = task.public_example()
+    blank = task.encode([{**dict.fromkeys(task.fields, ""), "answers": ["yes"]}])
+    assert example.prompt_ids == blank.prompt_ids and example.target_ids == blank.target_ids
+    loss = task.per_example_loss(_opt_model(opt_dir), task.collate(example, [0]))
+    assert loss.shape == (1,) and torch.isfinite(loss).all()

@@ -148,6 +148,7 @@ def test_lmo_variance_is_infinite_with_an_exponential_part_and_finite_without():
         ),
         (["privacy.lmo.uniform_high=0.1"], "uniform_high"),
         (["privacy.lmo.gamma_shape=0"], "gamma_shape"),
+        (["privacy.lmo.gamma_shape=0.01"], "gamma_shape"),  # R underflows to 0: ZeroDivisionError
         (["optimizer.algorithm=mezo", "privacy.mechanism=lmo"], "privacy.mechanism"),
         (
             ["optimizer.algorithm=dpgd-0th", "privacy.mechanism=lmo", "privacy.accountant=numeric"],
@@ -199,3 +200,12 @@ def test_lmo_run_records_its_mechanism_parameters_and_epsilon(tmp_path, sentimen
     assert record["params"]["privacy.mechanism"] == "lmo"
     assert float(record["params"]["privacy.lmo.gamma_shape"]) == 4.0
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
+
+
+def test_lmo_refuses_a_gamma_shape_whose_draws_underflow_to_zero():
+    """At shape 0.01 about 8e-4 of Gamma draws are exactly 0.0, and σC / R raised
+    ZeroDivisionError mid-run; such shapes are refused, valid ones draw finite noise."""
+    with pytest.raises(ValueError, match="gamma_shape"):
+        get_mechanism("lmo", **{**LMO, "weights": [1.0, 0.0, 0.0], "gamma_shape": 0.01})
+    mechanism = get_mechanism("lmo", **{**LMO, "weights": [1.0, 0.0, 0.0], "gamma_shape": 0.05})
+    assert all(math.isfinite(mechanism.sample(1.0)) for _ in range(2000))

@@ -14,8 +14,8 @@ from privzo.cli import main
 from privzo.config import ConfigError, load_config
 from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.replay import replay
-from privzo.run import _make_sampler, plan_privacy, run
-from privzo.tracking import read_run
+from privzo.run import RESOURCE_FIGURES, _make_sampler, plan_privacy, run
+from privzo.tracking import open_client, read_run
 
 
 def _config(train: Path, test: Path, *extra: str):
@@ -51,7 +51,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
         delta=1e-5,
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert summary["peak_memory_mb"] > 0 and summary["mean_step_time_s"] > 0
+    for figure in RESOURCE_FIGURES:  # they follow the sampled records: withheld
+        assert summary[figure] is None, figure
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert load_config(output / "config.yaml") == config
 
@@ -73,6 +74,13 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
     assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary["epsilon"])
     for private_diagnostic in ("train_loss", "step_time_s", "nonfinite_differences"):
         assert private_diagnostic not in record["history"]  # data-dependent: not logged
+    for figure in RESOURCE_FIGURES:
+        assert f"final_{figure}" not in record["metrics"], figure
+    client = open_client(uri)  # no timing either: metrics are stamped start + step
+    start = client.get_run(summary["tracking_run_id"]).info.start_time
+    stamps = client.get_metric_history(summary["tracking_run_id"], "epsilon_spent")
+    assert sorted((m.step, m.timestamp) for m in stamps) == [(s, start + s) for s in (5, 10, 12)]
+    assert record["end_time"] == start
     assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
     assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
     assert "tracking.uri" not in record["params"]
@@ -250,6 +258,8 @@ def test_private_diagnostics_are_logged_only_when_asked(tmp_path, sentiment_file
     history = read_run(uri, summary["tracking_run_id"])["history"]
     assert {"train_loss", "step_time_s", "nonfinite_differences"} <= set(history)
     assert summary["nonfinite_differences"] == 0 and summary["empty_batches"] >= 0
+    assert all(summary[figure] > 0 for figure in RESOURCE_FIGURES)
+    assert {f"final_{figure}" for figure in RESOURCE_FIGURES} <= set(history)
 
 
 def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_files, cache_dir):
@@ -289,3 +299,45 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view
     assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
     full = replay_base(cache_dir)
     assert summary["trainable_parameters"] < sum(t.numel() for t in full.values())
+
+
+@pytest.mark.parametrize("diagnostics", [False, True])
+def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
+    tmp_path, sentiment_files, cache_dir, caplog, diagnostics
+):
+    """A perturbation of 1e38 overflows every loss; the count of non-finite differences is
+    data-dependent, so a private run prints it only when diagnostics are on."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.steps=2",
+        "optimizer.perturbation_scale=1e38",
+        "tracking.backend=none",
+        "eval_before=false",
+        f"tracking.log_private_diagnostics={str(diagnostics).lower()}",
+    )
+    with caplog.at_level("WARNING", logger="privzo.run"):
+        summary = run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
+    printed = "non-finite" in caplog.text
+    assert printed == diagnostics
+    if diagnostics:
+        assert summary["nonfinite_differences"] > 0
+
+
+def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, cache_dir):
+    """ZeRO-3 ranks join both forwards even when their Poisson share is empty; the input is the
+    task's public example, never a private record (here: records wiped, a step still runs)."""
+    from privzo.memory import PeakMemory
+    from privzo.run import TrainingLoop, build_context
+    from privzo.tracking import NoopTracker
+
+    config = _config(*sentiment_files, "tracking.backend=none")
+    context = build_context(config, cache_dir, progress=False)
+    context.train.input_ids.clear()  # nothing private left to read
+    sampler = PoissonSampler(64, 1e-12)  # an empty batch (probability 1 - 6.4e-11)
+    loop = TrainingLoop(
+        context, NoopTracker(), PeakMemory(), sampler=sampler, forward_on_empty=True
+    )
+    record = loop.step(0)
+    assert loop.empty_batches == 1 and record.nonfinite == 0
+    example = context.task.public_example()
+    assert len(example) == 1 and "film" not in context.loaded.tokenizer.decode(example.input_ids[0])

@@ -166,6 +166,15 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     assert private_4["mean"] == pytest.approx(
         summaries["tiny-opt-task-dpzero-eps4-seed0"]["accuracy_after"]
     )
+    resources = {
+        r["algorithm"]: r
+        for r in pq.read_table(output / "report" / "resources.parquet").to_pylist()
+    }
+    assert resources["dpzero"]["private"] and resources["dpzero"]["peak_memory_mb"] is None
+    assert resources["mezo"]["peak_memory_mb"] > 0  # non-private: measured and released
+    report = (output / "report" / "report.md").read_text()
+    dpzero_line = next(line for line in report.splitlines() if "| dpzero |" in line)
+    assert dpzero_line.count("withheld") == 3
     artifacts = [a.path for a in client.list_artifacts(first["parent_run_id"], "report")]
     assert "report/report.md" in artifacts and "report/scaling.png" in artifacts
 

@@ -274,7 +274,8 @@ def test_every_preset_runs_end_to_end(tmp_path, tiny_models, task, kind):
     assert summary["task"] == task and summary["metric"] == "accuracy"
     assert summary["train_examples"] == 4 * num_labels
     assert summary["test_examples"] == 2 * num_labels
-    assert 0.0 <= summary["metric_after"] <= 1.0 and summary["eval_time_s"] > 0
+    assert 0.0 <= summary["metric_after"] <= 1.0
+    assert summary["eval_time_s"] is None  # a private run's times are withheld
 
 
 def test_masked_prompt_scores_the_mask_position(tiny_models):

@@ -249,3 +249,23 @@ def test_concurrent_start_on_fresh_store(tmp_path: Path) -> None:
     assert len(set(outputs)) == 1
     runs = open_client(default_tracking_uri(tmp_path)).search_runs([outputs[0]])
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
+
+
+def test_timing_free_tracker_stamps_metrics_with_start_plus_step(root: Path) -> None:
+    """A private run's record must not time its windows: stamps are start + step, and the
+    run ends when it started, however long the steps took."""
+    import time
+
+    tracker = _tracker(root, "timing-free", release_timing=False)
+    with tracker:
+        for step in (5, 10, 12):
+            time.sleep(0.05)  # real time passes between windows
+            tracker.log_metrics({"epsilon_spent": step / 10}, step=step)
+    client = open_client(tracker.uri)
+    run = client.get_run(tracker.run_id)
+    start = run.info.start_time
+    stamps = [
+        (m.step, m.timestamp) for m in client.get_metric_history(run.info.run_id, "epsilon_spent")
+    ]
+    assert sorted(stamps) == [(5, start + 5), (10, start + 10), (12, start + 12)]
+    assert run.info.end_time == start

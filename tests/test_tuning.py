@@ -117,6 +117,13 @@ def test_geometric_trial_count_has_the_configured_mean():
         ({"trials": {"distribution": "geometric"}}, "needs mean"),
         ({"selection": {"split": "public"}}, "needs public_path"),
         ({"budget": {"mode": "derive-steps"}}, "needs budget.max_forward_passes"),
+        (
+            {
+                "space": {"optimizer.batch_size": [4, 16]},
+                "budget": {"max_forward_passes": 400, "mode": "derive-steps"},
+            },
+            "derive-steps' with optimizer.batch_size in space",
+        ),
     ],
 )
 def test_bad_search_configs_fail_at_load(make_search, change, message):
@@ -141,6 +148,7 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
         ),
         ({"space": {"optimizer.batch_size": [8, 1000]}}, "exceeds the"),
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
+        ({"overrides": {"tracking.log_private_diagnostics": True}}, "log_private_diagnostics"),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):

@@ -216,6 +216,12 @@ class OptimizerConfig(_Section):
         return self.algorithm in PRIVATE_ALGORITHMS
 
 
+LMO_MIN_GAMMA_SHAPE = 0.05
+"""Below it a Gamma(shape) draw underflows to R = 0 (noise scale σC/R infinite) too often:
+numpy's sampler returns 0 with probability about exp(-744·shape), 1e-16 at 0.05, 8e-4 at
+0.01."""
+
+
 class LmoConfig(_Section):
     """LMO-DP noise: Laplace(0, 1/R)·σC with R drawn from a weighted mixture of Gamma(shape,
     scale), Exponential(rate) and Uniform(low, high) (privzo.privacy.mechanisms.LmoMechanism).
@@ -225,7 +231,7 @@ class LmoConfig(_Section):
         default_factory=lambda: [0.4, 0.3, 0.3],
         description="Mixture weights of the Gamma, Exponential and Uniform parts (sum to 1).",
     )
-    gamma_shape: float = Field(3.0, gt=0)
+    gamma_shape: float = Field(3.0, ge=LMO_MIN_GAMMA_SHAPE)
     gamma_scale: float = Field(0.5, gt=0)
     exponential_rate: float = Field(1.0, gt=0)
     uniform_low: float = Field(0.5, gt=0)
@@ -357,6 +363,13 @@ class RunConfig(_Section):
                 f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
             )
         return self
+
+    @property
+    def releases_diagnostics(self) -> bool:
+        """Whether data-dependent figures (training loss, times, peak memory, counts, exact
+        validation metrics) may be released: always for a non-private run, for a private one
+        only with ``tracking.log_private_diagnostics`` (outside its guarantee)."""
+        return not self.optimizer.is_private or self.tracking.log_private_diagnostics
 
     @property
     def mechanism(self) -> str | None:

@@ -287,6 +287,7 @@ def _connect_tracker(
         output_root=(tracking_root or output_dir.parent).resolve(),
         run_name=tracking.run_name or output_dir.name,
         tags={**_run_tags(context), **(tags or {})},
+        release_timing=context.config.releases_diagnostics,
     )
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
@@ -335,7 +336,7 @@ def _train_and_evaluate(
             recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
     validation = _validation_metrics(context, loop)
-    if loop.nonfinite:  # on the operator's console only: the count is data-dependent
+    if loop.nonfinite and loop.log_diagnostics:  # the count is data-dependent: a diagnostic
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
@@ -429,8 +430,9 @@ class TrainingLoop:
         """``sampler``, ``estimator`` and ``on_window`` (called with the steps done and the
         window's metrics, before they are logged) let a distributed worker take its share of
         batches, all-reduce, and report / checkpoint; the defaults are the single-process run's.
-        ``forward_on_empty``: an empty local batch still runs both forwards on a dummy example
-        whose loss is discarded (ZeRO-3 gathers weights collectively in every forward)."""
+        ``forward_on_empty``: an empty local batch still runs both forwards on the task's public
+        example (built from the template, no record), whose loss is discarded (ZeRO-3 gathers
+        weights collectively in every forward)."""
         self.context = context
         self.tracker = tracker
         self.memory = memory
@@ -483,8 +485,8 @@ class TrainingLoop:
         indices = self.sampler.next_batch()
         batch = context.task.collate(context.train, indices) if len(indices) else None
         batch_size, keep = len(indices), len(indices)
-        if self.forward_on_empty and not len(indices):
-            batch, batch_size = context.task.collate(context.train, [0]), 1
+        if self.forward_on_empty and not len(indices):  # a public input: no record is read
+            batch, batch_size = context.task.collate(context.task.public_example(), [0]), 1
         self.memory.reset()
         started = time.perf_counter()
         record = zo_step(
@@ -508,7 +510,7 @@ class TrainingLoop:
     @property
     def log_diagnostics(self) -> bool:
         """Whether data-dependent diagnostics may be logged (see ``_window_metrics``)."""
-        return not self.private or self.context.config.tracking.log_private_diagnostics
+        return self.context.config.releases_diagnostics
 
     def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:
         """Public metrics always; diagnostics only where they release nothing private.
@@ -586,7 +588,6 @@ def _summary(
         "metric_before": before[0][metric] if before else None,
         "metric_after": after[0][metric],
         **scores,
-        "eval_time_s": after[1],
         "private": plan.private,
         "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
         "epsilon_target": config.privacy.epsilon if plan.private else None,
@@ -604,15 +605,40 @@ def _summary(
         "skipped_rows": context.skipped_rows,
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "model_parameters": model_parameters(context.scoring_model),
-        "peak_memory_mb": loop.peak_mb,
-        "step_peak_memory_mb": loop.step_peak_mb,
-        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
-        "wall_time_s": time.perf_counter() - started,
+        **_resource_figures(loop, after, started),
         "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
         "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
         "device": context.loaded.device.type,
         "dtype": config.model.dtype,
         "tracking_run_id": tracker.run_id,
+    }
+
+
+RESOURCE_FIGURES = (
+    "eval_time_s",
+    "peak_memory_mb",
+    "step_peak_memory_mb",
+    "mean_step_time_s",
+    "wall_time_s",
+)
+
+
+def _resource_figures(loop: TrainingLoop, after: Evaluation, started: float) -> dict[str, Any]:
+    """Peak memory and times, or None for each in a private run without diagnostics.
+
+    Batches are padded to their longest example and an empty Poisson batch skips the forwards,
+    so these figures follow which (and how many) records were sampled; the accountant does not
+    cover them. Generation's evaluation time follows the trained model's answers.
+    """
+    if not loop.log_diagnostics:
+        return dict.fromkeys(RESOURCE_FIGURES)
+    times = loop.step_times
+    return {
+        "eval_time_s": after[1],
+        "peak_memory_mb": loop.peak_mb,
+        "step_peak_memory_mb": loop.step_peak_mb,
+        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
+        "wall_time_s": time.perf_counter() - started,
     }
 
 

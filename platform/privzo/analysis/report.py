@@ -13,6 +13,7 @@ from privzo.analysis.runs import load_runs
 from privzo.analysis.tables import (
     frame_markdown,
     privacy_gap_table,
+    resources_markdown,
     resources_table,
     scaling_markdown,
     scaling_table,
@@ -97,7 +98,7 @@ def _markdown(
             "",
             "## Peak memory and step time",
             "",
-            frame_markdown(resources, {"peak_memory_mb": ".1f", "mean_step_time_s": ".4f"}),
+            resources_markdown(resources),
             "![resources](resources.png)",
             "",
             "## ε spent against steps",

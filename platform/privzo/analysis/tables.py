@@ -94,13 +94,21 @@ def privacy_gap_table(scaling: pa.Table) -> pa.Table:
     return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
 
 
+WITHHELD = "withheld"
+
+
 def resources_table(runs: pa.Table) -> pa.Table:
-    """Peak memory and mean step time by model and algorithm (means over runs)."""
+    """Peak memory and mean step time by model and algorithm (means over runs).
+
+    Private runs do not release these figures (they follow the sampled records) unless
+    diagnostics were on, so a private algorithm's cells are usually null; ``private`` says so.
+    """
     frame = runs.to_pandas()
     keys = ["model", "model_parameters", "algorithm"]
     table = (
         frame.groupby(keys)
         .agg(
+            private=("private", "any"),
             peak_memory_mb=("peak_memory_mb", "mean"),
             step_peak_memory_mb=("step_peak_memory_mb", "mean"),
             mean_step_time_s=("mean_step_time_s", "mean"),
@@ -110,6 +118,18 @@ def resources_table(runs: pa.Table) -> pa.Table:
         .sort_values(["model_parameters", "algorithm"])
     )
     return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+
+
+def resources_markdown(resources: pa.Table) -> str:
+    """The resources table as Markdown; a private algorithm's missing figure reads withheld."""
+    frame = resources.to_pandas()
+    formats = {"peak_memory_mb": ".1f", "step_peak_memory_mb": ".1f", "mean_step_time_s": ".4f"}
+    for column, spec in formats.items():
+        frame[column] = [
+            WITHHELD if private and math.isnan(value) else _cell(value, spec)
+            for private, value in zip(frame["private"], frame[column], strict=True)
+        ]
+    return frame_markdown(pa.Table.from_pandas(frame, preserve_index=False))
 
 
 def scaling_markdown(scaling: pa.Table) -> str:

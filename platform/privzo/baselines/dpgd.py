@@ -123,12 +123,19 @@ class DpgdLoop(BaselineLoop):
 
     @torch.no_grad()
     def _add_noise(self, coefficient: float) -> None:
-        """θ += coefficient·ξ with ξ ~ N(0, σ²C² I_d), drawn whole into the d-dim buffer."""
+        """θ += coefficient·ξ with ξ ~ N(0, σ²C² I_d), drawn whole into the d-dim buffer.
+
+        The sum is formed in fp32 and rounded once to the weights' dtype: casting ξ to bf16
+        first would round the noise itself, and its low bits are what hides the signal.
+        """
         assert self._noise is not None and self._generator is not None
         self._noise.normal_(0.0, self.noise_std, generator=self._generator)
         offset = 0
         for shard in self.context.shards:
             size = shard.tensor.numel()
-            noise = self._noise[offset : offset + size].to(shard.tensor.dtype)
-            shard.tensor.add_(noise, alpha=coefficient)
+            noise = self._noise[offset : offset + size].view_as(shard.tensor)
+            if shard.tensor.dtype == torch.float32:
+                shard.tensor.add_(noise, alpha=coefficient)
+            else:
+                shard.tensor.copy_(shard.tensor.float().add_(noise, alpha=coefficient))
             offset += size

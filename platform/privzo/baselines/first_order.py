@@ -86,6 +86,9 @@ class FirstOrderLoop(BaselineLoop):
             expected_batch_size=int(plan.expected_batch_size),
             loss_reduction="mean",
             generator=secret_torch_generator(self.context.loaded.device),
+            # each coordinate's noise is a sum of 4 draws (/2), which defeats the floating-
+            # point attacks on a single Gaussian draw (Opacus' secure mode, arXiv 2107.10138)
+            secure_mode=True,
         )
         loader = torch.utils.data.DataLoader(
             list(range(len(self.context.train))),
@@ -146,13 +149,15 @@ class FirstOrderLoop(BaselineLoop):
             indices = next(self._physical)
             if indices:
                 empty = False
-                per_example = self._per_example_loss(indices)
+                per_example, finite = self._finite_losses(indices)
                 with warnings.catch_warnings():
                     # Opacus' full backward hooks on layers whose inputs need no gradient (the
                     # first layers, frozen embeddings) fire on outputs; that is what they need.
                     warnings.filterwarnings("ignore", "Full backward hook is firing")
                     per_example.mean().backward()
                 self._fold_token_rows(len(indices))
+                unusable = zero_nonfinite_grad_samples(self.parameters, len(indices))
+                self.nonfinite += int((unusable & finite).sum())  # a bad loss counted already
                 losses.extend(per_example.detach().tolist())
             else:  # an empty Poisson batch: the step releases noise only
                 self._empty_grad_samples()
@@ -163,13 +168,18 @@ class FirstOrderLoop(BaselineLoop):
                 return losses, empty
 
     def _per_example_loss(self, indices: list[int]) -> torch.Tensor:
+        return self._finite_losses(indices)[0]
+
+    def _finite_losses(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-example losses with non-finite ones counted and replaced by 0, and the mask of
+        the finite ones."""
         context = self.context
         batch = context.task.collate(context.train, indices)
         with differentiable_scoring():
             losses = context.task.per_example_loss(context.scoring_model, batch).float()
         finite = torch.isfinite(losses)
         self.nonfinite += int((~finite).sum())
-        return torch.where(finite, losses, torch.zeros_like(losses))
+        return torch.where(finite, losses, torch.zeros_like(losses)), finite
 
     def _fold_token_rows(self, batch_size: int) -> None:
         """Per-example gradients of layers that saw [B·L, H] rows (a flattened block that
@@ -189,6 +199,24 @@ class FirstOrderLoop(BaselineLoop):
         """Zero per-example gradients of a batch of none, so Opacus noises a zero sum."""
         for parameter in self.parameters:
             parameter.grad_sample = parameter.new_zeros((0, *parameter.shape))
+
+
+def zero_nonfinite_grad_samples(parameters: list[nn.Parameter], batch_size: int) -> torch.Tensor:
+    """Zero, in every tensor, the per-example gradients of examples that have a non-finite
+    entry in any; returns the mask [B] of those examples.
+
+    Opacus' clip factor C / ‖g_i‖ is NaN for such an example, and one NaN poisons the noisy
+    sum of the whole step; a zeroed example contributes nothing, as a non-finite loss
+    difference does on the zeroth-order path (the sensitivity bound C still holds).
+    """
+    samples = [p.grad_sample for p in parameters if getattr(p, "grad_sample", None) is not None]
+    if not samples:
+        return torch.zeros(batch_size, dtype=torch.bool)
+    finite = torch.stack([torch.isfinite(s.flatten(1)).all(dim=1) for s in samples]).all(dim=0)
+    if not finite.all():
+        for sample in samples:
+            sample[~finite] = 0
+    return ~finite
 
 
 class LogicalBatches(torch.utils.data.Sampler):

@@ -73,7 +73,7 @@ class BaselineLoop(ABC):
 
     @property
     def log_diagnostics(self) -> bool:
-        return not self.private or self.context.config.tracking.log_private_diagnostics
+        return self.context.config.releases_diagnostics
 
     def run(self, recorder: Any, progress: bool) -> None:
         """``recorder`` (the trajectory) stays empty: see ``records_trajectory``."""

@@ -35,7 +35,8 @@ def bench_config(
             "optimizer": {"algorithm": "dpzero", "steps": steps, "batch_size": 32},
             "privacy": {"epsilon": 8.0, "clip": 20.0},
             "parallel": {"strategy": strategy, "workers": workers, "env_vars": env_vars},
-            "tracking": {"backend": "none", "log_every": steps},
+            # timing and memory are what this measures, on the built-in synthetic data set
+            "tracking": {"backend": "none", "log_every": steps, "log_private_diagnostics": True},
             "eval_before": False,
         },
         source="privzo bench distributed",

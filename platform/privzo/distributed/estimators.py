@@ -1,8 +1,9 @@
 """The distributed side of the estimator seam: only ``aggregate`` and ``draw_noise`` change.
 
-Every worker sends [local clipped sum, local count, local noise] in one fp64 all-reduce. Rank 0
-draws the noise from its secret generator and the others contribute 0, so the reduced total
-carries exactly one draw, as a single-process run does, and every rank receives the same g.
+Every worker sends [local clipped sum, local count] in one fp64 all-reduce. Rank 0 draws the
+noise from its secret generator and adds it to its local sum before sending, so the reduced
+total carries exactly one draw, as a single-process run does, every rank receives the same g,
+and no rank (nor anything on the wire after rank 0) sees the sum without its noise.
 """
 
 from __future__ import annotations
@@ -23,22 +24,21 @@ class ReplicaMeanEstimator(MeanEstimator):
 
 
 class ReplicaPrivateEstimator(PrivateEstimator):
-    """DPZero / DP-ZO over workers; the noise rides in the same all-reduce as the sum."""
+    """DPZero / DP-ZO over workers; the noise is in rank 0's share of the all-reduced sum."""
 
     def __init__(self, group: WorkerGroup, **settings: float | str) -> None:
         super().__init__(**settings)  # type: ignore[arg-type]
         self.group = group
-        self._noise: float | None = None
 
     def aggregate(self, total: float, count: int) -> tuple[float, int]:
-        local_noise = super().draw_noise() if self.group.rank == 0 else 0.0
-        total, count_sum, self._noise = self.group.all_reduce_sum([total, count, local_noise])
+        if self.group.rank == 0:
+            total += super().draw_noise()
+        total, count_sum = self.group.all_reduce_sum([total, count])
         return total, round(count_sum)
 
     def draw_noise(self) -> float:
-        assert self._noise is not None, "draw_noise follows aggregate within a step"
-        noise, self._noise = self._noise, None
-        return noise
+        """0: the draw is already in the aggregated sum."""
+        return 0.0
 
 
 def distribute_estimator(estimator: GradientEstimator, group: WorkerGroup) -> GradientEstimator:

@@ -99,6 +99,7 @@ def _launch_tracker(
             "privzo.workers": str(config.parallel.workers),
             **tags,
         },
+        release_timing=config.releases_diagnostics,
     )
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 

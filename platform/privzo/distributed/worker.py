@@ -53,7 +53,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     context, keep_alive = _build(config, Path(settings["cache_dir"]))
     if group.rank == 0:  # the caller's hook acts where the run reports, as its tracker does
         context.hooks = RunHooks(after_window=settings.get("after_window"))
-    tracker = _rank_tracker(group, settings["tracking"])
+    tracker = _rank_tracker(group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(_run_tags(context))  # sizes and metric: known once the model is built
     outcome = _train_and_evaluate(context, tracker, group)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
@@ -121,7 +121,7 @@ def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
     return build_context(config, cache_dir, progress=False), None
 
 
-def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
+def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any], release_timing: bool) -> Tracker:
     """Rank 0 logs into the run the launcher created; the other ranks log nowhere."""
     if group.rank != 0 or tracking["backend"] == "none":
         tracker: Tracker = NoopTracker()
@@ -133,6 +133,7 @@ def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any]) -> Tracker:
         experiment=tracking["experiment"],
         output_root=Path(tracking["output_root"]),
         run_name=tracking["run_name"],
+        release_timing=release_timing,
     )
     tracker.attach(tracking["run_id"])  # type: ignore[attr-defined]
     return tracker
@@ -248,8 +249,9 @@ def _layout_summary(
         "workers": group.world_size,
         "steps": len(recorder),  # including the steps of an attempt that failed and resumed
         "resumed_steps": len(recorder) - len(loop.step_times),
-        "peak_memory_mb_per_worker": peaks,
-        "peak_memory_mb": max(peaks),
+        # withheld like the run's own figures (privzo.run._resource_figures) when private
+        "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
+        "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,
     }
 
 
@@ -258,7 +260,7 @@ def _communication_summary(
 ) -> dict[str, Any]:
     shards = context.shards
     return {
-        # payload of the steps' all-reduces ([sum, count(, noise)] in fp64), per step run here
+        # payload of the steps' all-reduces ([sum (noised by rank 0), count] in fp64), per step
         "allreduce_bytes_per_step": reduced_bytes / max(1, len(loop.step_times)),
         "parameter_bytes_per_worker": held,
         "parameter_bytes_full": sum(s.size * s.tensor.element_size() for s in shards),

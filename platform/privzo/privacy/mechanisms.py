@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from privzo.config import LMO_MIN_GAMMA_SHAPE
+
 __all__ = [
     "MECHANISMS",
     "GaussianMechanism",
@@ -153,6 +155,11 @@ class LmoMechanism(Mechanism):
         ):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{label}={value!r} must be a positive finite number")
+        if gamma_shape < LMO_MIN_GAMMA_SHAPE:
+            raise ValueError(
+                f"gamma_shape={gamma_shape!r} must be at least {LMO_MIN_GAMMA_SHAPE}: smaller "
+                "shapes draw R = 0 (an infinite noise scale) with non-negligible probability"
+            )
         if not uniform_high > uniform_low:
             raise ValueError(f"uniform_high={uniform_high} must exceed uniform_low={uniform_low}")
         self.weights = [float(w) for w in weights]
@@ -170,7 +177,10 @@ class LmoMechanism(Mechanism):
         return self._generator.uniform_between(self.uniform_low, self.uniform_high)
 
     def _draw(self, scale: float) -> float:
-        return self._generator.laplace(scale / self.draw_inverse_scale())
+        inverse_scale = self.draw_inverse_scale()
+        while inverse_scale == 0.0:  # a floating-point underflow (< 1e-16 at a valid shape)
+            inverse_scale = self.draw_inverse_scale()
+        return self._generator.laplace(scale / inverse_scale)
 
     def variance(self, scale: float) -> float:
         """scale²·2·E[1/R²]: infinite when any part with weight > 0 has E[1/R²] = ∞

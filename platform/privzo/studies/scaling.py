@@ -181,6 +181,8 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
         output_root=tracking_root,
         run_name=f"study-{study.name}",
         tags={"privzo.role": "study", "privzo.study": study.name},
+        # the study's duration adds up its private cells' times
+        release_timing=not study.private_algorithms,
     )
     return connect_tracker(tracker, tracking_uri)
 

@@ -125,6 +125,12 @@ class PromptClassificationTask:
         labels = np.array([int(row[label_field]) for row in rows], dtype=np.int64)
         return EncodedExamples(input_ids, positions, labels)
 
+    def public_example(self) -> EncodedExamples:
+        """One example built from the template alone (empty fields, label 0): a forward input
+        that holds no record, for ranks that must join a collective forward with no batch."""
+        ids, position = self._encode_prompt(dict.fromkeys(template_fields(self.template), ""))
+        return EncodedExamples([ids], [position], np.zeros(1, dtype=np.int64))
+
     def _encode_prompt(self, texts: dict[str, str]) -> tuple[list[int], int]:
         tokenizer = self.tokenizer
         prompt = self.template.format(**texts, mask=tokenizer.mask_token or "")

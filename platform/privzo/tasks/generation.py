@@ -134,6 +134,15 @@ class GenerationTask:
             references.append(answers)
         return GenerationExamples(prompts, targets, references)
 
+    def public_example(self) -> GenerationExamples:
+        """One example built from the template alone (empty fields, answer "yes"): a forward
+        input that holds no record, for ranks that must join a collective forward with no
+        batch."""
+        prompt_ids, target_ids = self._tokenize(
+            self.format_prompt(dict.fromkeys(self.fields, "")), "yes"
+        )
+        return GenerationExamples([prompt_ids], [target_ids], [["yes"]])
+
     def _tokenize(self, prompt: str, answer: str) -> tuple[list[int], list[int]]:
         """Prompt ids (BOS first, if the tokenizer has one) and ids of ``" " + answer + suffix``.
 

@@ -33,12 +33,14 @@ def make_tracker(
     output_root: Path,
     run_name: str | None,
     tags: Mapping[str, str] | None = None,
+    release_timing: bool = True,
 ) -> Tracker:
     """Build (but do not start) the tracker for ``backend``.
 
     ``uri=None`` means a local sqlite store under ``output_root`` (see
     :func:`default_tracking_uri`); the library never reads ``MLFLOW_TRACKING_URI`` itself, the
-    caller decides.
+    caller decides. ``release_timing=False`` (a private run): no record carries wall-clock
+    time after the run's start (see :class:`MlflowTracker`).
     """
     try:
         cls = TRACKERS[backend]
@@ -46,7 +48,12 @@ def make_tracker(
         allowed = ", ".join(sorted(TRACKERS))
         raise ValueError(f"unknown tracking backend {backend!r}; allowed: {allowed}") from None
     return cls(  # type: ignore[call-arg]
-        uri=uri, experiment=experiment, output_root=output_root, run_name=run_name, tags=tags
+        uri=uri,
+        experiment=experiment,
+        output_root=output_root,
+        run_name=run_name,
+        tags=tags,
+        release_timing=release_timing,
     )
 
 

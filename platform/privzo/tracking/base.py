@@ -135,6 +135,7 @@ class NoopTracker(Tracker):
         output_root: Path | None = None,
         run_name: str | None = None,
         tags: Mapping[str, str] | None = None,
+        release_timing: bool = True,
     ) -> None:
         self._active = False
 

@@ -167,6 +167,10 @@ class MlflowTracker(Tracker):
     ``flush_interval_s`` has passed since the last send (so the UI stays live when steps are
     slow), and on :meth:`flush` / :meth:`finish`: one ``log_metric`` call costs about 20 ms on
     sqlite, a 50-point batch about 100 ms. A failed send keeps the points buffered.
+
+    ``release_timing=False`` (a private run, whose step times follow the sampled batches): each
+    metric is stamped with the run's start time plus its step number in ms, and the run ends at
+    its start time, so nothing in the record measures how long steps or windows took.
     """
 
     def __init__(
@@ -179,6 +183,7 @@ class MlflowTracker(Tracker):
         tags: Mapping[str, str] | None = None,
         flush_every: int = 100,
         flush_interval_s: float = 30.0,
+        release_timing: bool = True,
     ) -> None:
         if flush_every < 1:
             raise ValueError("flush_every must be at least 1")
@@ -192,6 +197,8 @@ class MlflowTracker(Tracker):
         self._tags = {k: str(v) for k, v in (tags or {}).items()}
         self._flush_every = flush_every
         self._flush_interval_s = flush_interval_s
+        self.release_timing = release_timing
+        self._start_ms: int | None = None  # the run's start: the clock of a timing-free record
         self._client: MlflowClient | None = None
         self._run_id: str | None = None
         self.experiment_id: str | None = None
@@ -228,6 +235,7 @@ class MlflowTracker(Tracker):
         assert client is not None and self.experiment_id is not None
         run = client.create_run(self.experiment_id, run_name=self.run_name, tags=self._tags)
         self._client, self._run_id, self._active = client, run.info.run_id, True
+        self._start_ms = run.info.start_time
         self._last_flush = time.monotonic()
 
     def attach(self, run_id: str) -> None:
@@ -239,9 +247,10 @@ class MlflowTracker(Tracker):
         self.connect()
         client = self._client
         assert client is not None
-        if client.get_run(run_id).info.status != "RUNNING":
+        info = client.get_run(run_id).info
+        if info.status != "RUNNING":
             client.update_run(run_id, status="RUNNING")
-        self._run_id, self._active = run_id, True
+        self._run_id, self._active, self._start_ms = run_id, True, info.start_time
         self._last_flush = time.monotonic()
 
     def _require_active(self) -> tuple[MlflowClient, str]:
@@ -262,13 +271,18 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         self._require_active()
-        timestamp = int(time.time() * 1000)
+        timestamp = self._timestamp(step)
         self._buffer.extend(
             Metric(_metric_key(k), float(v), timestamp, int(step)) for k, v in metrics.items()
         )
         overdue = time.monotonic() - self._last_flush >= self._flush_interval_s
         if len(self._buffer) >= self._flush_every or overdue:
             self.flush()
+
+    def _timestamp(self, step: int) -> int:
+        if self.release_timing or self._start_ms is None:
+            return int(time.time() * 1000)
+        return self._start_ms + int(step)
 
     @property
     def buffered(self) -> int:
@@ -321,7 +335,8 @@ class MlflowTracker(Tracker):
     def _terminate(self, status: RunStatus) -> None:
         client, run_id = self._require_active()
         self._active = False
-        client.set_terminated(run_id, status=status)
+        end_time = None if self.release_timing else self._start_ms  # None: MLflow's clock
+        client.set_terminated(run_id, status=status, end_time=end_time)
 
 
 def _metric_key(key: str) -> str:

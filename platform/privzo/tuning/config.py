@@ -130,7 +130,7 @@ class BudgetConfig(Section):
     mode: Literal["reject", "derive-steps"] = Field(
         "reject",
         description="'reject': a space point over the budget is an error; 'derive-steps': "
-        "steps = budget ÷ (2 × batch size), so steps may not be searched.",
+        "steps = budget ÷ (2 × batch size), so neither steps nor batch size may be searched.",
     )
 
 
@@ -186,6 +186,12 @@ class SearchConfig(Section):
             if "optimizer.steps" in self.space:
                 raise ValueError(
                     "budget.mode='derive-steps' derives optimizer.steps: drop it from space"
+                )
+            if "optimizer.batch_size" in self.space:  # one derived T would serve every B
+                raise ValueError(
+                    "budget.mode='derive-steps' with optimizer.batch_size in space: steps are "
+                    "derived once for the search; search batch sizes with mode 'reject' and "
+                    "optimizer.steps in space, or fix the batch size"
                 )
         return self
 

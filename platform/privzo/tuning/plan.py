@@ -96,6 +96,12 @@ def plan_search(
             "computed in RDP, which cannot account the subsampled Laplace mechanism; search "
             "with a Gaussian algorithm (dpzero)"
         )
+    if private and base.tracking.log_private_diagnostics:
+        raise ConfigError(
+            "tracking.log_private_diagnostics=true in a private search: every trial would log "
+            "its exact validation metrics, training loss and times, which the search's "
+            "guarantee does not cover; turn it off (the selection score is released noised)"
+        )
     if base.parallel.strategy != "single":
         raise ConfigError(
             f"parallel.strategy={base.parallel.strategy!r}: search trials run in one process "

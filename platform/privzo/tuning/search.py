@@ -138,6 +138,7 @@ def _parent_tracker(
         output_root=tracking_root,
         run_name=f"search-{output_dir.name}",
         tags={**tags, **extra_tags},
+        release_timing=base.releases_diagnostics,  # the trials' times add up to the search's
     )
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
