@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from privzo.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+from privzo.config import (
+    MAX_CLIP,
+    MAX_STEPS,
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    dotted_items,
+    dump_config,
+    load_config,
+    read_yaml,
+    with_values,
+)
 from privzo.studies import ScalingStudyConfig, load_study_config
 from privzo.studies.scaling import cell_config, expand_cells
 from privzo.tuning.config import base_run_config, load_search_config
@@ -152,3 +163,67 @@ def test_config_files_merge_in_order(tmp_path):
     combined = load_config([root / "models" / "opt-125m.yaml", root / "tasks" / "sst2-opt.yaml"])
     assert combined.model.name_or_path == "facebook/opt-125m"
     assert combined.task.name == "sst2" and combined.task.train_size == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "optimizer:\n  steps: 10\n  batch_size: 4\n  steps: 20\n",
+            r"line 4, column 3: duplicate key 'steps' \(first given on line 2\)",
+        ),
+        ("seed: 1\nseed: 2\n", r"line 2, column 1: duplicate key 'seed'"),
+        (
+            "optimizer:\n\tsteps: 10\n",
+            r"line 2, column 1: found character .* \(in 'steps: 10'\); YAML indents with spaces",
+        ),
+        (
+            "optimizer:\n  steps: 10\n    batch_size: 4\n",
+            r"line 3, column 15: mapping values are not allowed here \(in 'batch_size: 4'\)",
+        ),
+    ],
+)
+def test_yaml_faults_name_the_file_line_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"config file '{path}', {message}"):
+        load_config(path)
+
+
+def test_yaml_anchors_and_merges_still_load(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("base: &b {steps: 7, batch_size: 4}\noptimizer:\n  <<: *b\n  steps: 9\n")
+    data = read_yaml(path)
+    assert data["optimizer"] == {"steps": 9, "batch_size": 4}
+
+
+def test_config_paths_that_are_not_yaml_files_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=rf"config file '{tmp_path}' is a directory"):
+        load_config(tmp_path)
+    (tmp_path / "binary.yaml").write_bytes(b"seed: 1\n\xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"binary\.yaml' is not UTF-8 text \(byte 8\)"):
+        load_config(tmp_path / "binary.yaml")
+
+
+def test_clip_and_steps_are_bounded_with_the_allowed_range():
+    assert load_config(None, [f"privacy.clip={MAX_CLIP}"]).privacy.clip == MAX_CLIP
+    assert load_config(None, [f"optimizer.steps={MAX_STEPS}"]).optimizer.steps == MAX_STEPS
+    for clip in ("1.000001e6", "1e30", "1e308"):
+        with pytest.raises(ConfigError, match=r"privacy\.clip: .*allowed: 0 < clip ≤ 1e6"):
+            load_config(None, [f"privacy.clip={clip}"])
+    with pytest.raises(ConfigError, match=r"privacy\.clip: .*finite"):
+        load_config(None, ["privacy.clip=.inf"])
+    with pytest.raises(ConfigError, match=r"optimizer\.steps: .*allowed: 1 ≤ steps ≤ 10_000_000"):
+        load_config(None, [f"optimizer.steps={MAX_STEPS + 1}"])
+
+
+def test_nested_values_merge_into_their_section_key_by_key():
+    assert dotted_items({"optimizer": {"steps": 40, "first_order": {"weight_decay": 0.1}}}) == {
+        "optimizer.steps": 40,
+        "optimizer.first_order.weight_decay": 0.1,
+    }
+    base = load_config(None, ["optimizer.batch_size=8", "optimizer.learning_rate=1e-3"])
+    merged = with_values(base, {"optimizer": {"steps": 40}, "task.label_words": ["a", "b"]})
+    assert merged.optimizer.steps == 40
+    assert (merged.optimizer.batch_size, merged.optimizer.learning_rate) == (8, 1e-3)
+    assert merged.task.label_words == ["a", "b"]  # a list is a leaf, not merged

@@ -14,7 +14,7 @@ from mlflow.entities import Metric
 from privzo.analysis import build_report
 from privzo.config import ConfigError
 from privzo.studies import load_study_config, run_study
-from privzo.studies.scaling import expand_cells
+from privzo.studies.scaling import cell_config, expand_cells
 from privzo.tracking import open_client
 
 # (model, parameters) × seed: (accuracy before, private after, non-private after)
@@ -231,3 +231,11 @@ def test_synthetic_study_is_recorded_in_mlflow_and_not_rerun(tmp_path):
     assert "dpzero" in table.lower() and "dpgd-0th" in table.lower()
     again = run_study(study, output, progress=False, echo=lambda _: None)
     assert again == summary  # reused, not run again
+
+
+def test_study_overrides_merge_into_the_base_section(tmp_path, sentiment_files):
+    path = _study_file(tmp_path, sentiment_files)
+    study = load_study_config(path, ["overrides.optimizer.steps=9"])
+    config = cell_config(study, expand_cells(study)[0])
+    assert config.optimizer.steps == 9
+    assert (config.optimizer.batch_size, config.optimizer.learning_rate) == (8, 1e-3)

@@ -12,7 +12,7 @@ import yaml
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tuning import load_search_config, plan_search
-from privzo.tuning.config import SearchConfig
+from privzo.tuning.config import SearchConfig, base_run_config
 from privzo.tuning.privacy import (
     GEOMETRIC_SHAPE,
     TrialEvent,
@@ -184,3 +184,22 @@ def test_asha_counts_every_intermediate_score_as_a_release(make_search, cache_di
     bad = make_search(scheduler={"type": "asha", "evaluate_every": 7})
     with pytest.raises(ConfigError, match=r"multiple of the base run's tracking\.log_every=5"):
         plan_search(load_search_config(bad), cache_dir)
+
+
+def test_search_overrides_merge_into_the_base_section(make_search):
+    """`overrides.optimizer.steps=40` sets one key of the base's optimizer section; the other
+    keys (algorithm, batch size) survive, and the file's dotted overrides stay."""
+    path = make_search(space={"privacy.clip": [0.5, 1.0]}, overrides={"tracking.log_every": 2})
+    search = load_search_config(path, ["overrides.optimizer.steps=40"])
+    assert search.overrides == {"tracking.log_every": 2, "optimizer.steps": 40}
+    config = base_run_config(search, {"privacy.clip": 0.5})
+    assert config.optimizer.steps == 40
+    assert (config.optimizer.algorithm, config.optimizer.batch_size) == ("dpzero", 8)
+    assert config.tracking.log_every == 2 and config.tracking.experiment == "search-test"
+    assert config.privacy.clip == 0.5
+
+
+def test_a_search_override_of_a_searched_key_is_refused(make_search):
+    path = make_search()  # space: privacy.clip, optimizer.steps
+    with pytest.raises(ConfigError, match=r"overrides\.optimizer\.steps: .*searched"):
+        load_search_config(path, ["overrides.optimizer.steps=40"])

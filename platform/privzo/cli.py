@@ -88,16 +88,27 @@ def _run_command(args: argparse.Namespace) -> int:
     config = load_config([args.config, *extra_files], overrides)
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
         _use_process_cores()
-    summary = run(
-        config,
-        args.output_dir,
-        cache_dir=args.cache_dir,
-        progress=not args.quiet,
-        overwrite=args.overwrite,
-        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
-    )
+    try:
+        summary = run(
+            config,
+            args.output_dir,
+            cache_dir=args.cache_dir,
+            progress=not args.quiet,
+            overwrite=args.overwrite,
+            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+        )
+    except KeyboardInterrupt:  # one line, not the loop's traceback; the tracker marked KILLED
+        print(_interrupted_line(args.output_dir), file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports for Ctrl+C
     _print_summary(summary, args.output_dir)
     return 0
+
+
+def _interrupted_line(output_dir: Path) -> str:
+    return (
+        f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
+        "keeps the steps made so far; run again with --overwrite to start over"
+    )
 
 
 def _print_summary(summary: dict[str, Any], output_dir: Path) -> None:

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th")
 PRIVATE_ALGORITHMS = ("dpzero", "dpzo-laplace", "dpsgd", "dpgd-0th")
@@ -38,6 +45,21 @@ MECHANISM_ACCOUNTANTS = {
 
 class ConfigError(ValueError):
     """A user error in a config: names the field, the value and what is allowed."""
+
+
+MAX_CLIP = 1e6
+"""Largest ``privacy.clip``. C bounds each per-example loss difference (or, for the first-order
+baselines, gradient norm) and scales the noise, σ·C, added in fp32. Loss differences of real
+models are O(1) to O(100), so a C above 1e6 clips nothing and only scales the noise: the noised
+sum is then ≥ 1e6·σ while the signal stays O(B·100), and the fp32 step moves every weight by
+noise alone (clip=1e30 finished with weights around 1e26; clip=1e308 overflowed fp32 at step
+1). The shipped configs use C ≤ 50."""
+
+MAX_STEPS = 10_000_000
+"""Largest ``optimizer.steps``: what the accountant can carry. Calibrating σ with the PLD
+accountant took 15 s at 10^6 steps, 211 s at 10^7 and did not finish within 300 s at 10^8
+(2-core CPU, sample rate 0.032); 10^7 is also 100× the longest runs in the MeZO and DPZero
+papers, and the trajectory holds one row per step in memory."""
 
 
 class _Section(BaseModel):
@@ -181,7 +203,7 @@ class OptimizerConfig(_Section):
     """The training algorithm and its schedule."""
 
     algorithm: str = "dpzero"
-    steps: int = Field(500, gt=0)
+    steps: int = Field(500, gt=0)  # and ≤ MAX_STEPS (_bounded)
     learning_rate: float = Field(1e-4, gt=0)
     lr_schedule: Literal["constant", "linear"] = "constant"
     perturbation_scale: float = Field(1e-3, gt=0, description="ZO smoothing radius (MeZO's ε).")
@@ -202,6 +224,16 @@ class OptimizerConfig(_Section):
         description="dpgd-0th refuses more trainable parameters than this: it holds a "
         "d-dimensional noise vector (one extra copy of the trainable weights).",
     )
+
+    @field_validator("steps")
+    @classmethod
+    def _bounded(cls, steps: int) -> int:
+        if steps > MAX_STEPS:
+            raise ValueError(
+                "more steps than the accountant can carry (see privzo.config.MAX_STEPS); "
+                f"allowed: 1 ≤ steps ≤ {MAX_STEPS:_}"
+            )
+        return steps
 
     @model_validator(mode="after")
     def _known_algorithm(self) -> OptimizerConfig:
@@ -259,7 +291,7 @@ class PrivacyConfig(_Section):
 
     epsilon: float = Field(2.0, gt=0)
     delta: float = Field(1e-5, ge=0, lt=1)
-    clip: float = Field(1.0, gt=0, description="Per-example clipping threshold C.")
+    clip: float = Field(1.0, gt=0, description="Per-example clipping threshold C (≤ 1e6).")
     noise_multiplier: float | None = Field(
         None, gt=0, description="Fixed σ; when null, σ is calibrated to (epsilon, delta)."
     )
@@ -272,6 +304,16 @@ class PrivacyConfig(_Section):
         "(dpzero: gaussian, dpzo-laplace: laplace). 'lmo' needs accountant 'numeric'.",
     )
     lmo: LmoConfig = Field(default_factory=LmoConfig)
+
+    @field_validator("clip")
+    @classmethod
+    def _bounded_clip(cls, clip: float) -> float:
+        if clip > MAX_CLIP:
+            raise ValueError(
+                "a threshold this large clips nothing and scales the noise past what a float32 "
+                "step carries (see privzo.config.MAX_CLIP); allowed: 0 < clip ≤ 1e6"
+            )
+        return clip
 
 
 class ParallelConfig(_Section):
@@ -477,12 +519,72 @@ def load_config(
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    loaded = yaml.safe_load(path.read_text())
+    """A YAML config file's top-level mapping; every fault names the file (and line, key)."""
+    text = _read_text(path)
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as error:
+        raise ConfigError(_yaml_error_message(path, text, error)) from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     return loaded or {}
+
+
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file in it")
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte {error.start}); is it YAML?"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one,
+    so a repeated ``steps:`` would silently win over the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges are allowed
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.line + 1}); a key may "
+                    "appear once per section",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error_message(path: Path, text: str, error: yaml.YAMLError) -> str:
+    """'file, line L, column C: problem' plus the line itself (which shows the key)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    if mark is None:
+        return f"config file {str(path)!r} is not valid YAML: {problem}"
+    lines = text.splitlines()
+    shown = lines[mark.line].strip() if mark.line < len(lines) else ""
+    where = f"config file {str(path)!r}, line {mark.line + 1}, column {mark.column + 1}"
+    message = f"{where}: {problem}"
+    if shown:
+        message += f" (in {shown!r})"
+    if mark.line < len(lines) and "\t" in lines[mark.line][: mark.column + 1]:
+        message += "; YAML indents with spaces, not tabs"
+    return message
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -516,12 +618,26 @@ def validate_section(section: type[_SectionT], data: Any, source: str) -> _Secti
         raise ConfigError(_format_validation_error(error, source)) from None
 
 
+def dotted_items(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optimizer": {"steps": 40}}`` → ``{"optimizer.steps": 40}``: nested sections become
+    dotted leaves, so setting them merges key by key (like merging YAML files) instead of
+    replacing the whole section. Lists and other values are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(dotted_items(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def with_values(
     config: RunConfig, values: dict[str, Any], source: str = "<overrides>"
 ) -> RunConfig:
-    """A copy of ``config`` with dotted keys set to (already typed) values, validated again."""
+    """A copy of ``config`` with dotted keys set to (already typed) values, validated again;
+    a nested mapping among them merges into its section key by key (``dotted_items``)."""
     data = config.model_dump(mode="json")
-    for key, value in values.items():
+    for key, value in dotted_items(values).items():
         *sections, leaf = key.split(".")
         node = data
         for section in sections:

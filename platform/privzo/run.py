@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from privzo.baselines.dpgd import check_dpgd_size
 from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, dump_config
+from privzo.dirlock import locks_output_dir
 from privzo.memory import PeakMemory
 from privzo.models.loading import (
     LoadedModel,
@@ -215,6 +216,7 @@ class RunHooks:
     final_scores: Callable[[RunContext], dict[str, float]] | None = None
 
 
+@locks_output_dir  # one run per directory, held before anything is checked or loaded
 def run(
     config: RunConfig,
     output_dir: Path,

@@ -30,6 +30,7 @@ from privzo.config import (
     ConfigError,
     Section,
     apply_overrides,
+    dotted_items,
     read_yaml,
     validate_section,
 )
@@ -66,6 +67,12 @@ class ScalingStudyConfig(Section):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("overrides")
+    @classmethod
+    def _dotted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # nested sections (`overrides.optimizer.steps=40` on the command line) merge key by key
+        return dotted_items(overrides)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudyConfig:

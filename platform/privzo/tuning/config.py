@@ -27,6 +27,7 @@ from privzo.config import (
     RunConfig,
     Section,
     apply_overrides,
+    dotted_items,
     load_config,
     read_yaml,
     validate_section,
@@ -160,9 +161,22 @@ class SearchConfig(Section):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @field_validator("overrides")
+    @classmethod
+    def _dotted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # `overrides.optimizer.steps=40` on the command line nests {optimizer: {steps: 40}};
+        # as dotted keys it merges into the base's optimizer section instead of replacing it
+        return dotted_items(overrides)
+
     @model_validator(mode="after")
     def _consistent(self) -> SearchConfig:
         _check_space(self)
+        for key in self.overrides:
+            if key in self.space:  # every trial would take the space's value instead
+                raise ValueError(
+                    f"overrides.{key}: {key} is searched (space.{key}); change its values in "
+                    "space, or remove it from space to fix it for every trial"
+                )
         if self.algorithm == "optuna":
             require_extra("optuna", "algorithm='optuna'")
         if self.algorithm == "grid" and self.trials.distribution != "fixed":

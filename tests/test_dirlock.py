@@ -1,0 +1,194 @@
+"""One run per output directory: the lock is real (other processes hold it, one is killed),
+and every refusal comes before any model is loaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from privzo.config import ConfigError, load_config
+from privzo.dirlock import LOCK_FILE, DirectoryLock, DirectoryLockedError
+from privzo.run import run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=6",
+            "optimizer.batch_size=8",
+            "optimizer.algorithm=mezo",
+            "privacy.sampler=shuffle",
+            "tracking.log_every=3",
+            *extra,
+        ],
+    )
+
+
+def _holder_process(directory: Path) -> subprocess.Popen:
+    """A process that holds ``directory``'s lock until its stdin closes (or it is killed)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from privzo.dirlock import DirectoryLock
+        with DirectoryLock(Path({str(directory)!r})):
+            print("held", flush=True)
+            sys.stdin.read()
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def _release(process: subprocess.Popen) -> None:
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+
+
+def _wait_for_lock(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if json.loads(path.read_text())["pid"] == process.pid:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"PID {process.pid} (exit {process.poll()}) did not lock {path}")
+
+
+def test_a_second_run_is_refused_while_the_first_runs(tmp_path, sentiment_files, cache_dir):
+    """Two real runs into one directory: the second is refused naming the first's PID; once
+    the first is killed, its stale lock is taken over."""
+    output = tmp_path / "runs" / "shared"
+    command = [sys.executable, "-m", "privzo.cli", "run", str(REPO / "configs/runs/tiny-mezo.yaml")]
+    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir), "--quiet"]
+    command += [f"task.train_path={sentiment_files[0]}", f"task.test_path={sentiment_files[1]}"]
+    command += ["optimizer.steps=1000000", "optimizer.batch_size=8", "model.name_or_path=tiny-opt"]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_lock(output / LOCK_FILE, first)
+        with pytest.raises(DirectoryLockedError, match=rf"in use by another run \(PID {first.pid}"):
+            run(_config(*sentiment_files), output, cache_dir=cache_dir, progress=False)
+    finally:
+        first.send_signal(signal.SIGTERM)  # dies without cleanup: its lock file stays behind
+        first.wait(timeout=60)
+    assert json.loads((output / LOCK_FILE).read_text())["pid"] == first.pid
+    summary = run(
+        _config(*sentiment_files), output, cache_dir=cache_dir, progress=False, overwrite=True
+    )
+    assert summary["steps"] == 6
+    assert not (output / LOCK_FILE).exists()
+
+
+def test_a_lock_held_by_another_process_refuses_before_loading(tmp_path, sentiment_files):
+    """The refusal comes first: the model (a directory that does not exist) is never read."""
+    output = tmp_path / "out"
+    holder = _holder_process(output)
+    try:
+        config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+        with pytest.raises(DirectoryLockedError, match=rf"PID {holder.pid} on host"):
+            run(config, output, cache_dir=tmp_path / "cache", progress=False)
+        assert not (tmp_path / "cache").exists()
+    finally:
+        _release(holder)
+    assert not output.exists()  # the holder removed its lock file and the directory it made
+
+
+def test_a_distributed_run_holds_the_lock_in_its_driver(tmp_path, sentiment_files):
+    output = tmp_path / "out"
+    holder = _holder_process(output)
+    try:
+        config = _config(*sentiment_files, "parallel.strategy=replica", "parallel.workers=2")
+        with pytest.raises(DirectoryLockedError, match=rf"PID {holder.pid}"):
+            run(config, output, cache_dir=tmp_path / "cache", progress=False)
+    finally:
+        _release(holder)
+
+
+def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path, caplog):
+    holder = _holder_process(tmp_path / "out")
+    holder.kill()  # SIGKILL: no cleanup, the file names a dead process
+    holder.wait(timeout=60)
+    assert json.loads((tmp_path / "out" / LOCK_FILE).read_text())["pid"] == holder.pid
+    with (
+        caplog.at_level(logging.WARNING, logger="privzo.dirlock"),
+        DirectoryLock(tmp_path / "out"),
+    ):
+        written = json.loads((tmp_path / "out" / LOCK_FILE).read_text())
+        assert written == {"pid": os.getpid(), "host": socket.gethostname()}
+    assert f"stale lock of PID {holder.pid}" in caplog.text
+    assert not (tmp_path / "out" / LOCK_FILE).exists()
+
+
+def test_a_lock_file_of_a_live_process_is_not_taken(tmp_path):
+    """A live PID on this host whose flock is free (a reused PID, or a file system without
+    flock) is not ours to take: refused, with how to clear it."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK_FILE).write_text(
+            json.dumps({"pid": sleeper.pid, "host": socket.gethostname()})
+        )
+        with pytest.raises(DirectoryLockedError, match=rf"PID {sleeper.pid} .* still alive"):
+            DirectoryLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=60)
+    with DirectoryLock(tmp_path):  # dead now: stale
+        pass
+
+
+def test_the_lock_is_released_after_an_exception(tmp_path, sentiment_files, cache_dir):
+    """A run failing inside the lock (a missing model, found after the lock is taken) leaves
+    no lock behind: another process can take it at once."""
+    output = tmp_path / "out"
+    output.mkdir()
+    config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+    with pytest.raises(ConfigError, match="no-such-model"):
+        run(config, output, cache_dir=cache_dir, progress=False)
+    assert not (output / LOCK_FILE).exists()
+    _release(_holder_process(output))
+
+
+def test_a_refused_run_leaves_no_directory_behind(tmp_path, sentiment_files, cache_dir):
+    output = tmp_path / "a" / "b" / "out"
+    config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+    with pytest.raises(ConfigError):
+        run(config, output, cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_cli_names_the_holder(tmp_path, sentiment_files, capsys):
+    from privzo.cli import main
+
+    output = tmp_path / "out"
+    holder = _holder_process(output)
+    try:
+        code = main(["run", str(REPO / "configs/runs/tiny-mezo.yaml"), "--output-dir", str(output)])
+    finally:
+        _release(holder)
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("privzo: error: --output-dir") and f"PID {holder.pid}" in error
