@@ -101,6 +101,7 @@ CHECKS = {
     "privzo privacy calibrate": _printed("noise multiplier σ"),
     "privzo privacy epsilon": _epsilon_json,
     "privzo tune": _wrote("search_summary.json", "trials.parquet"),
+    "privzo export-best": _wrote("summary.json", "config.yaml", "trajectory.parquet"),
     "privzo study configs/studies/tiny-scaling.yaml": _wrote("report/report.md"),
     "privzo study configs/studies/synthetic-quadratic.yaml": _wrote("synthetic_summary.json"),
     "privzo report": _wrote("report.md"),

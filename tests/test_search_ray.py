@@ -13,8 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tracking import open_client
+from privzo.tuning.export import export_best
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -46,6 +48,8 @@ def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_
     assert first.returncode == 130, log[-3000:]
     done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(output)}
     assert 1 <= len(done_before) < 4
+    with pytest.raises(ConfigError, match="was interrupted"):  # its best is not the best of all
+        export_best(output, tmp_path / "early-export")
 
     # 2. the same command resumes it: finished trials are not run again
     second = _tune(search, output, cache_dir)
@@ -103,6 +107,29 @@ def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_
         assert child.data.tags["privzo.epsilon"] == "2"
         assert int(child.data.tags["privzo.model_parameters"]) > 0
         assert child.data.params["optimizer.steps"] == str(int(row.steps))
+
+    # 3. the best trial alone, without what points back into the search
+    export = tmp_path / "export"
+    command = [sys.executable, "-m", "privzo.cli", "export-best", str(output)]
+    exported = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
+    assert exported.returncode == 0, exported.stderr.decode()[-3000:]
+    assert {path.name for path in export.iterdir()} == {
+        "config.yaml",
+        "summary.json",
+        "trajectory.parquet",
+    }
+    best_dir = output / "trials" / summary["best_trial"]
+    assert (export / "trajectory.parquet").read_bytes() == (
+        best_dir / "trajectory.parquet"
+    ).read_bytes()
+    exported_summary = json.loads((export / "summary.json").read_text())
+    assert "tracking_run_id" not in exported_summary
+    assert summary["best_trial"] not in (export / "summary.json").read_text()
+    # a fixed trial count: the export is covered by the search's composition bound
+    assert exported_summary["epsilon"] == summary["end_to_end_epsilon"]
+    assert exported_summary["epsilon_per_trial"] == pytest.approx(2.0, rel=2e-3)
+    again = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
+    assert again.returncode == 2 and b"is not empty" in again.stderr
 
 
 def test_resources_the_cluster_lacks_fail_before_any_trial(tmp_path, make_search, cache_dir):

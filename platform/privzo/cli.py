@@ -319,6 +319,16 @@ def _tune_command(args: argparse.Namespace) -> int:
     return 130 if summary["interrupted"] else 0
 
 
+def _export_best_command(args: argparse.Namespace) -> int:
+    from privzo.tuning.export import export_best
+
+    summary = export_best(args.search_dir, args.output_dir)
+    print(f"exported the best trial of {args.search_dir} to {args.output_dir}")
+    if summary.get("guarantee"):
+        print(f"privacy: {summary['guarantee']}")
+    return 0
+
+
 def _study_command(args: argparse.Namespace) -> int:
     from privzo.studies import load_study_config, run_study
 
@@ -416,6 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
     _add_cache_dir(tune)
     tune.set_defaults(handler=_tune_command)
+
+    export = commands.add_parser(
+        "export-best",
+        help="the best trial of a finished search, alone (its config, trajectory, summary)",
+    )
+    export.add_argument("search_dir", type=Path, help="a finished search's --output-dir")
+    export.add_argument("--output-dir", type=Path, required=True, help="a new, empty directory")
+    export.set_defaults(handler=_export_best_command)
 
     study = commands.add_parser(
         "study", help="a study (e.g. scaling over model sizes); resumes in the same dir"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -245,9 +246,11 @@ def _tune_config(plan: SearchPlan) -> Any:
     if search.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed), concurrency)
+        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed or 0), concurrency)
     else:  # a generator, not a Searcher: it takes the concurrency limit itself
-        searcher = BasicVariantGenerator(random_state=search.seed, max_concurrent=concurrency)
+        searcher = BasicVariantGenerator(
+            random_state=point_seed(search), max_concurrent=concurrency
+        )
     scheduler = None
     if search.scheduler.type == "asha":
         releases = max(event.score_releases for event in plan.events) if plan.events else None
@@ -264,6 +267,15 @@ def _tune_config(plan: SearchPlan) -> Any:
         scheduler=scheduler,
         num_samples=1 if search.algorithm == "grid" else plan.trial_count,
     )
+
+
+def point_seed(search: SearchConfig) -> int:
+    """The random search's seed: the public ``seed`` (default 0), or for repeat-and-select a
+    secret one, so each trial's point is an independent draw nobody can replay (Tune keeps
+    the generator's state in the search directory, with the secret trial count)."""
+    if search.trials.distribution == "geometric":
+        return secrets.randbits(32)
+    return search.seed or 0
 
 
 def _max_scores(plan: SearchPlan) -> int:
