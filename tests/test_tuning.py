@@ -23,7 +23,7 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.tuning.search import point_seed
+from privzo.tuning.search import format_table, point_seed
 
 
 def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):
@@ -220,3 +220,17 @@ def test_asha_counts_every_intermediate_score_as_a_release(make_search, cache_di
     bad = make_search(scheduler={"type": "asha", "evaluate_every": 7})
     with pytest.raises(ConfigError, match=r"multiple of the base run's tracking\.log_every=5"):
         plan_search(load_search_config(bad), cache_dir)
+
+
+def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
+    """ε 1.999 and 2 used to stand in one column as "1.999" and "2"."""
+    row = {"trial_id": "t0", "noise_multiplier": 2.0, "epsilon": 2.0, "metric_after": 0.5}
+    rows = [
+        row | {"selection_score": 0.7, "status": "finished"},
+        row | {"trial_id": "t1", "epsilon": 1.9994, "selection_score": 0.6, "status": "finished"},
+    ]
+    for item in rows:
+        item |= {"peak_memory_mb": None, "wall_time_s": None}
+    summary = {"space": [], "trials": rows, "best_trial": "t0", "metric": "accuracy"}
+    lines = format_table(summary).splitlines()
+    assert "2.000  2.000" in lines[1] and "2.000  1.999" in lines[2]

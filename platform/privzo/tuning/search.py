@@ -427,8 +427,8 @@ def format_table(summary: dict[str, Any]) -> str:
                 mark,
                 row["trial_id"],
                 *values,
-                _fmt(row["noise_multiplier"]),
-                _fmt(row["epsilon"]),
+                _fmt(row["noise_multiplier"], ".3f"),
+                _fmt(row["epsilon"], ".3f"),  # 1.999 next to 2.000, not next to 2
                 _fmt(row[SCORE]),
                 _fmt(row["metric_after"]),
                 _fmt(row["peak_memory_mb"], ".0f"),
