@@ -96,7 +96,10 @@ def _run_command(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
     )
-    _print_summary(summary, args.output_dir)
+    if args.json:  # one line a job's log can be parsed from
+        print(json.dumps({"privzo_summary": summary}, default=str))
+    else:
+        _print_summary(summary, args.output_dir)
     return 0
 
 
@@ -413,6 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help='print the summary as one JSON line, {"privzo_summary": {...}}',
+    )
     _add_cache_dir(run)
     run.set_defaults(handler=_run_command)
 

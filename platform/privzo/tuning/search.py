@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from privzo.config import ConfigError
+from privzo.distributed.launch import ray_runtime_env
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, make_tracker, open_client
 from privzo.tuning.config import SearchConfig
@@ -150,7 +151,13 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
     if not ray.is_initialized():
         # a cluster's address brings its own CPU count; Ray refuses num_cpus when connecting
         cpus = {"num_cpus": num_cpus} if address is None and num_cpus else {}
-        ray.init(address=address, include_dashboard=False, log_to_driver=True, **cpus)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=ray_runtime_env({}),  # trials import this privzo, not a node's
+            **cpus,
+        )
 
 
 def _check_resources(search: SearchConfig) -> None:
