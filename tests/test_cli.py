@@ -210,6 +210,7 @@ def test_run_help_documents_config_output_dir_and_overrides(capsys):
     assert "a run config (YAML)" in text
     assert "the run's directory" in text  # --output-dir has a help line
     assert "optimizer.steps=800 privacy.epsilon=4 --output-dir runs/x" in text  # an example
+    assert "--verbose" in text and "--json" in text
 
 
 def test_run_json_prints_the_summary_as_one_parsable_line(tmp_path, capsys, sentiment_files):

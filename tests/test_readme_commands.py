@@ -157,7 +157,7 @@ def test_readme_running_commands_work_as_written(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=1800,  # a margin for a loaded machine, not a timing
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         check = _matching(CHECKS, command)

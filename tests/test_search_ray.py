@@ -38,13 +38,13 @@ def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_
 
     # 1. start the search, interrupt it (Ctrl+C) once its first trial has finished
     first = _tune(search, output, cache_dir)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 1200  # a margin: at load 7 on 2 cores a trial took 6 min
     while not _finished_trials(output) and time.monotonic() < deadline:
         assert first.poll() is None, first.stdout.read().decode()[-3000:]
         time.sleep(1)
-    assert _finished_trials(output), "no trial finished within 5 minutes"
+    assert _finished_trials(output), "no trial finished within 20 minutes"
     first.send_signal(signal.SIGINT)
-    log = first.communicate(timeout=180)[0].decode()
+    log = first.communicate(timeout=900)[0].decode()
     assert first.returncode == 130, log[-3000:]
     done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(output)}
     assert 1 <= len(done_before) < 4
@@ -53,8 +53,11 @@ def test_search_interrupted_and_resumed_records_every_trial_once(tmp_path, make_
 
     # 2. the same command resumes it: finished trials are not run again
     second = _tune(search, output, cache_dir)
-    log = second.communicate(timeout=600)[0].decode()
+    log = second.communicate(timeout=2400)[0].decode()
     assert second.returncode == 0, log[-3000:]
+    # the libraries' known noise stays off the console (privzo tune --verbose shows it)
+    for noise in ("TensorboardX", "Token authentication is enabled", "Loading weights"):
+        assert noise not in log, noise
     for trial_id, mtime in done_before.items():
         assert (output / "trials" / trial_id / "summary.json").stat().st_mtime_ns == mtime
 
@@ -136,7 +139,7 @@ def test_resources_the_cluster_lacks_fail_before_any_trial(tmp_path, make_search
     search = make_search(resources={"cpus_per_trial": 64})
     output = tmp_path / "search"
     process = _tune(search, output, cache_dir)
-    log = process.communicate(timeout=300)[0].decode()
+    log = process.communicate(timeout=900)[0].decode()
     assert process.returncode == 2, log[-3000:]
     assert "resources.cpus_per_trial=64: the Ray cluster has" in log
     assert not (output / "trials").exists() and not (output / "search_state.json").exists()
@@ -148,7 +151,7 @@ def test_main_job_quick_prints_arms_search_and_scaling_report(tmp_path):
     command = [sys.executable, "-m", "privzo.cli", "demo", "--quick"]
     command += ["--output-dir", str(output), "--cache-dir", str(cache)]
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     printed = result.stdout
     assert result.returncode == 0, (printed + result.stderr)[-4000:]
     for text in ("DPZero (private)", "MeZO (non-private)", "privacy: composition of 3 trials"):

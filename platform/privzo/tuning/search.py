@@ -188,6 +188,7 @@ def _fit(
     progress: bool,
 ) -> Any:
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     search = plan.search
     setup = {
@@ -223,6 +224,8 @@ def _fit(
                 storage_path=str(output_dir / TUNE_DIR),
                 verbose=1 if progress else 0,
                 failure_config=tune.FailureConfig(max_failures=0),
+                # Tune's result files, without its automatic TensorBoard logger (not installed)
+                callbacks=[CSVLoggerCallback(), JsonLoggerCallback()],
             ),
         )
     return tuner.fit()
