@@ -1,18 +1,17 @@
-"""One privzo run as a Ray job.
+"""Entry point for `ray job submit`: one privzo run.
 
-    ray job submit --working-dir . -- python jobs/run.py --config configs/runs/X.yaml \
+    ray job submit --working-dir . -- python jobs/run.py --config configs/runs/X.yaml \\
         [--output-dir DIR] [key=value ...]
 
 The job's driver runs in an unpacked copy of the working dir, with ``RAY_ADDRESS`` set, so the
 run connects to the cluster it was submitted to. Point ``--output-dir`` at shared storage and
 ``MLFLOW_TRACKING_URI`` (or ``tracking.uri``) at an MLflow server: the job's own directory is
-temporary. Prints the run's summary as JSON (``ray job logs`` shows it).
+temporary. Prints the run's summary as one JSON line (``ray job logs`` shows it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,39 +19,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))  # the submitted working dir's privzo comes first
 
+from privzo.cli import main as privzo_main  # noqa: E402
+
 # `ray.train.report` is a barrier that waits on a health check, every 2 s by default.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, required=True, help="run config (YAML)")
-    parser.add_argument("--output-dir", type=Path, default=None, help="default: runs/<config>")
-    parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/privzo").expanduser())
-    parser.add_argument("--overwrite", action="store_true")
-    return parser.parse_known_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse(argv)
-    from privzo.config import ConfigError, load_config
-    from privzo.run import run
-
-    try:
-        config = load_config(args.config, overrides)
-        summary = run(
-            config,
-            args.output_dir or Path("runs") / args.config.stem,
-            cache_dir=args.cache_dir,
-            progress=False,
-            overwrite=args.overwrite,
-            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
-        )
-    except (ConfigError, ValueError, OSError) as error:
-        print(f"privzo job: error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps({"privzo_summary": summary}))
-    return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="a run config (YAML)")
+    parser.add_argument("--output-dir", help="default: runs/<config name>")
+    parser.add_argument("--cache-dir", help="where built-in models are cached")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the run")
+    args = parser.parse_args(argv)
+    output_dir = args.output_dir or str(Path("runs") / Path(args.config).stem)
+    command = ["run", args.config, *args.overrides, "--output-dir", output_dir]
+    command += ["--quiet", "--json"]
+    if args.cache_dir:
+        command += ["--cache-dir", args.cache_dir]
+    if args.overwrite:
+        command += ["--overwrite"]
+    return privzo_main(command)
 
 
 if __name__ == "__main__":

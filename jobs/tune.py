@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from privzo.cli import main as privzo_main
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "platform"))  # the submitted working dir's privzo comes first
+
+from privzo.cli import main as privzo_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

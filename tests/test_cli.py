@@ -210,3 +210,20 @@ def test_run_help_documents_config_output_dir_and_overrides(capsys):
     assert "a run config (YAML)" in text
     assert "the run's directory" in text  # --output-dir has a help line
     assert "optimizer.steps=800 privacy.epsilon=4 --output-dir runs/x" in text  # an example
+    assert "--verbose" in text and "--json" in text
+
+
+def test_run_json_prints_the_summary_as_one_parsable_line(tmp_path, capsys, sentiment_files):
+    """What jobs/run.py (a `ray job submit` entry point) prints, through the same CLI."""
+    train, test = sentiment_files
+    output = tmp_path / "run"
+    arguments = ["run", "configs/runs/tiny-mezo.yaml", "model.name_or_path=tiny-opt"]
+    arguments += [f"task.train_path={train}", f"task.test_path={test}", "task.builtin_dataset=null"]
+    arguments += ["optimizer.steps=4", "optimizer.batch_size=4", "tracking.backend=none"]
+    arguments += ["--output-dir", str(output), "--quiet", "--json"]
+    arguments += ["--cache-dir", str(tmp_path / "cache")]
+    assert main(arguments) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(last)["privzo_summary"]
+    assert summary == json.loads((output / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["algorithm"] == "mezo"

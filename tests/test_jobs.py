@@ -71,7 +71,7 @@ def head_node():
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
-        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
     }
     env.pop("RAY_ADDRESS", None)
     command = [
@@ -81,7 +81,7 @@ def head_node():
         *(f"--{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
     try:
-        subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
         yield f"http://127.0.0.1:{dashboard_port}", env
     finally:
         _stop_head(temp_dir)
@@ -108,7 +108,7 @@ def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
     ]  # fmt: skip
     for _attempt in range(30):  # the head's job agent comes up a few seconds after `ray start`
         job = subprocess.run(
-            command, env={**env, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=600
+            command, env={**env, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=1800
         )
         if "No available agent" not in job.stderr + job.stdout:
             break

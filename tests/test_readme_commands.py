@@ -101,6 +101,7 @@ CHECKS = {
     "privzo privacy calibrate": _printed("noise multiplier σ"),
     "privzo privacy epsilon": _epsilon_json,
     "privzo tune": _wrote("search_summary.json", "trials.parquet"),
+    "privzo export-best": _wrote("summary.json", "config.yaml", "trajectory.parquet"),
     "privzo study configs/studies/tiny-scaling.yaml": _wrote("report/report.md"),
     "privzo study configs/studies/synthetic-quadratic.yaml": _wrote("synthetic_summary.json"),
     "privzo report": _wrote("report.md"),
@@ -156,7 +157,7 @@ def test_readme_running_commands_work_as_written(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=1800,  # a margin for a loaded machine, not a timing
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         check = _matching(CHECKS, command)

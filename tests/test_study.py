@@ -12,6 +12,7 @@ import yaml
 from mlflow.entities import Metric
 
 from privzo.analysis import build_report
+from privzo.analysis.plots import distinct_curves
 from privzo.config import ConfigError
 from privzo.studies import load_study_config, run_study
 from privzo.studies.scaling import cell_config, expand_cells
@@ -48,6 +49,8 @@ def _log_fixture_runs(uri: str) -> None:
                 if epsilon:
                     tags["privzo.epsilon"] = epsilon
                 run = client.create_run(experiment, tags=tags).info.run_id
+                sampler = "poisson" if epsilon else "shuffle"
+                client.log_param(run, "privacy.sampler", sampler)
                 metrics = {
                     "final_accuracy_before": before,
                     "final_accuracy_after": after,
@@ -95,6 +98,17 @@ def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
         assert image.stat().st_size > 1000 and image.read_bytes()[:4] == b"\x89PNG"
         assert f"]({name})" in text
     assert "0.510 ± 0.014" in text  # small zero-shot: mean 0.51, std √2·0.01
+    assert "| dpzero | True | Poisson, from secret randomness" in text
+    assert "| mezo | False | seeded shuffle, fixed-size batches (repeatable) | 4 |" in text
+    assert "| sst2 | large | 9,000 | dpzero ε=2 |" in text  # the gap table's sizes as 9,000
+    assert "9000" not in text
+
+
+def test_identical_epsilon_curves_are_drawn_once():
+    """Runs with the same σ, q and T spend ε identically: one line, labelled with all of them."""
+    same = [(25, 0.5), (50, 1.0)]
+    curves = distinct_curves({"s ε=2 seed 0": same, "m ε=2 seed 0": same, "s ε=4": [(25, 0.9)]})
+    assert curves == {tuple(same): ["s ε=2 seed 0", "m ε=2 seed 0"], ((25, 0.9),): ["s ε=4"]}
 
 
 def _study_file(tmp_path: Path, sentiment_files, **study) -> Path:
@@ -172,8 +186,14 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     }
     assert resources["dpzero"]["private"] and resources["dpzero"]["peak_memory_mb"] is None
     assert resources["mezo"]["peak_memory_mb"] > 0  # non-private: measured and released
+    samplers = {
+        row["algorithm"]: row["sampler"]
+        for row in pq.read_table(output / "report" / "runs.parquet").to_pylist()
+    }
+    assert samplers == {"dpzero": "poisson", "mezo": "shuffle"}  # the baseline repeats
     report = (output / "report" / "report.md").read_text()
-    dpzero_line = next(line for line in report.splitlines() if "| dpzero |" in line)
+    resources_lines = report.split("## Peak memory and step time", 1)[1].splitlines()
+    dpzero_line = next(line for line in resources_lines if "| dpzero |" in line)
     assert dpzero_line.count("withheld") == 3
     artifacts = [a.path for a in client.list_artifacts(first["parent_run_id"], "report")]
     assert "report/report.md" in artifacts and "report/scaling.png" in artifacts

@@ -24,7 +24,7 @@ from privzo.synthetic.algorithms import (
 )
 from privzo.synthetic.config import ALGORITHM_NAMES, PATTERN_NAMES
 from privzo.synthetic.quadratic import EFFECTIVE_RANK_PATTERNS, make_problem
-from privzo.synthetic.study import study_noise_multiplier
+from privzo.synthetic.study import readable, study_noise_multiplier
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "configs" / "studies" / "synthetic-quadratic.yaml"
@@ -329,3 +329,8 @@ def test_over_the_full_dimension_range_dpzero_stays_nearly_flat(tmp_path: Path) 
     growth = {name: best[(name, 2000)] / best[(name, 20)] for name in ("dpzero", "dpgd-0th")}
     assert growth["dpzero"] < 1.75, growth
     assert growth["dpgd-0th"] > 1.25 * growth["dpzero"], growth
+
+
+def test_synthetic_table_numbers_have_no_exponent() -> None:
+    assert readable(1000.0, 3) == "1,000" and readable(25_600.4, 3) == "25,600"
+    assert readable(12.345, 3) == "12.3" and readable(0.000123, 2) == "0.00012"

@@ -13,6 +13,7 @@ from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tuning import load_search_config, plan_search
 from privzo.tuning.config import SearchConfig, base_run_config
+from privzo.tuning.export import export_best
 from privzo.tuning.privacy import (
     GEOMETRIC_SHAPE,
     TrialEvent,
@@ -22,6 +23,7 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
+from privzo.tuning.search import format_table, point_seed
 
 
 def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):
@@ -87,6 +89,36 @@ def test_worst_curve_bounds_every_event_and_composition_grows():
     assert repeat_and_select_epsilon(worst, 3.0, 1e-5) < composition_epsilon(worst, 10, 1e-5)
 
 
+def test_geometric_search_reports_composition_for_what_it_stores(make_search, cache_dir):
+    """A search keeps every trial's records, so its end-to-end ε is the composition over the
+    trials that ran, whatever the trial count; repeat-and-select covers only the best trial
+    exported alone (privzo export-best). Before: the repeat-and-select ε was reported as the
+    search's end-to-end ε."""
+    geometric = {"algorithm": "random", "trials": {"distribution": "geometric", "mean": 3}}
+    plan = plan_search(load_search_config(make_search(**geometric)), cache_dir, trial_count=10)
+    bounds = plan.bounds(trials_run=10)
+    assert bounds["end_to_end_epsilon"] == bounds["records_epsilon"]
+    assert bounds["best_export_epsilon"] < bounds["records_epsilon"]
+    assert "privzo export-best" in bounds["guarantee"]
+    assert "composition of 10 trials" in bounds["guarantee"]
+    fixed = plan_search(load_search_config(make_search()), cache_dir)
+    assert "best_export_epsilon" not in fixed.bounds(trials_run=4)
+
+
+def test_repeat_and_select_points_come_from_secret_randomness(make_search):
+    geometric = {"algorithm": "random", "trials": {"distribution": "geometric", "mean": 3}}
+    search = load_search_config(make_search(**geometric))
+    assert len({point_seed(search) for _ in range(8)}) > 1  # not replayable from the config
+    assert point_seed(load_search_config(make_search(seed=7))) == 7
+    assert point_seed(load_search_config(make_search())) == 0
+
+
+def test_export_best_refuses_a_directory_without_a_finished_search(tmp_path):
+    with pytest.raises(ConfigError, match="holds no finished search"):
+        export_best(tmp_path, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
 def test_geometric_trial_count_has_the_configured_mean():
     draws = [draw_geometric_count(3.0) for _ in range(4000)]
     assert min(draws) >= 1
@@ -115,6 +147,10 @@ def test_geometric_trial_count_has_the_configured_mean():
             "needs independent trials",
         ),
         ({"trials": {"distribution": "geometric"}}, "needs mean"),
+        (
+            {"algorithm": "random", "trials": {"distribution": "geometric", "mean": 3}, "seed": 0},
+            "secret randomness",
+        ),
         ({"selection": {"split": "public"}}, "needs public_path"),
         ({"budget": {"mode": "derive-steps"}}, "needs budget.max_forward_passes"),
         (
@@ -203,3 +239,17 @@ def test_a_search_override_of_a_searched_key_is_refused(make_search):
     path = make_search()  # space: privacy.clip, optimizer.steps
     with pytest.raises(ConfigError, match=r"overrides\.optimizer\.steps: .*searched"):
         load_search_config(path, ["overrides.optimizer.steps=40"])
+
+
+def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
+    """ε 1.999 and 2 used to stand in one column as "1.999" and "2"."""
+    row = {"trial_id": "t0", "noise_multiplier": 2.0, "epsilon": 2.0, "metric_after": 0.5}
+    rows = [
+        row | {"selection_score": 0.7, "status": "finished"},
+        row | {"trial_id": "t1", "epsilon": 1.9994, "selection_score": 0.6, "status": "finished"},
+    ]
+    for item in rows:
+        item |= {"peak_memory_mb": None, "wall_time_s": None}
+    summary = {"space": [], "trials": rows, "best_trial": "t0", "metric": "accuracy"}
+    lines = format_table(summary).splitlines()
+    assert "2.000  2.000" in lines[1] and "2.000  1.999" in lines[2]

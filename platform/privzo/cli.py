@@ -64,10 +64,14 @@ def _passive_openmp_waits() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _quiet_libraries() -> None:
-    """Silence per-load progress bars and info logs of transformers and mlflow on the console."""
+def _quiet_libraries(args: argparse.Namespace) -> None:
+    """Keep the console to privzo's progress and tables: silence the libraries' per-load bars,
+    info logs and known noise (unless ``--verbose``)."""
     import logging
+    import warnings
 
+    if getattr(args, "verbose", False):
+        return
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()
@@ -75,13 +79,28 @@ def _quiet_libraries() -> None:
     # mlflow sets its own level when it is imported (lazily, at the first run): tell it first.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # Opacus and peft call this deprecated transformers property on every model they wrap
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+    # Tune's automatic loggers add TensorBoard, which is not installed, and say so at every
+    # search; a search passes its CSV and JSON loggers itself
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # a local cluster turns token auth on by default and says so at every start
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the libraries' logs, warnings and bars too"
+    )
 
 
 def _run_command(args: argparse.Namespace) -> int:
     from privzo.config import load_config
     from privzo.run import run
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     # extra YAML files among the overrides merge over the first config, in order
     extra_files = [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
@@ -100,7 +119,10 @@ def _run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # one line, not the loop's traceback; the tracker marked KILLED
         print(_interrupted_line(args.output_dir), file=sys.stderr)
         return 130  # 128 + SIGINT, what a shell reports for Ctrl+C
-    _print_summary(summary, args.output_dir)
+    if args.json:  # one line a job's log can be parsed from
+        print(json.dumps({"privzo_summary": summary}, default=str))
+    else:
+        _print_summary(summary, args.output_dir)
     return 0
 
 
@@ -137,7 +159,7 @@ def _print_summary(summary: dict[str, Any], output_dir: Path) -> None:
 def _replay_command(args: argparse.Namespace) -> int:
     from privzo.replay import replay_to_directory
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     steps = replay_to_directory(
         args.base, args.trajectory, args.output_dir, cache_dir=args.cache_dir
     )
@@ -234,6 +256,7 @@ def _bench_memory_command(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats}: allowed: 1 or more")
+    _quiet_libraries(args)  # the loads' "Loading weights" and "Writing model shards" bars
     result = memory_benchmark(args.cache_dir, repeats=args.repeats, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
@@ -242,7 +265,7 @@ def _bench_memory_command(args: argparse.Namespace) -> int:
 def _bench_distributed_command(args: argparse.Namespace) -> int:
     from privzo.distributed.bench import distributed_benchmark
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     # ray.train.report waits on a health check, every 2 s unless told otherwise
     fast_report = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
     os.environ.update(fast_report)
@@ -314,7 +337,7 @@ def _plan_command(args: argparse.Namespace) -> int:
 def _tune_command(args: argparse.Namespace) -> int:
     from privzo.tuning import load_search_config, run_search
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     search = load_search_config(args.config, args.overrides)
     # a local Ray schedules trials on the cores this process may use, not the machine's
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
@@ -330,10 +353,20 @@ def _tune_command(args: argparse.Namespace) -> int:
     return 130 if summary["interrupted"] else 0
 
 
+def _export_best_command(args: argparse.Namespace) -> int:
+    from privzo.tuning.export import export_best
+
+    summary = export_best(args.search_dir, args.output_dir)
+    print(f"exported the best trial of {args.search_dir} to {args.output_dir}")
+    if summary.get("guarantee"):
+        print(f"privacy: {summary['guarantee']}")
+    return 0
+
+
 def _study_command(args: argparse.Namespace) -> int:
     from privzo.studies import load_study_config, run_study
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     study = load_study_config(args.config, args.overrides)
     _use_process_cores()  # cells train one after another in this process
     options: dict[str, Any] = {
@@ -350,7 +383,7 @@ def _study_command(args: argparse.Namespace) -> int:
 def _report_command(args: argparse.Namespace) -> int:
     from privzo.analysis import build_report
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise ValueError(
@@ -363,7 +396,7 @@ def _report_command(args: argparse.Namespace) -> int:
 def _demo_command(args: argparse.Namespace) -> int:
     from privzo.demo import run_demo
 
-    _quiet_libraries()
+    _quiet_libraries(args)
     run_demo(
         args.output_dir,
         cache_dir=args.cache_dir,
@@ -414,7 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help='print the summary as one JSON line, {"privzo_summary": {...}}',
+    )
     _add_cache_dir(run)
+    _add_verbose(run)
     run.set_defaults(handler=_run_command)
 
     tune = commands.add_parser(
@@ -426,7 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
     tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
     _add_cache_dir(tune)
+    _add_verbose(tune)
     tune.set_defaults(handler=_tune_command)
+
+    export = commands.add_parser(
+        "export-best",
+        help="the best trial of a finished search, alone (its config, trajectory, summary)",
+    )
+    export.add_argument("search_dir", type=Path, help="a finished search's --output-dir")
+    export.add_argument("--output-dir", type=Path, required=True, help="a new, empty directory")
+    export.set_defaults(handler=_export_best_command)
 
     study = commands.add_parser(
         "study", help="a study (e.g. scaling over model sizes); resumes in the same dir"
@@ -437,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--max-cells", type=int, help="train at most this many cells now")
     study.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_cache_dir(study)
+    _add_verbose(study)
     study.set_defaults(handler=_study_command)
 
     report = commands.add_parser("report", help="scaling tables, plots and a report from MLflow")
@@ -451,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--trajectory", type=Path, required=True)
     replay.add_argument("--output-dir", type=Path, required=True)
     _add_cache_dir(replay)
+    _add_verbose(replay)
     replay.set_defaults(handler=_replay_command)
 
     privacy = commands.add_parser("privacy", help="privacy accounting")
@@ -476,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--json", action="store_true")
     memory.add_argument("--repeats", type=int, default=3)
     _add_cache_dir(memory)
+    _add_verbose(memory)
     memory.set_defaults(handler=_bench_memory_command)
     distributed = bench_commands.add_parser(
         "distributed", help="replica step time (1 vs 2 workers), bytes per step, zero3 memory"
@@ -484,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     distributed.add_argument("--model", default="demo-opt-s", help="a built-in model or path")
     distributed.add_argument("--steps", type=int, default=30)
     _add_cache_dir(distributed)
+    _add_verbose(distributed)
     distributed.set_defaults(handler=_bench_distributed_command)
 
     planner = commands.add_parser(
@@ -516,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--arms-only", action="store_true", help="skip the small search and the scaling study"
     )
     _add_cache_dir(demo)
+    _add_verbose(demo)
     demo.set_defaults(handler=_demo_command)
     return parser
 

@@ -37,7 +37,7 @@ def plot_scaling(scaling: pa.Table, path: Path) -> Path:
         axis.set_xscale("log")
         axis.set_xlabel("model parameters")
         axis.set_ylabel(rows["metric"].iloc[0] if len(rows) else "metric")
-        axis.set_title(task)
+        axis.set_title(f"{task}: test metric, mean ± std over seeds", fontsize="medium")
         axis.legend(fontsize="small")
     return _save(figure, path)
 
@@ -59,13 +59,15 @@ def plot_gap(gap: pa.Table, path: Path) -> Path:
     axis.set_xscale("log")
     axis.set_xlabel("model parameters")
     axis.set_ylabel("privacy gap (non-private − private)")
+    axis.set_title("Test metric lost to privacy (mean over seeds)", fontsize="medium")
     if len(frame):
         axis.legend(fontsize="small")
     return _save(figure, path)
 
 
 def plot_resources(resources: pa.Table, path: Path) -> Path:
-    """Peak memory and step time against model size, a line per algorithm."""
+    """Peak memory and step time against model size, a line per algorithm (private runs withhold
+    both, so their lines are absent unless diagnostics were on)."""
     plt = _pyplot()
     frame = resources.to_pandas()
     figure, (memory, time) = plt.subplots(1, 2, figsize=(11, 4))
@@ -73,27 +75,48 @@ def plot_resources(resources: pa.Table, path: Path) -> Path:
         group = group.sort_values("model_parameters")
         memory.plot(group["model_parameters"], group["peak_memory_mb"], marker="o", label=algorithm)
         time.plot(group["model_parameters"], group["mean_step_time_s"], marker="o", label=algorithm)
-    for axis, label in ((memory, "peak memory (MB)"), (time, "mean step time (s)")):
+    panels = (
+        (memory, "peak memory (MB)", "Peak memory of a run (measured, per process)"),
+        (time, "mean step time (s)", "Mean wall time of one step (measured, this machine)"),
+    )
+    for axis, label, title in panels:
         axis.set_xscale("log")
         axis.set_xlabel("model parameters")
         axis.set_ylabel(label)
+        axis.set_title(title, fontsize="medium")
+        axis.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
         if len(frame):
             axis.legend(fontsize="small")
     return _save(figure, path)
 
 
 def plot_epsilon_steps(histories: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    """ε spent against steps, a line per private run (from the runs' logged histories)."""
+    """ε spent against steps from the runs' logged histories, one line per distinct curve:
+    runs with the same (σ, q, T) spend ε identically, and their lines would hide each other."""
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(5.5, 4))
-    for label, points in histories.items():
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    curves = distinct_curves(histories)
+    for points, labels in curves.items():
         steps, values = zip(*points, strict=True) if points else ((), ())
-        axis.plot(steps, values, label=label)
+        shown = labels[0] if len(labels) == 1 else f"{labels[0]} and {len(labels) - 1} more"
+        axis.plot(steps, values, marker=".", label=shown)
     axis.set_xlabel("step")
-    axis.set_ylabel("ε spent")
-    if histories:
+    axis.set_ylabel("ε spent (accountant, at the run's δ)")
+    axis.set_title("Privacy spent during training", fontsize="medium")
+    axis.set_ylim(bottom=0)
+    if curves:
         axis.legend(fontsize="x-small")
     return _save(figure, path)
+
+
+def distinct_curves(
+    histories: dict[str, list[tuple[int, float]]],
+) -> dict[tuple[tuple[int, float], ...], list[str]]:
+    """Each distinct (step, value) curve with the labels of the runs that drew it."""
+    curves: dict[tuple[tuple[int, float], ...], list[str]] = {}
+    for label, points in histories.items():
+        curves.setdefault(tuple(points), []).append(label)
+    return curves
 
 
 def _save(figure, path: Path) -> Path:

@@ -15,6 +15,7 @@ from privzo.analysis.tables import (
     privacy_gap_table,
     resources_markdown,
     resources_table,
+    sampling_table,
     scaling_markdown,
     scaling_table,
 )
@@ -91,6 +92,9 @@ def _markdown(
             scaling_markdown(scaling),
             "![scaling](scaling.png)",
             "",
+            "How each arm drew its batches:",
+            "",
+            frame_markdown(sampling_table(runs)),
             "## Privacy gap (non-private − private)",
             "",
             frame_markdown(gap, {"gap": ".3f"}),

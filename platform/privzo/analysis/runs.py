@@ -49,6 +49,7 @@ SCHEMA = pa.schema(
         ("cell", pa.string()),
         ("seed", pa.int64()),
         ("steps", pa.int64()),
+        ("sampler", pa.string()),
         ("metric_before", pa.float64()),
         ("metric_after", pa.float64()),
         *[(name.removeprefix("final_"), pa.float64()) for name in _METRICS],
@@ -91,6 +92,7 @@ def _row(run: Any) -> dict[str, Any]:
     row["epsilon_target"] = float(row.pop("epsilon")) if row.get("epsilon") else None
     row["seed"] = _int(row["seed"] if row["seed"] is not None else params.get("seed"))
     row["steps"] = _int(params.get("optimizer.steps"))
+    row["sampler"] = params.get("privacy.sampler")
     metric = row["metric"] or "accuracy"
     row["metric"] = metric
     row["metric_before"] = metrics.get(f"final_{metric}_before")

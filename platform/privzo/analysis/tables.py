@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -149,11 +150,37 @@ def scaling_markdown(scaling: pa.Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Columns every Markdown table formats the same way (122,304 parameters, as in the scaling table).
+COLUMN_FORMATS = {"model_parameters": ","}
+SAMPLER_MEANING = {
+    "poisson": "Poisson, from secret randomness (what the accountant assumes)",
+    "shuffle": "seeded shuffle, fixed-size batches (repeatable)",
+}
+
+
+def sampling_table(runs: pa.Table) -> pa.Table:
+    """How each arm drew its batches: private arms Poisson, non-private baselines a seeded
+    shuffle (a study sets it), so a baseline's score repeats from run to run."""
+    frame = runs.to_pandas()
+    columns = ["algorithm", "private", "sampler", "runs"]
+    if frame.empty:
+        return pa.Table.from_pandas(pd.DataFrame(columns=columns), preserve_index=False)
+    frame["sampler"] = frame["sampler"].fillna("not recorded")
+    table = (
+        frame.groupby(["algorithm", "private", "sampler"])
+        .agg(runs=("run_id", "count"))
+        .reset_index()
+        .sort_values(["private", "algorithm"], ascending=[False, True])
+    )
+    table["sampler"] = [SAMPLER_MEANING.get(name, name) for name in table["sampler"]]
+    return pa.Table.from_pandas(table[columns].reset_index(drop=True), preserve_index=False)
+
+
 def frame_markdown(table: pa.Table, formats: dict[str, str] | None = None) -> str:
     frame = table.to_pandas()
     if frame.empty:
         return "_none_\n"
-    formats = formats or {}
+    formats = COLUMN_FORMATS | (formats or {})
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     for row in frame.itertuples(index=False):
         cells = [
@@ -173,4 +200,6 @@ def _mean_std(mean: float, std: float) -> str:
 def _cell(value: object, spec: str | None) -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else format(value, spec or ".4g")
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and spec:
+        return format(int(value), spec)
     return str(value)

@@ -133,7 +133,15 @@ def select_best(results: pd.DataFrame) -> pd.DataFrame:
 def _format_cell(mean: float, std: float) -> str:
     if not math.isfinite(mean):
         return "diverged"
-    return f"{mean:.3g} ± {std:.2g}"
+    return f"{readable(mean, 3)} ± {readable(std, 2)}"
+
+
+def readable(value: float, digits: int) -> str:
+    """``digits`` significant digits, without the exponent that ``g`` gives at 10^digits and up
+    (1000 reads 1,000, not 1e+03); small values keep ``g``."""
+    if math.isfinite(value) and abs(value) >= 10**digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
 
 
 def _markdown_table(best: pd.DataFrame, config: SyntheticStudyConfig, sigma: float) -> str:
@@ -156,7 +164,7 @@ def _markdown_table(best: pd.DataFrame, config: SyntheticStudyConfig, sigma: flo
         header = ["d", "tr(A)/‖A‖", *config.algorithms]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for dimension, group in rows.groupby("dimension", sort=True):
-            cells = [str(dimension), f"{group['effective_rank'].iloc[0]:.3g}"]
+            cells = [str(dimension), readable(group["effective_rank"].iloc[0], 3)]
             for algorithm in config.algorithms:
                 match = group[group["algorithm"] == algorithm]
                 if match.empty:

@@ -153,7 +153,14 @@ class SearchConfig(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    seed: int = Field(0, ge=0, description="Seed of the search algorithm's draws (public).")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Seed of the search algorithm's draws (public); null = 0. Not with "
+            "trials.distribution=geometric, whose points come from secret randomness."
+        ),
+    )
     experiment: str | None = Field(None, description="MLflow experiment; null = the base's.")
 
     @field_validator("base", mode="before")
@@ -190,6 +197,13 @@ class SearchConfig(Section):
                 "trials.distribution='geometric' (repeat-and-select) needs independent trials: "
                 "algorithm='random' and scheduler.type='none' (Optuna and ASHA adapt to "
                 "earlier scores)"
+            )
+        if self.trials.distribution != "fixed" and self.seed is not None:
+            # With public points the exported best trial's point would give away its index,
+            # and the trials would not be the independent draws repeat-and-select needs.
+            raise ValueError(
+                "seed: trials.distribution='geometric' draws every trial's point from secret "
+                "randomness (repeat-and-select needs independent trials); drop seed"
             )
         fixed = self.trials.distribution == "fixed"
         if self.algorithm != "grid" and fixed and not self.trials.count:

@@ -50,23 +50,26 @@ class SearchPlan:
             "records_epsilon": records,
             "selection": self._selection_text(),
         }
+        # Everything the search stores (trials.parquet, every trial's records, the trial
+        # count) composes: that is the search's end-to-end bound, whatever the trial count.
+        bounds["end_to_end_epsilon"] = records
+        stored = (
+            f"composition of {trials_run} trials (RDP): the best trial and every record of "
+            f"the search together are ({records:.3g}, {self.delta:g})-DP"
+        )
         trials = self.search.trials
-        if trials.distribution == "geometric":
-            assert trials.mean is not None
-            bounds["end_to_end_epsilon"] = repeat_and_select_epsilon(curve, trials.mean, self.delta)
-            bounds["guarantee"] = (
-                f"repeat-and-select (Papernot & Steinke 2022): the released best trial alone is "
-                f"({bounds['end_to_end_epsilon']:.3g}, {self.delta:g})-DP, with a geometric "
-                f"number of trials (mean {trials.mean:g}) kept secret along with the other "
-                f"trials; the search's full records (all {trials_run} trials) are covered by "
-                f"composition: ({records:.3g}, {self.delta:g})-DP"
-            )
-        else:
-            bounds["end_to_end_epsilon"] = records
-            bounds["guarantee"] = (
-                f"composition of {trials_run} trials (RDP): the best trial and every record of "
-                f"the search together are ({records:.3g}, {self.delta:g})-DP"
-            )
+        if trials.distribution != "geometric":
+            bounds["guarantee"] = stored
+            return bounds
+        assert trials.mean is not None
+        export = repeat_and_select_epsilon(curve, trials.mean, self.delta)
+        bounds["best_export_epsilon"] = export
+        bounds["guarantee"] = (
+            f"{stored}; `privzo export-best` releases the best trial alone (no trial count, no "
+            f"trial ids, no other trial), which is ({export:.3g}, {self.delta:g})-DP by "
+            f"repeat-and-select (Papernot & Steinke 2022; geometric trial count, mean "
+            f"{trials.mean:g}) as long as nothing else of the search is released"
+        )
         return bounds
 
     def _selection_text(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from privzo.config import ConfigError
+from privzo.distributed.launch import ray_runtime_env
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, make_tracker, open_client
 from privzo.tuning.config import SearchConfig
@@ -149,7 +151,13 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
     if not ray.is_initialized():
         # a cluster's address brings its own CPU count; Ray refuses num_cpus when connecting
         cpus = {"num_cpus": num_cpus} if address is None and num_cpus else {}
-        ray.init(address=address, include_dashboard=False, log_to_driver=True, **cpus)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=ray_runtime_env({}),  # trials import this privzo, not a node's
+            **cpus,
+        )
 
 
 def _check_resources(search: SearchConfig) -> None:
@@ -180,6 +188,7 @@ def _fit(
     progress: bool,
 ) -> Any:
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     search = plan.search
     setup = {
@@ -215,6 +224,8 @@ def _fit(
                 storage_path=str(output_dir / TUNE_DIR),
                 verbose=1 if progress else 0,
                 failure_config=tune.FailureConfig(max_failures=0),
+                # Tune's result files, without its automatic TensorBoard logger (not installed)
+                callbacks=[CSVLoggerCallback(), JsonLoggerCallback()],
             ),
         )
     return tuner.fit()
@@ -245,9 +256,11 @@ def _tune_config(plan: SearchPlan) -> Any:
     if search.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed), concurrency)
+        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed or 0), concurrency)
     else:  # a generator, not a Searcher: it takes the concurrency limit itself
-        searcher = BasicVariantGenerator(random_state=search.seed, max_concurrent=concurrency)
+        searcher = BasicVariantGenerator(
+            random_state=point_seed(search), max_concurrent=concurrency
+        )
     scheduler = None
     if search.scheduler.type == "asha":
         releases = max(event.score_releases for event in plan.events) if plan.events else None
@@ -264,6 +277,15 @@ def _tune_config(plan: SearchPlan) -> Any:
         scheduler=scheduler,
         num_samples=1 if search.algorithm == "grid" else plan.trial_count,
     )
+
+
+def point_seed(search: SearchConfig) -> int:
+    """The random search's seed: the public ``seed`` (default 0), or for repeat-and-select a
+    secret one, so each trial's point is an independent draw nobody can replay (Tune keeps
+    the generator's state in the search directory, with the secret trial count)."""
+    if search.trials.distribution == "geometric":
+        return secrets.randbits(32)
+    return search.seed or 0
 
 
 def _max_scores(plan: SearchPlan) -> int:
@@ -415,8 +437,8 @@ def format_table(summary: dict[str, Any]) -> str:
                 mark,
                 row["trial_id"],
                 *values,
-                _fmt(row["noise_multiplier"]),
-                _fmt(row["epsilon"]),
+                _fmt(row["noise_multiplier"], ".3f"),
+                _fmt(row["epsilon"], ".3f"),  # 1.999 next to 2.000, not next to 2
                 _fmt(row[SCORE]),
                 _fmt(row["metric_after"]),
                 _fmt(row["peak_memory_mb"], ".0f"),
