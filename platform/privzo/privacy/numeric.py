@@ -130,18 +130,22 @@ class LmoNoise(NoiseDistribution):
         return 0.5 * (w_gamma * gamma + w_exp * exponential + w_uniform * uniform)
 
     def log_density(self, t: np.ndarray) -> np.ndarray:
-        """f(t) = ½·E[R·e^{−R|t|}]: minus the derivative of each Laplace transform."""
+        """f(t) = ½·E[R·e^{−R|t|}] (minus the derivative of each Laplace transform), summed in
+        log space: the uniform part's e^{−low·t} underflows far out, the others do not."""
         t = np.abs(np.asarray(t, dtype=np.float64))
         w_gamma, w_exp, w_uniform = self.weights
-        shape, scale = self.gamma_shape, self.gamma_scale
-        gamma = shape * scale * (1.0 + scale * t) ** (-shape - 1.0)
-        exponential = self.exponential_rate / (self.exponential_rate + t) ** 2
-        uniform = self._uniform_mean_r_exp(t)
-        with np.errstate(divide="ignore"):
-            return np.log(0.5 * (w_gamma * gamma + w_exp * exponential + w_uniform * uniform))
+        shape, scale, rate = self.gamma_shape, self.gamma_scale, self.exponential_rate
+        parts = []
+        if w_gamma > 0:
+            parts.append(math.log(w_gamma * shape * scale) - (shape + 1.0) * np.log1p(scale * t))
+        if w_exp > 0:
+            parts.append(math.log(w_exp * rate) - 2.0 * np.log(rate + t))
+        if w_uniform > 0:
+            parts.append(math.log(w_uniform) + self._uniform_log_mean_r_exp(t))
+        return math.log(0.5) + np.logaddexp.reduce(np.stack(parts), axis=0)
 
-    def _uniform_mean_r_exp(self, t: np.ndarray) -> np.ndarray:
-        """E[R·e^{−Rt}] for R ~ Uniform(low, high), written as e^{−low·t}·(low·A + B)/(high − low)
+    def _uniform_log_mean_r_exp(self, t: np.ndarray) -> np.ndarray:
+        """log E[R·e^{−Rt}] for R ~ Uniform(low, high) = −low·t + log(low·A + B) − log(high − low)
         with A = ∫₀ʷ e^{−ut} du and B = ∫₀ʷ u·e^{−ut} du (w = high − low), B by its series where
         the closed form cancels (wt < 1e-3)."""
         low, width = self.uniform_low, self.uniform_high - self.uniform_low
@@ -151,7 +155,7 @@ class LmoNoise(NoiseDistribution):
         closed = (-np.expm1(-x) - x * np.exp(-x)) / np.square(safe_t)
         series = width**2 * (0.5 - x / 3 + x**2 / 8 - x**3 / 30)
         moment = np.where(x < 1e-3, series, closed)
-        return np.exp(-low * t) * (low * integral + moment) / width
+        return -low * t + np.log(low * integral + moment) - math.log(width)
 
 
 NOISE_DISTRIBUTIONS: dict[str, type[NoiseDistribution]] = {
