@@ -36,7 +36,7 @@ from privzo.zo.step import estimate_differences
 from privzo.zo.sweeps import ParameterShard, iter_direction_blocks
 
 if TYPE_CHECKING:
-    from privzo.run import RunContext
+    from privzo.layouts.context import RunContext
 
 
 def check_dpgd_size(context: RunContext) -> None:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from privzo.config import ALGORITHM_MECHANISM
 from privzo.privacy.mechanisms import get_mechanism
+
+if TYPE_CHECKING:
+    from privzo.config import RunConfig
+    from privzo.privacy.plan import PrivacyPlan
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,19 @@ def make_estimator(
         noise_multiplier,
         expected_batch_size,
         noise_parameters,
+    )
+
+
+def estimator_for(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
+    """The single-process estimator a run's config and privacy plan call for (a distributed
+    layout wraps it with ``privzo.distributed.estimators.distribute_estimator``)."""
+    return make_estimator(
+        config.optimizer.algorithm,
+        mechanism=plan.mechanism,
+        clip=config.privacy.clip,
+        noise_multiplier=plan.noise_multiplier,
+        expected_batch_size=plan.expected_batch_size,
+        noise_parameters=plan.noise_parameters,
     )
 
 
