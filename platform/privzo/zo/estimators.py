@@ -83,6 +83,7 @@ class PrivateEstimator(GradientEstimator):
         if clip <= 0 or noise_multiplier <= 0 or expected_batch_size <= 0:
             raise ValueError("clip, noise_multiplier and expected_batch_size must be positive")
         self.mechanism = get_mechanism(mechanism, **(noise_parameters or {}))
+        self.noise_parameters = noise_parameters  # kept so a distributed twin draws the same noise
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
