@@ -20,7 +20,7 @@ from privzo.run import build_context, plan_privacy, run
 from privzo.tasks.classification import differentiable_scoring
 from privzo.tracking import NoopTracker, read_run
 from privzo.zo.directions import step_seed
-from privzo.zo.step import _estimate_differences
+from privzo.zo.step import estimate_differences
 
 
 def _config(train: Path, test: Path, *extra: str):
@@ -263,7 +263,7 @@ def test_dpgd_clipping_bounds_every_per_example_vector(sentiment_files, cache_di
     context = build_context(config, cache_dir, progress=False)
     perturber, seed = context.perturber, step_seed(config.seed, 0)
     batch = context.task.collate(context.train, list(range(16)))
-    differences, _ = _estimate_differences(
+    differences, _ = estimate_differences(
         perturber,
         seed,
         1e-3,

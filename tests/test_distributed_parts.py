@@ -10,8 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from privzo.distributed.collectives import WorkerGroup
-from privzo.distributed.estimators import distribute_estimator
+from privzo.distributed.estimators import ReplicaPrivateEstimator, distribute_estimator
 from privzo.distributed.sampling import PartitionedPoissonSampler, StridedShuffleSampler
+from privzo.privacy.mechanisms import LmoMechanism
 from privzo.privacy.sampling import ShuffleSampler
 from privzo.zo.estimators import make_estimator
 
@@ -42,6 +43,34 @@ def test_poisson_shares_sample_each_example_at_rate_p():
             counts[sampler.next_batch()] += 1
     rates = counts / 2000  # each ~ Binomial(2000, 0.25) / 2000: sd ~ 0.0097
     assert np.all(np.abs(rates - 0.25) < 0.05)
+
+
+def test_the_distributed_estimator_keeps_the_lmo_noise_parameters():
+    """A replica / zero3 rank rebuilds the run's estimator; an LMO mechanism must come back with
+    the configured mixture, not fail (nor fall back to other parameters) inside the workers."""
+    parameters = {
+        "weights": [0.2, 0.5, 0.3],
+        "gamma_shape": 4.0,
+        "gamma_scale": 0.25,
+        "exponential_rate": 2.0,
+        "uniform_low": 0.75,
+        "uniform_high": 1.25,
+    }
+    single = make_estimator(
+        "dpzero",
+        mechanism="lmo",
+        clip=1.0,
+        noise_multiplier=2.0,
+        expected_batch_size=4,
+        noise_parameters=parameters,
+    )
+    twin = distribute_estimator(single, WorkerGroup(0, 1))
+    assert isinstance(twin, ReplicaPrivateEstimator)
+    assert isinstance(twin.mechanism, LmoMechanism)
+    assert twin.noise_parameters == parameters
+    for name, value in parameters.items():
+        assert getattr(twin.mechanism, name) == value
+    assert np.isfinite(twin.estimate(torch.zeros(3)).projected_gradient)
 
 
 def _worker(rank: int, store_path: str, results: dict) -> None:

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from privzo.cli import main
 from privzo.config import ConfigError, load_config
 from privzo.privacy import PoissonSampler, compute_epsilon
+from privzo.privacy.plan import make_sampler
 from privzo.replay import replay
-from privzo.run import RESOURCE_FIGURES, _make_sampler, plan_privacy, run
+from privzo.run import RESOURCE_FIGURES, plan_privacy, run
 from privzo.tracking import open_client, read_run
 
 
@@ -243,7 +244,7 @@ def test_private_runs_sample_poisson_batches_from_a_secret_generator(sentiment_f
     """Two private runs with identical configs (and seeds) draw different Poisson batches."""
     config = _config(*sentiment_files)
     plan = plan_privacy(config, dataset_size=64)
-    samplers = [_make_sampler(config, plan, 64) for _ in range(2)]
+    samplers = [make_sampler(config, plan, 64) for _ in range(2)]
     assert all(isinstance(sampler, PoissonSampler) for sampler in samplers)
     draws = [[tuple(s.next_batch()) for _ in range(20)] for s in samplers]
     assert draws[0] != draws[1]

@@ -263,7 +263,7 @@ def _bench_memory_command(args: argparse.Namespace) -> int:
 
 
 def _bench_distributed_command(args: argparse.Namespace) -> int:
-    from privzo.distributed.bench import distributed_benchmark
+    from privzo.bench_distributed import distributed_benchmark
 
     _quiet_libraries(args)
     # ray.train.report waits on a health check, every 2 s unless told otherwise

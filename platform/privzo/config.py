@@ -33,6 +33,9 @@ ALGORITHM_MECHANISM = {
 }
 # First-order baselines (privzo.baselines): back-propagation, no trajectory.
 FIRST_ORDER_ALGORITHMS = ("dpsgd", "adamw")
+# Algorithms the Ray Train layouts (replica, zero3) run: their workers drive the zeroth-order loop
+# with an all-reducing scalar estimator (privzo.zo.estimators.ESTIMATORS), which the baselines lack.
+DISTRIBUTED_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")
 # Algorithms that add d-dimensional Gaussian noise: no other mechanism is implemented for them.
 VECTOR_NOISE_ALGORITHMS = ("dpsgd", "dpgd-0th")
 # Which accountants can bound which scalar mechanism (privzo.privacy.accounting.ACCOUNTANTS).
@@ -377,6 +380,7 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _private_settings_consistent(self) -> RunConfig:
         _check_baseline_settings(self)
+        _check_distributed_algorithm(self)
         if not self.optimizer.is_private:
             return self
         mechanism = self.mechanism
@@ -443,6 +447,18 @@ def _check_baseline_settings(config: RunConfig) -> None:
         raise ValueError(
             f"privacy.mechanism={mechanism!r} with optimizer.algorithm={algorithm!r}: its "
             "d-dimensional noise is Gaussian; allowed: 'gaussian' (or null)"
+        )
+
+
+def _check_distributed_algorithm(config: RunConfig) -> None:
+    """Refuse at load, before Ray, a tracking run or an output directory exist, an algorithm
+    whose workers could not start under a distributed strategy."""
+    algorithm, strategy = config.optimizer.algorithm, config.parallel.strategy
+    if strategy != "single" and algorithm not in DISTRIBUTED_ALGORITHMS:
+        raise ValueError(
+            f"optimizer.algorithm={algorithm!r} with parallel.strategy={strategy!r}: the "
+            f"distributed strategies run only {list(DISTRIBUTED_ALGORITHMS)}; use strategy "
+            "'single' for this baseline"
         )
 
 

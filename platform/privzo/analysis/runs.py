@@ -12,19 +12,19 @@ from typing import Any
 import pyarrow as pa
 
 from privzo.config import ConfigError
-from privzo.tracking import open_client
+from privzo.tracking import open_client, tags
 
 _TAGS = {
-    "privzo.model": "model",
-    "privzo.model_parameters": "model_parameters",
-    "privzo.task": "task",
-    "privzo.metric": "metric",
-    "privzo.algorithm": "algorithm",
-    "privzo.private": "private",
-    "privzo.epsilon": "epsilon",
-    "privzo.study": "study",
-    "privzo.cell": "cell",
-    "privzo.seed": "seed",
+    tags.MODEL: "model",
+    tags.MODEL_PARAMETERS: "model_parameters",
+    tags.TASK: "task",
+    tags.METRIC: "metric",
+    tags.ALGORITHM: "algorithm",
+    tags.PRIVATE: "private",
+    tags.EPSILON: "epsilon",
+    tags.STUDY: "study",
+    tags.CELL: "cell",
+    tags.SEED: "seed",
 }
 _METRICS = (
     "final_epsilon",
@@ -69,24 +69,24 @@ def load_runs(tracking_uri: str, experiment: str, study: str | None = None) -> p
         raise ConfigError(f"--experiment {experiment!r}: no such experiment in the tracking store")
     query = "attributes.status = 'FINISHED'"
     if study is not None:
-        query += f" and tags.`privzo.study` = '{study}'"
+        query += f" and tags.`{tags.STUDY}` = '{study}'"
     runs = client.search_runs([found.experiment_id], filter_string=query, max_results=50000)
     rows = [_row(run) for run in runs if _is_training_run(run, study)]
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
 def _is_training_run(run: Any, study: str | None) -> bool:
-    tags = run.data.tags
-    if "privzo.role" in tags or "privzo.model" not in tags:
+    found = run.data.tags
+    if tags.ROLE in found or tags.MODEL not in found:
         return False  # a search / study parent, or not a privzo run
-    return study is None or "privzo.cell" in tags
+    return study is None or tags.CELL in found
 
 
 def _row(run: Any) -> dict[str, Any]:
-    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    found, metrics, params = run.data.tags, run.data.metrics, run.data.params
     row: dict[str, Any] = {"run_id": run.info.run_id}
     for tag, column in _TAGS.items():
-        row[column] = tags.get(tag)
+        row[column] = found.get(tag)
     row["model_parameters"] = _int(row["model_parameters"])
     row["private"] = row["private"] == "true"
     row["epsilon_target"] = float(row.pop("epsilon")) if row.get("epsilon") else None

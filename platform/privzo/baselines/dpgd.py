@@ -32,11 +32,11 @@ from privzo.privacy.mechanisms import secret_torch_generator
 from privzo.tracking import Tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator
-from privzo.zo.step import _estimate_differences
+from privzo.zo.step import estimate_differences
 from privzo.zo.sweeps import ParameterShard, iter_direction_blocks
 
 if TYPE_CHECKING:
-    from privzo.run import RunContext
+    from privzo.layouts.context import RunContext
 
 
 def check_dpgd_size(context: RunContext) -> None:
@@ -102,7 +102,7 @@ class DpgdLoop(BaselineLoop):
         batch = context.task.collate(context.train, indices) if len(indices) else None
         scale = perturber.sampler.scale(seed, perturber.sizes)
         epsilon = config.optimizer.perturbation_scale
-        differences, mean_loss = _estimate_differences(
+        differences, mean_loss = estimate_differences(
             perturber,
             seed,
             epsilon * scale,

@@ -38,7 +38,7 @@ from privzo.tasks.classification import differentiable_scoring
 from privzo.tracking import Tracker
 
 if TYPE_CHECKING:
-    from privzo.run import RunContext
+    from privzo.layouts.context import RunContext
 
 
 class FirstOrderLoop(BaselineLoop):

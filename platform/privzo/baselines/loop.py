@@ -1,8 +1,8 @@
 """The run-loop shell shared by the baselines: windows, privacy booking, metrics, timing.
 
-It has the attributes ``privzo.run`` reads from a loop (``step_times``, ``peak_mb``,
-``step_peak_mb``, ``ledger``, ``nonfinite``, ``empty_batches``, ``private``,
-``log_diagnostics``, ``records_trajectory``) and the same window discipline as the
+It has the attributes the run's record (``privzo.layouts.record``) reads from a loop
+(``step_times``, ``peak_mb``, ``step_peak_mb``, ``ledger``, ``nonfinite``, ``empty_batches``,
+``private``, ``log_diagnostics``, ``records_trajectory``) and the same window discipline as the
 zeroth-order ``TrainingLoop``: each window's privacy cost is booked before it runs.
 """
 
@@ -18,11 +18,12 @@ import torch
 from tqdm.auto import tqdm
 
 from privzo.memory import PeakMemory
+from privzo.privacy.plan import make_ledger, make_sampler
 from privzo.tracking import Tracker
 from privzo.zo.schedules import make_schedule
 
 if TYPE_CHECKING:
-    from privzo.run import RunContext
+    from privzo.layouts.context import RunContext
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,12 @@ class BaselineLoop(ABC):
     records_trajectory = False  # a baseline's update is not a seed + scalar: no replay
 
     def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
-        from privzo.run import _make_ledger, _make_sampler  # run imports this package lazily
-
         self.context = context
         self.tracker = tracker
         self.memory = memory
         config, plan = context.config, context.plan
-        self.sampler = _make_sampler(config, plan, len(context.train))
-        self.ledger = _make_ledger(config, plan)
+        self.sampler = make_sampler(config, plan, len(context.train))
+        self.ledger = make_ledger(config, plan)
         self.schedule = make_schedule(
             config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
         )

@@ -26,7 +26,7 @@ class ReplicaMeanEstimator(MeanEstimator):
 class ReplicaPrivateEstimator(PrivateEstimator):
     """DPZero / DP-ZO over workers; the noise is in rank 0's share of the all-reduced sum."""
 
-    def __init__(self, group: WorkerGroup, **settings: float | str) -> None:
+    def __init__(self, group: WorkerGroup, **settings: float | str | dict | None) -> None:
         super().__init__(**settings)  # type: ignore[arg-type]
         self.group = group
 
@@ -50,6 +50,7 @@ def distribute_estimator(estimator: GradientEstimator, group: WorkerGroup) -> Gr
             clip=estimator.clip,
             noise_multiplier=estimator.noise_multiplier,
             expected_batch_size=estimator.expected_batch_size,
+            noise_parameters=estimator.noise_parameters,  # a parametrised mechanism's (lmo)
         )
     if isinstance(estimator, MeanEstimator):
         return ReplicaMeanEstimator(group)

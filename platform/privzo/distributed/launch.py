@@ -15,17 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig, dump_config
-from privzo.models.loading import peek_kind, resolve_source
-from privzo.run import (
+from privzo.layouts.record import (
     CONFIG_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     check_output_dir,
-    plan_privacy,
     prepare_output_dir,
 )
+from privzo.models.loading import peek_kind, resolve_source
+from privzo.privacy.plan import plan_privacy
 from privzo.tasks import load_splits, resolve_task_config
 from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking.tags import config_tags, layout_tags
 
 
 def run_distributed(
@@ -40,7 +41,8 @@ def run_distributed(
     tags: Mapping[str, str] | None = None,
     after_window: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
-    """``privzo.run.run`` for ``parallel.strategy`` 'replica' or 'zero3' (same records).
+    """What ``privzo.run.run`` dispatches to for ``parallel.strategy`` 'replica' or 'zero3'
+    (the same records).
 
     ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
     """
@@ -81,7 +83,7 @@ def _launch_tracker(
     tracking_uri: str | None,
     tags: Mapping[str, str],
 ) -> Tracker:
-    """Like ``run._connect_tracker``, without the model (not loaded by the launcher): rank 0
+    """Like the run pipeline's tracker, without the model (not loaded by the launcher): rank 0
     adds the model's tags (sizes, metric) once it has built its model."""
     tracking = config.tracking
     tracker = make_tracker(
@@ -90,15 +92,7 @@ def _launch_tracker(
         experiment=tracking.experiment,
         output_root=(tracking_root or output_dir.parent).resolve(),
         run_name=tracking.run_name or output_dir.name,
-        tags={
-            "privzo.model": config.model.name_or_path,
-            "privzo.task": config.task.name,
-            "privzo.algorithm": config.optimizer.algorithm,
-            "privzo.private": str(private).lower(),
-            "privzo.strategy": config.parallel.strategy,
-            "privzo.workers": str(config.parallel.workers),
-            **tags,
-        },
+        tags={**config_tags(config, private), **layout_tags(config), **tags},
         release_timing=config.releases_diagnostics,
     )
     return connect_tracker(tracker, tracking.uri or tracking_uri)

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privzo.algorithms import TrainingLoop
 from privzo.config import build_config
 from privzo.distributed.checkpoint import (
     RunState,
@@ -28,22 +29,19 @@ from privzo.distributed.checkpoint import (
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
 from privzo.distributed.sampling import worker_sampler
+from privzo.layouts.context import RunContext, RunHooks, build_context
+from privzo.layouts.record import final_metrics, summary_record
 from privzo.memory import PeakMemory
 from privzo.models.loading import save_weights
-from privzo.run import (
-    RunContext,
-    RunHooks,
-    TrainingLoop,
-    _final_metrics,
-    _make_estimator,
-    _run_tags,
-    _summary,
-    _trajectory_meta,
-    _validation_metrics,
-    build_context,
-)
+from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import NoopTracker, Tracker, make_tracker
-from privzo.zo.trajectory import TrajectoryRecorder, replay_steps
+from privzo.zo.estimators import estimator_for
+from privzo.zo.trajectory import (
+    TrajectoryMeta,
+    TrajectoryRecorder,
+    replay_steps,
+    trajectory_meta,
+)
 
 
 def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -54,7 +52,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     if group.rank == 0:  # the caller's hook acts where the run reports, as its tracker does
         context.hooks = RunHooks(after_window=settings.get("after_window"))
     tracker = _rank_tracker(group, settings["tracking"], config.releases_diagnostics)
-    tracker.set_tags(_run_tags(context))  # sizes and metric: known once the model is built
+    tracker.set_tags(context.tracking_tags())  # sizes and metric: known once the model is built
     outcome = _train_and_evaluate(context, tracker, group)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
@@ -66,7 +64,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         return None
     summary = _rank0_summary(outcome, tracker, group, peaks)
     summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
-    tracker.log_metrics(_final_metrics(summary), step=config.optimizer.steps)
+    tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
     return {"summary": summary, "trajectory": _table_bytes(outcome.recorder.to_table())}
 
@@ -75,8 +73,8 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
 class _Outcome:
     loop: TrainingLoop
     recorder: TrajectoryRecorder
-    before: tuple[dict[str, float], float] | None
-    after: tuple[dict[str, float], float] | None
+    before: Evaluation | None
+    after: Evaluation | None
     validation: dict[str, float]
     started: float
 
@@ -90,14 +88,14 @@ def _train_and_evaluate(context: RunContext, tracker: Tracker, group: WorkerGrou
     started = time.perf_counter()
     before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
     private = context.plan.private
-    recorder = TrajectoryRecorder(_trajectory_meta(context), release_batch_size=not private)
+    recorder = TrajectoryRecorder(_meta(context), release_batch_size=not private)
     loop = _worker_loop(context, tracker, memory, group, recorder)
     start = _resume(loop, recorder)
     if before is not None and start == 0:
         tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
     loop.run(recorder, progress=False, start=start)
     after = _evaluate(context, memory) if evaluate_here else None
-    validation = _validation_metrics(context, loop) if evaluate_here else {}
+    validation = _validation(context, loop) if evaluate_here else {}
     return _Outcome(loop, recorder, before, after, validation, started)
 
 
@@ -106,7 +104,9 @@ def _rank0_summary(
 ) -> dict[str, Any]:
     loop = outcome.loop
     assert outcome.after is not None, "rank 0 always evaluates"
-    summary = _summary(loop.context, loop, tracker, outcome.before, outcome.after, outcome.started)
+    summary = summary_record(
+        loop.context, loop, tracker, outcome.before, outcome.after, outcome.started
+    )
     summary.update({f"validation_{k}": v for k, v in outcome.validation.items()})
     summary.update(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
     return summary
@@ -155,7 +155,7 @@ def _worker_loop(
         config.task.data_seed,
         group,
     )
-    estimator = distribute_estimator(_make_estimator(config, plan), group)
+    estimator = distribute_estimator(estimator_for(config, plan), group)
     loop = TrainingLoop(
         context,
         tracker,
@@ -205,7 +205,7 @@ def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
         return 0
     with checkpoint.as_directory() as directory:
         table, meta, state = read_checkpoint(Path(directory))
-    expected = _trajectory_meta(loop.context)
+    expected = _meta(loop.context)
     if meta != expected or state.model != loop.context.config.model.name_or_path:
         raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
     replay_steps(loop.context.perturber, table, meta)
@@ -220,12 +220,21 @@ def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
     return state.steps_done
 
 
-def _evaluate(context: RunContext, memory: PeakMemory) -> tuple[dict[str, float], float]:
-    memory.reset()
-    started = time.perf_counter()
+def _evaluate(context: RunContext, memory: PeakMemory) -> Evaluation:
     batch_size = context.config.optimizer.eval_batch_size
-    metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
-    return metrics, time.perf_counter() - started
+    return timed_evaluation(context.task, context.scoring_model, context.test, batch_size, memory)
+
+
+def _validation(context: RunContext, loop: TrainingLoop) -> dict[str, float]:
+    batch_size = context.config.optimizer.eval_batch_size
+    releases = loop.log_diagnostics
+    return validation_metrics(
+        context.task, context.scoring_model, context.validation, batch_size, releases
+    )
+
+
+def _meta(context: RunContext) -> TrajectoryMeta:
+    return trajectory_meta(context.config, context.loaded.device.type, context.perturber)
 
 
 def _save_model(context: RunContext, group: WorkerGroup, output_dir: Path) -> None:
@@ -249,7 +258,7 @@ def _layout_summary(
         "workers": group.world_size,
         "steps": len(recorder),  # including the steps of an attempt that failed and resumed
         "resumed_steps": len(recorder) - len(loop.step_times),
-        # withheld like the run's own figures (privzo.run._resource_figures) when private
+        # withheld when private, as the run's own (privzo.layouts.record.resource_figures)
         "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
         "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,
     }

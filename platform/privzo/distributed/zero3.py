@@ -19,9 +19,10 @@ import torch
 
 from privzo.config import RunConfig
 from privzo.distributed.collectives import WorkerGroup
+from privzo.layouts.context import RunContext
 from privzo.models.loading import apply_view, load_model, peek_kind, position_limit
 from privzo.models.peft_views import unwrap_for_scoring
-from privzo.run import RunContext, plan_privacy
+from privzo.privacy.plan import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.perturbation import InPlacePerturber
@@ -57,8 +58,9 @@ def partition_shards(
 
 
 def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
-    """``run.build_context`` for a partitioned model; also returns the DeepSpeed objects that
-    must stay alive (the HfDeepSpeedConfig and the engine holding the gather hooks)."""
+    """``layouts.context.build_context`` for a partitioned model; also returns the DeepSpeed
+    objects that must stay alive (the HfDeepSpeedConfig and the engine holding the gather
+    hooks)."""
     import deepspeed
     from transformers.integrations import HfDeepSpeedConfig
 

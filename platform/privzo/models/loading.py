@@ -152,6 +152,12 @@ def apply_view(
         raise ConfigError(f"model.trainable={config.trainable!r}: {error}") from None
 
 
+def model_parameters(model: torch.nn.Module) -> int:
+    """Parameter count of the model (tied weights counted once; a ZeRO-3 partitioned parameter
+    by its full size, ``ds_numel``, not its empty local placeholder)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
 def save_weights(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
     """HF format: the whole model for full / bitfit, the adapter (peft format) for lora / prefix."""
     model.save_pretrained(path)

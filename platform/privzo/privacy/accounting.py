@@ -118,8 +118,11 @@ def _run_event(mechanism: str, noise_multiplier: float, sample_rate: float, step
 
 
 @contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-    """Mute dp_accounting's RDP warnings that fractional orders were skipped (harmless)."""
+def quiet_absl() -> Iterator[None]:
+    """Mute dp_accounting's RDP warnings that fractional orders were skipped (harmless).
+
+    Also used where a search composes RDP over its trials (``privzo.tuning.privacy``).
+    """
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -162,7 +165,7 @@ class _MemoizedAccountant(dp_accounting.PrivacyAccountant):
         )
         key = (event, target_delta)
         if key not in self._memo:
-            with _quiet_absl():
+            with quiet_absl():
                 fresh = self._make_fresh().compose(event)
                 self._memo[key] = float(fresh.get_epsilon(target_delta))
         return self._memo[key]
@@ -350,7 +353,7 @@ class PldAccountant(Accountant):
         coarse = _Evaluator(
             _pld_factory(PLD_VALUE_DISCRETIZATION * _COARSE_FACTOR), cls.name, *problem
         )
-        hint = _noise_hint(mechanism, epsilon, delta, sample_rate, steps)
+        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
         return _calibrate_numeric(fine, coarse, epsilon, hint)
 
 
@@ -371,7 +374,7 @@ class RdpAccountant(Accountant):
 
     def _compute_epsilon(self, steps: int, delta: float) -> float:
         if self._one_step_rdp is None:
-            with _quiet_absl():
+            with quiet_absl():
                 one = dp_rdp.RdpAccountant().compose(
                     _step_event(self._mechanism, self._noise_multiplier, self._sample_rate)
                 )
@@ -385,7 +388,7 @@ class RdpAccountant(Accountant):
         cls, *, epsilon: float, delta: float, sample_rate: float, steps: int, mechanism: str
     ) -> float:
         fine = _Evaluator(dp_rdp.RdpAccountant, cls.name, mechanism, delta, sample_rate, steps)
-        hint = _noise_hint(mechanism, epsilon, delta, sample_rate, steps)
+        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
         return _calibrate_numeric(fine, None, epsilon, hint)
 
 
@@ -571,7 +574,7 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
     return float(optimize.brentq(delta_of, epsilon / 40, 2 * epsilon + 80, xtol=1e-12))
 
 
-def _noise_hint(
+def noise_hint(
     mechanism: str, epsilon: float, delta: float, sample_rate: float, steps: int
 ) -> float:
     """A closed-form first guess of σ from the central limit theorem for composed DP.
@@ -632,8 +635,8 @@ def _calibrate_numeric(
     """
     guess, slope = hint, -1.5
     if coarse is not None:
-        _, guess, slope = _bracket(coarse, epsilon, guess, slope, rtol=CALIBRATION_RTOL / 10)
-    lo, hi, _ = _bracket(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
+        _, guess, slope = bracket_sigma(coarse, epsilon, guess, slope, rtol=CALIBRATION_RTOL / 10)
+    lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
     tight = hi - lo <= CALIBRATION_RTOL * lo
     sigma = dp_accounting.calibrate_dp_mechanism(
         fine.accountant,
@@ -646,10 +649,14 @@ def _calibrate_numeric(
     return float(sigma)
 
 
-def _bracket(
+def bracket_sigma(
     eps_of: _Evaluator, epsilon: float, guess: float, slope: float, rtol: float
 ) -> tuple[float, float, float]:
-    """(lo, hi, slope): ε(lo) > target ≥ ε(hi), as tight as a few secant probes make it."""
+    """(lo, hi, slope): ε(lo) > target ≥ ε(hi), as tight as a few secant probes make it.
+
+    Shared with the numeric accountant (``privzo.privacy.numeric``), which calibrates σ the same
+    way over its own ε(σ).
+    """
     lo, hi, slope = _secant_probes(eps_of, epsilon, guess, slope, rtol)
     if lo is None or hi is None:
         start = lo if lo is not None else hi

@@ -44,9 +44,9 @@ from privzo.privacy.accounting import (
     CALIBRATION_RTOL,
     PLD_VALUE_DISCRETIZATION,
     Accountant,
-    _bracket,
-    _noise_hint,
+    bracket_sigma,
     check_positive,
+    noise_hint,
 )
 
 __all__ = ["NOISE_DISTRIBUTIONS", "NumericAccountant", "noise_distribution"]
@@ -332,9 +332,9 @@ class NumericAccountant(Accountant):
         coarse = _NumericEvaluator(*problem, PLD_VALUE_DISCRETIZATION * 10)
         fine = _NumericEvaluator(*problem, PLD_VALUE_DISCRETIZATION)
         hint_mechanism = "gaussian" if mechanism == "gaussian" else "laplace"
-        hint = _noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps)
-        _, guess, slope = _bracket(coarse, epsilon, hint, -1.5, rtol=CALIBRATION_RTOL / 10)
-        lo, hi, _ = _bracket(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
+        hint = noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps)
+        _, guess, slope = bracket_sigma(coarse, epsilon, hint, -1.5, rtol=CALIBRATION_RTOL / 10)
+        lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
         while hi - lo > CALIBRATION_RTOL * lo:
             middle = math.sqrt(lo * hi)
             if fine(middle) > epsilon:

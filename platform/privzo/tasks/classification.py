@@ -256,7 +256,7 @@ def score_label_logits(
     attention_mask = batch.attention_mask.to(device)
     positions = batch.positions.to(device)
     rows = torch.arange(len(positions), device=device)
-    head = _vocabulary_head(model)
+    head = vocabulary_head(model)
     with scoring_mode():
         if head is None:
             logits = model(
@@ -310,7 +310,7 @@ def score_candidates(
     return scores.view(len(lengths), len(candidates))
 
 
-def _vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:
+def vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:
     """The module mapping final hidden states to vocabulary logits, if the model exposes it.
 
     Applying it only at the scored position skips the [seq × vocab] projection of a full forward.

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, template_fields
-from privzo.tasks.classification import _vocabulary_head, no_cache, scoring_mode
+from privzo.tasks.classification import no_cache, scoring_mode, vocabulary_head
 from privzo.tasks.data import Row
 from privzo.tasks.metrics import mean_exact_match, mean_f1
 
@@ -380,7 +380,7 @@ def _logits_at(
     """fp32 vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one
     forward pass; the vocabulary projection runs only there when the model exposes its head,
     which for a long passage and a short answer is most of the logits' memory."""
-    head = _vocabulary_head(model)
+    head = vocabulary_head(model)
     with scoring_mode():
         if head is None:
             logits = model(

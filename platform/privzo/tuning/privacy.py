@@ -28,7 +28,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from privzo.privacy.accounting import _quiet_absl
+from privzo.privacy.accounting import quiet_absl
 
 GEOMETRIC_SHAPE = 1.0  # RepeatAndSelectDpEvent's shape for a geometric number of trials
 
@@ -59,7 +59,7 @@ class TrialEvent:
 
 def rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
     accountant = dp_accounting.rdp.RdpAccountant()
-    with _quiet_absl():  # per-order convergence notes; such an order is excluded (infinite)
+    with quiet_absl():  # per-order convergence notes; such an order is excluded (infinite)
         accountant.compose(event)
     return np.asarray(accountant.rdp, dtype=np.float64)
 

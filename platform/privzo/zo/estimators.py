@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from privzo.config import ALGORITHM_MECHANISM
 from privzo.privacy.mechanisms import get_mechanism
+
+if TYPE_CHECKING:
+    from privzo.config import RunConfig
+    from privzo.privacy.plan import PrivacyPlan
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class PrivateEstimator(GradientEstimator):
         if clip <= 0 or noise_multiplier <= 0 or expected_batch_size <= 0:
             raise ValueError("clip, noise_multiplier and expected_batch_size must be positive")
         self.mechanism = get_mechanism(mechanism, **(noise_parameters or {}))
+        self.noise_parameters = noise_parameters  # kept so a distributed twin draws the same noise
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
@@ -118,6 +124,19 @@ def make_estimator(
         noise_multiplier,
         expected_batch_size,
         noise_parameters,
+    )
+
+
+def estimator_for(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
+    """The single-process estimator a run's config and privacy plan call for (a distributed
+    layout wraps it with ``privzo.distributed.estimators.distribute_estimator``)."""
+    return make_estimator(
+        config.optimizer.algorithm,
+        mechanism=plan.mechanism,
+        clip=config.privacy.clip,
+        noise_multiplier=plan.noise_multiplier,
+        expected_batch_size=plan.expected_batch_size,
+        noise_parameters=plan.noise_parameters,
     )
 
 

@@ -51,7 +51,7 @@ def zo_step(
 ) -> StepRecord:
     direction_scale = perturber.sampler.scale(seed, perturber.sizes)
     radius = perturbation_scale * direction_scale
-    differences, mean_loss = _estimate_differences(
+    differences, mean_loss = estimate_differences(
         perturber, seed, radius, perturbation_scale, batch, batch_size, loss_fn
     )
     estimate = estimator.estimate(differences)
@@ -68,7 +68,7 @@ def zo_step(
     )
 
 
-def _estimate_differences(
+def estimate_differences(
     perturber: Perturber,
     seed: int,
     radius: float,
@@ -77,7 +77,11 @@ def _estimate_differences(
     batch_size: int,
     loss_fn: LossFunction,
 ) -> tuple[torch.Tensor, float]:
-    """Per-example (l⁺ − l⁻)/2ε in fp32; leaves the model at θ − εz until the update."""
+    """Per-example (l⁺ − l⁻)/2ε in fp32; leaves the model at θ − εz until the update.
+
+    Public because DPGD-0th (``privzo.baselines.dpgd``) forms the same differences and clips
+    them as vectors instead of scalars.
+    """
     perturber.perturb(seed, radius)
     losses_plus = loss_fn(batch).float() if batch_size else None
     perturber.perturb(seed, -radius)

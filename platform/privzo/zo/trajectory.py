@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privzo.config import RunConfig
 from privzo.zo.directions import DIRECTIONS_VERSION
 from privzo.zo.perturbation import Perturber
 from privzo.zo.step import StepRecord
@@ -47,6 +48,23 @@ class TrajectoryMeta:
     perturbation: str  # "inplace" (fp32) or "virtual" (half precision)
     generator: str = "torch-blocks"  # of the directions (privzo.zo.directions.GENERATORS)
     directions_version: int = DIRECTIONS_VERSION
+
+
+def trajectory_meta(config: RunConfig, device_type: str, perturber: Perturber) -> TrajectoryMeta:
+    """A run's replay metadata: its config's view and directions, and how its perturber
+    actually moves the weights (``perturber.mode``, its generator) on ``device_type``."""
+    return TrajectoryMeta(
+        perturbation_scale=config.optimizer.perturbation_scale,
+        direction=config.optimizer.direction,
+        device_type=device_type,
+        trainable=config.model.trainable,
+        view_options=config.model.peft.model_dump(mode="json"),
+        view_seed=config.seed,
+        model=config.model.name_or_path,
+        dtype=config.model.dtype,
+        perturbation=perturber.mode,
+        generator=perturber.sampler.generator,
+    )
 
 
 class TrajectoryRecorder:

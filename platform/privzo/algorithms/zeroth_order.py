@@ -1,0 +1,150 @@
+"""The zeroth-order training loop (DPZero, DP-ZO, MeZO): sample, step, account, log.
+
+Below the run pipeline and beside the layouts: a Ray Train rank drives the same loop as the
+single-process run, with its own sampler and all-reducing estimator.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from tqdm.auto import tqdm
+
+from privzo.layouts.context import RunContext
+from privzo.memory import PeakMemory
+from privzo.privacy.plan import make_ledger, make_sampler
+from privzo.privacy.sampling import Sampler
+from privzo.tracking import Tracker
+from privzo.zo.directions import step_seed
+from privzo.zo.estimators import GradientEstimator, estimator_for
+from privzo.zo.schedules import make_schedule
+from privzo.zo.step import StepRecord, zo_step
+from privzo.zo.trajectory import TrajectoryRecorder
+
+
+class TrainingLoop:
+    """Samples, steps, accounts and logs; holds the per-run state the step function does not."""
+
+    records_trajectory = True
+
+    def __init__(
+        self,
+        context: RunContext,
+        tracker: Tracker,
+        memory: PeakMemory,
+        *,
+        sampler: Sampler | None = None,
+        estimator: GradientEstimator | None = None,
+        on_window: Callable[[int, dict[str, float]], None] | None = None,
+        forward_on_empty: bool = False,
+    ) -> None:
+        """``sampler``, ``estimator`` and ``on_window`` (called with the steps done and the
+        window's metrics, before they are logged) let a distributed worker take its share of
+        batches, all-reduce, and report / checkpoint; the defaults are the single-process run's.
+        ``forward_on_empty``: an empty local batch still runs both forwards on the task's public
+        example (built from the template, no record), whose loss is discarded (ZeRO-3 gathers
+        weights collectively in every forward)."""
+        self.context = context
+        self.tracker = tracker
+        self.memory = memory
+        config, plan = context.config, context.plan
+        self.sampler = sampler or make_sampler(config, plan, len(context.train))
+        self.estimator = estimator or estimator_for(config, plan)
+        self.on_window = on_window
+        self.forward_on_empty = forward_on_empty
+        self.ledger = make_ledger(config, plan)
+        self.schedule = make_schedule(
+            config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
+        )
+        self.private = context.plan.private
+        self.step_times: list[float] = []
+        self.step_peak_mb = 0.0
+        self.peak_mb = 0.0  # of the whole run: steps and evaluations
+        self.nonfinite = 0
+        self.empty_batches = 0
+
+    def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
+        """Steps in windows of ``log_every``: each window's privacy cost is booked before it runs
+        (so no step can overspend) and its metrics are logged after it. ``start`` > 0 resumes
+        after that many steps (already in ``recorder`` and the ledger)."""
+        config = self.context.config
+        steps, window_size = config.optimizer.steps, config.tracking.log_every
+        algorithm = config.optimizer.algorithm
+        bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
+        for first in range(start, steps, window_size):
+            window_steps = range(first, min(first + window_size, steps))
+            if self.ledger is not None:
+                self.ledger.spend(len(window_steps))
+            window = []
+            for step in window_steps:
+                record = self.step(step)
+                recorder.append(record)
+                window.append(record)
+                bar.update(1)
+            metrics = self._window_metrics(window)
+            if self.on_window is not None:  # checkpoint before logging: no released window is lost
+                self.on_window(window_steps[-1] + 1, metrics)
+            self.tracker.log_metrics(metrics, step=window_steps[-1] + 1)
+            hooks = self.context.hooks
+            if hooks is not None and hooks.after_window is not None:
+                hooks.after_window(self.context, window_steps[-1] + 1, metrics)
+            bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+        bar.close()
+
+    def step(self, step: int) -> StepRecord:
+        context = self.context
+        indices = self.sampler.next_batch()
+        batch = context.task.collate(context.train, indices) if len(indices) else None
+        batch_size, keep = len(indices), len(indices)
+        if self.forward_on_empty and not len(indices):  # a public input: no record is read
+            batch, batch_size = context.task.collate(context.task.public_example(), [0]), 1
+        self.memory.reset()
+        started = time.perf_counter()
+        record = zo_step(
+            step=step,
+            seed=step_seed(context.config.seed, step),
+            perturber=context.perturber,
+            batch=batch,
+            batch_size=batch_size,
+            loss_fn=lambda b: context.task.per_example_loss(context.scoring_model, b)[:keep],
+            estimator=self.estimator,
+            learning_rate=self.schedule(step),
+            perturbation_scale=context.config.optimizer.perturbation_scale,
+        )
+        self.step_times.append(time.perf_counter() - started)
+        self.step_peak_mb = max(self.step_peak_mb, self.memory.peak_mb())
+        self.peak_mb = max(self.peak_mb, self.step_peak_mb)
+        self.nonfinite += record.nonfinite
+        self.empty_batches += int(len(indices) == 0)
+        return record
+
+    @property
+    def log_diagnostics(self) -> bool:
+        """Whether data-dependent diagnostics may be logged (see ``_window_metrics``)."""
+        return self.context.config.releases_diagnostics
+
+    def _window_metrics(self, window: list[StepRecord]) -> dict[str, float]:
+        """Public metrics always; diagnostics only where they release nothing private.
+
+        In a private run the training loss, the step time (an empty Poisson batch skips both
+        forwards, so per-window time reveals batch sizes) and the non-finite count all depend on
+        the private data and are not covered by the accountant.
+        """
+        metrics = {
+            "learning_rate": window[-1].learning_rate,
+            "projected_gradient_abs": sum(abs(r.projected_gradient) for r in window) / len(window),
+        }
+        if self.ledger is not None:
+            metrics["epsilon_spent"] = self.ledger.epsilon_spent
+        if self.log_diagnostics:
+            metrics["step_time_s"] = sum(self.step_times[-len(window) :]) / len(window)
+            metrics["nonfinite_differences"] = float(self.nonfinite)
+            losses = [r.mean_loss for r in window if not math.isnan(r.mean_loss)]
+            if losses:
+                metrics["train_loss"] = sum(losses) / len(losses)
+        return metrics
+
+
+_SHOWN = ("epsilon_spent", "train_loss", "step_time_s")

@@ -1,0 +1,114 @@
+"""What a run trains on, and how the whole-model layouts (single, replica) build it.
+
+Below the run pipeline because every layout and every algorithm works on it: the single-process
+run, each Ray Train rank (``privzo.distributed.worker``; zero3 builds its partitioned twin in
+``privzo.distributed.zero3``) and the baselines' loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privzo.config import RunConfig
+from privzo.models.loading import (
+    LoadedModel,
+    apply_view,
+    load_model,
+    model_parameters,
+    peek_kind,
+    position_limit,
+)
+from privzo.models.peft_views import unwrap_for_scoring
+from privzo.privacy.plan import PrivacyPlan, plan_privacy
+from privzo.tasks import Task, build_task, load_splits, resolve_task_config
+from privzo.tracking.tags import config_tags, model_tags
+from privzo.zo.directions import DirectionSampler, resolve_generator
+from privzo.zo.perturbation import Perturber, make_perturber
+from privzo.zo.sweeps import ParameterShard, full_shards
+
+
+@dataclass
+class RunContext:
+    """What the training loop works on, built once the inputs are known to be good."""
+
+    config: RunConfig
+    plan: PrivacyPlan
+    loaded: LoadedModel
+    task: Task
+    train: Any  # the task's encoded examples
+    test: Any
+    shards: list[ParameterShard]
+    perturber: Perturber
+    model: torch.nn.Module  # the model with its PEFT view applied (peft wrapper for lora/prefix)
+    scoring_model: torch.nn.Module  # what the task scores with (the wrapper's HF body)
+    skipped_rows: int = 0  # invalid rows skipped (task.skip_invalid_rows)
+    validation: Any = None  # encoded validation split (held out of the private training data)
+    hooks: RunHooks | None = None
+
+    @property
+    def trainable_parameters(self) -> int:
+        """Elements the run trains (a shard's full size, also under zero3's partitions)."""
+        return sum(shard.size for shard in self.shards)
+
+    def tracking_tags(self) -> dict[str, str]:
+        """The run's tags (``privzo.tracking.tags``), sizes and metric included."""
+        return {
+            **config_tags(self.config, self.plan.private),
+            **model_tags(
+                self.task.metric, model_parameters(self.scoring_model), self.trainable_parameters
+            ),
+        }
+
+
+def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
+    """Load the task and the whole model (single or replica layout), plan privacy, apply the
+    PEFT view and make its perturber."""
+    task_config = resolve_task_config(config.task, peek_kind(config.model))
+    splits = load_splits(task_config)
+    plan = plan_privacy(config, len(splits.train))
+    loaded = load_model(config.model, cache_dir, progress=progress)
+    limit = position_limit(loaded.model.config, config.model)
+    task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
+    model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
+    shards = full_shards(pairs)
+    directions = DirectionSampler(
+        config.optimizer.direction,
+        loaded.device,
+        resolve_generator(config.optimizer.generator, loaded.device),
+    )
+    perturber = make_perturber(model, shards, directions)
+    train, test = task.encode(splits.train), task.encode(splits.test)
+    return RunContext(
+        config,
+        plan,
+        loaded,
+        task,
+        train,
+        test,
+        shards,
+        perturber,
+        model,
+        unwrap_for_scoring(model),
+        splits.skipped_rows,
+        task.encode(splits.validation) if splits.validation else None,
+    )
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What a caller (a search trial) adds to a run without a second training loop.
+
+    ``after_window(context, step, metrics)`` runs after each logging window (e.g. to report to
+    Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
+    shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
+    trained model before the summary is written and returns extra summary values (e.g. a noised
+    selection score); single-process runs only.
+    """
+
+    after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None
+    final_scores: Callable[[RunContext], dict[str, float]] | None = None

@@ -1,0 +1,148 @@
+"""A run's records: the files of its output directory and the summary written to summary.json.
+
+The summary lives here, with the layouts and below the run pipeline, because two layouts write
+it: the single-process run (``privzo.run``) and rank 0 of a Ray Train run
+(``privzo.distributed.worker``, which adds its layout's figures). Built from the run's context,
+its loop and its evaluations, it needs nothing above this layer, so both can share one schema
+while every import still points down.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from privzo.config import ConfigError
+from privzo.layouts.context import RunContext
+from privzo.models.loading import model_parameters
+from privzo.tasks.evaluation import Evaluation
+from privzo.tracking import Tracker
+
+SUMMARY_FILE = "summary.json"
+TRAJECTORY_FILE = "trajectory.parquet"
+CONFIG_FILE = "config.yaml"
+MODEL_DIR = "model"
+RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
+
+
+def check_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """Refuse to write over an earlier run's records (finished or not) unless asked to."""
+    existing = [name for name in RUN_FILES if (output_dir / name).exists()]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"--output-dir {str(output_dir)!r} already holds a run ({', '.join(existing)}); "
+            "choose another directory (or pass --overwrite)"
+        )
+
+
+def prepare_output_dir(output_dir: Path) -> None:
+    """Create the directory and clear an overwritten run's files, once the inputs are good,
+    so a failing new run never sits next to an old summary that makes it look finished."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+
+
+def summary_record(
+    context: RunContext,
+    loop: Any,  # a training loop of privzo.algorithms or privzo.baselines
+    tracker: Tracker,
+    before: Evaluation | None,
+    after: Evaluation,
+    started: float,
+) -> dict[str, Any]:
+    """The summary of a finished run: scores before and after, the privacy it spent, sizes and
+    (outside a private run's guarantee only where released) resource figures."""
+    config, plan = context.config, context.plan
+    metric = context.task.metric
+    scores: dict[str, float | None] = {}
+    for name, value in after[0].items():
+        scores[f"{name}_before"] = before[0][name] if before else None
+        scores[f"{name}_after"] = value
+    return {
+        "model": config.model.name_or_path,
+        "task": config.task.name,
+        "algorithm": config.optimizer.algorithm,
+        "metric": metric,
+        "metric_before": before[0][metric] if before else None,
+        "metric_after": after[0][metric],
+        **scores,
+        "private": plan.private,
+        "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
+        "epsilon_target": config.privacy.epsilon if plan.private else None,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "mechanism": plan.mechanism,
+        "mechanism_parameters": plan.noise_parameters,
+        "accountant": plan.accountant,
+        "sample_rate": plan.sample_rate,
+        "expected_batch_size": plan.expected_batch_size,
+        "clip": config.privacy.clip if plan.private else None,
+        "steps": len(loop.step_times),
+        "train_examples": len(context.train),
+        "test_examples": len(context.test),
+        "skipped_rows": context.skipped_rows,
+        "trainable_parameters": context.trainable_parameters,
+        "model_parameters": model_parameters(context.scoring_model),
+        **resource_figures(loop, after, started),
+        "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
+        "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
+        "device": context.loaded.device.type,
+        "dtype": config.model.dtype,
+        "tracking_run_id": tracker.run_id,
+    }
+
+
+RESOURCE_FIGURES = (
+    "eval_time_s",
+    "peak_memory_mb",
+    "step_peak_memory_mb",
+    "mean_step_time_s",
+    "wall_time_s",
+)
+
+
+def resource_figures(loop: Any, after: Evaluation, started: float) -> dict[str, Any]:
+    """Peak memory and times, or None for each in a private run without diagnostics.
+
+    Batches are padded to their longest example and an empty Poisson batch skips the forwards,
+    so these figures follow which (and how many) records were sampled; the accountant does not
+    cover them. Generation's evaluation time follows the trained model's answers.
+    """
+    if not loop.log_diagnostics:
+        return dict.fromkeys(RESOURCE_FIGURES)
+    times = loop.step_times
+    return {
+        "eval_time_s": after[1],
+        "peak_memory_mb": loop.peak_mb,
+        "step_peak_memory_mb": loop.step_peak_mb,
+        "mean_step_time_s": sum(times) / len(times) if times else None,  # None: resumed at the end
+        "wall_time_s": time.perf_counter() - started,
+    }
+
+
+def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's numbers as ``final_*`` tracker metrics (scores, ε, sizes, resources)."""
+    scores = [
+        key
+        for key in summary
+        if key.endswith(("_before", "_after")) or key.startswith(("validation_", "selection_"))
+    ]
+    keys = (
+        *scores,
+        "eval_time_s",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "model_parameters",  # a metric too, so MLflow's charts can put model size on an axis
+        "peak_memory_mb",
+        "step_peak_memory_mb",
+        "mean_step_time_s",
+        "wall_time_s",
+    )
+    return {
+        f"final_{key}": float(summary[key])
+        for key in keys
+        if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
+    }

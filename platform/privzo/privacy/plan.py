@@ -1,0 +1,101 @@
+"""A run's privacy plan, settled before any compute, and the sampler and ledger it calls for.
+
+Here, in ``privacy/``, because every layout and algorithm draws its batches and books its steps
+from the same plan: the single-process run, the Ray Train workers and the baselines alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from privzo.config import ConfigError, RunConfig
+from privzo.privacy.accounting import calibrate_noise_multiplier, make_accountant
+from privzo.privacy.ledger import BudgetLedger, check_feasible
+from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """How a run meets its guarantee; settled before any compute."""
+
+    private: bool
+    sample_rate: float
+    expected_batch_size: float
+    noise_multiplier: float | None = None
+    epsilon: float | None = None  # what T steps at this σ spend (≤ the budget)
+    delta: float | None = None
+    mechanism: str | None = None
+    accountant: str | None = None
+    noise_parameters: dict[str, Any] | None = None  # a parametrised mechanism's (lmo)
+
+
+def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
+    """Calibrate σ to (ε, δ) for this sampling rate and T, or check a fixed σ meets it."""
+    batch_size = config.optimizer.batch_size
+    if batch_size > dataset_size:
+        raise ConfigError(
+            f"optimizer.batch_size={batch_size} exceeds the {dataset_size} training examples; "
+            f"allowed: 1..{dataset_size}"
+        )
+    sample_rate = batch_size / dataset_size
+    if not config.optimizer.is_private:
+        return PrivacyPlan(private=False, sample_rate=sample_rate, expected_batch_size=batch_size)
+    privacy, steps = config.privacy, config.optimizer.steps
+    common = dict(
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=privacy.delta,
+        mechanism=config.mechanism,
+        accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
+    )
+    noise_multiplier = privacy.noise_multiplier
+    try:
+        if noise_multiplier is None:
+            noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
+        epsilon = check_feasible(
+            noise_multiplier=noise_multiplier, epsilon=privacy.epsilon, **common
+        )
+    except ValueError as error:  # the accountant's reason, reported as a config error
+        field = "privacy.noise_multiplier" if privacy.noise_multiplier else "privacy"
+        value = f"={privacy.noise_multiplier}" if privacy.noise_multiplier else ""
+        raise ConfigError(f"{field}{value}: settings cannot be met: {error}") from None
+    return PrivacyPlan(
+        private=True,
+        sample_rate=sample_rate,
+        expected_batch_size=float(batch_size),
+        noise_multiplier=noise_multiplier,
+        epsilon=epsilon,
+        delta=privacy.delta,
+        mechanism=config.mechanism,
+        accountant=privacy.accountant,
+        noise_parameters=mechanism_parameters(config),
+    )
+
+
+def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
+    """The configured parameters of a parametrised mechanism (lmo), else None."""
+    if config.mechanism != "lmo":
+        return None
+    return config.privacy.lmo.model_dump(mode="json")
+
+
+def make_sampler(config: RunConfig, plan: PrivacyPlan, dataset_size: int) -> Sampler:
+    """The single-process sampler of ``privacy.sampler``: Poisson at the plan's rate (secret
+    generator), or public seeded shuffling."""
+    if config.privacy.sampler == "poisson":
+        return PoissonSampler(dataset_size, plan.sample_rate)
+    return ShuffleSampler(dataset_size, config.optimizer.batch_size, seed=config.task.data_seed)
+
+
+def make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
+    """The plan's accountant behind the ε budget (None for a non-private run)."""
+    if not plan.private:
+        return None
+    assert plan.mechanism and plan.accountant and plan.noise_multiplier and plan.delta is not None
+    options = {"noise_parameters": plan.noise_parameters} if plan.noise_parameters else {}
+    accountant = make_accountant(
+        plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate, **options
+    )
+    return BudgetLedger(accountant, config.privacy.epsilon, plan.delta)

@@ -1,0 +1,52 @@
+"""The tags a privzo run carries, by name, and the functions that set them.
+
+One module for writers (the run pipeline, the Ray launcher and its rank 0) and for readers
+(``privzo.analysis.runs``), so a tag is never spelled twice. The MLflow UI groups and compares
+runs by them (model size, ε, algorithm, task).
+"""
+
+from __future__ import annotations
+
+from privzo.config import RunConfig
+
+MODEL = "privzo.model"
+MODEL_PARAMETERS = "privzo.model_parameters"
+TRAINABLE_PARAMETERS = "privzo.trainable_parameters"
+TASK = "privzo.task"
+METRIC = "privzo.metric"
+ALGORITHM = "privzo.algorithm"
+PRIVATE = "privzo.private"
+EPSILON = "privzo.epsilon"
+STRATEGY = "privzo.strategy"
+WORKERS = "privzo.workers"
+ROLE = "privzo.role"  # 'search' or 'study' on a parent run; absent on a run
+STUDY = "privzo.study"
+CELL = "privzo.cell"
+SEED = "privzo.seed"
+
+
+def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
+    """Tags known from the config and the privacy plan alone, before any model is loaded."""
+    tags = {
+        MODEL: config.model.name_or_path,
+        TASK: config.task.name,
+        ALGORITHM: config.optimizer.algorithm,
+        PRIVATE: str(private).lower(),
+    }
+    if private:
+        tags[EPSILON] = f"{config.privacy.epsilon:g}"
+    return tags
+
+
+def model_tags(metric: str, model_parameters: int, trainable_parameters: int) -> dict[str, str]:
+    """Tags known once the model and task are built (sizes, the task's metric)."""
+    return {
+        MODEL_PARAMETERS: str(model_parameters),
+        METRIC: metric,
+        TRAINABLE_PARAMETERS: str(trainable_parameters),
+    }
+
+
+def layout_tags(config: RunConfig) -> dict[str, str]:
+    """Tags of a distributed run's layout."""
+    return {STRATEGY: config.parallel.strategy, WORKERS: str(config.parallel.workers)}

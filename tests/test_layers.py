@@ -1,0 +1,214 @@
+"""privzo's imports point down its layers: no cycles, no borrowed private names.
+
+Every ``import`` and ``from ... import`` in every module under platform/privzo is read with
+``ast``: module-level, function-level (lazy) and type-only (``if TYPE_CHECKING:``) ones alike,
+since each is a dependency of the importing module on the imported one whenever it runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "privzo"
+
+# Layer of each package or module (the longest matching name wins); an import may point to the
+# same layer or a lower one, never up. The order is the architecture's
+# (shared/design/architecture.md): entry points → searches, studies → the run pipeline →
+# layouts and algorithms → the parts (zo, privacy, models, tasks, tracking) → config.
+LAYERS = {
+    # 0: leaves that import no other privzo layer
+    "privzo": 0,  # the package itself (``__version__``)
+    "privzo.config": 0,
+    "privzo.extras": 0,
+    "privzo.threads": 0,
+    "privzo.memory": 0,
+    "privzo.demo_data": 0,
+    "privzo.dirlock": 0,  # the run directory's lock
+    # 1: the parts
+    "privzo.zo": 1,
+    "privzo.privacy": 1,
+    "privzo.models": 1,
+    "privzo.tasks": 1,
+    "privzo.tracking": 1,
+    "privzo.planner": 1,
+    # 2: layouts and algorithms (distributed/ and baselines/ until they move)
+    "privzo.layouts": 2,
+    "privzo.algorithms": 2,
+    "privzo.distributed": 2,
+    "privzo.baselines": 2,
+    "privzo.synthetic": 2,  # the algorithms on synthetic quadratics
+    # 3: the run pipeline, and what reads a run's records
+    "privzo.run": 3,
+    "privzo.replay": 3,
+    "privzo.analysis": 3,
+    # 4: searches and studies, made of runs
+    "privzo.tuning": 4,
+    "privzo.studies": 4,
+    # 5: entry points
+    "privzo.cli": 5,
+    "privzo.demo": 5,
+    "privzo.bench": 5,
+    "privzo.bench_memory": 5,
+    "privzo.bench_distributed": 5,
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported privzo module
+    name: str | None  # the name taken from it (``from target import name``), if any
+    line: int
+
+    def __str__(self) -> str:
+        taken = f" ({self.name})" if self.name else ""
+        return f"{self.source}:{self.line} -> {self.target}{taken}"
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
+    """The privzo modules ``name`` imports, resolved to modules (a name taken from a package
+    that is itself a submodule counts as importing that submodule)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [
+                Import(name, alias.name, None, node.lineno)
+                for alias in node.names
+                if alias.name in modules
+            ]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, package)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    found.append(Import(name, f"{base}.{alias.name}", None, node.lineno))
+                elif base in modules:
+                    found.append(Import(name, base, alias.name, node.lineno))
+    return found
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = parts[: len(parts) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def all_imports() -> list[Import]:
+    modules = module_files()
+    return [found for name, path in modules.items() for found in imports_of(name, path, modules)]
+
+
+def layer(module: str) -> int:
+    """The layer of the longest name in ``LAYERS`` that is ``module`` or a package holding it;
+    the root package's entry covers only the root itself, so a new module must be placed."""
+    parts = module.split(".")
+    for end in range(len(parts), 1, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in LAYERS:
+            return LAYERS[prefix]
+    if module == "privzo":
+        return LAYERS["privzo"]
+    raise AssertionError(f"{module} has no layer: add it (or its package) to LAYERS")
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself
+    (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(edges[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in edges[node]:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_has_a_layer():
+    for module in module_files():
+        layer(module)
+
+
+def test_no_import_cycles():
+    edges: dict[str, set[str]] = {name: set() for name in module_files()}
+    for found in all_imports():
+        edges[found.source].add(found.target)
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(map(str, found))
+
+
+def test_no_private_name_is_imported_from_another_module():
+    borrowed = [
+        str(found)
+        for found in all_imports()
+        if found.name is not None
+        and found.name.startswith("_")
+        and not (found.name.startswith("__") and found.name.endswith("__"))
+        and found.target != found.source
+    ]
+    assert not borrowed, "private names imported:\n" + "\n".join(borrowed)
+
+
+def test_imports_point_down_the_layers():
+    upward = [
+        f"{found} (layer {layer(found.source)} -> {layer(found.target)})"
+        for found in all_imports()
+        if layer(found.target) > layer(found.source)
+    ]
+    assert not upward, "imports pointing up:\n" + "\n".join(upward)
+
+
+def test_the_checks_see_lazy_and_type_only_imports(tmp_path):
+    """The walker finds imports inside functions and under ``if TYPE_CHECKING:`` too."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from privzo.run import RunContext\n"
+        "def f():\n"
+        "    from privzo.zo.step import _hidden\n"
+    )
+    modules = {"privzo.run": Path(), "privzo.zo.step": Path()}
+    found = imports_of("privzo.probe", source, modules)
+    assert sorted((i.line, i.target, i.name) for i in found) == [
+        (3, "privzo.run", "RunContext"),
+        (5, "privzo.zo.step", "_hidden"),
+    ]
+
+
+def test_a_cycle_is_found():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
