@@ -25,6 +25,8 @@ SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
 STUDY_CONFIG = "../studies/tiny-scaling.yaml"
 QUICK_SEARCH_STEPS = [20, 40]
 QUICK_STUDY_STEPS = 20
+# the MLflow experiments of the arms, the search and the study (their configs name them)
+DEMO_EXPERIMENTS = ["privzo-tiny", "privzo-tiny-search", "tiny-scaling"]
 
 
 def run_demo(
@@ -59,10 +61,10 @@ def run_demo(
         with timed("scaling study"):
             _run_scaling_study(output_dir / "scaling", cache_dir, config_dir / STUDY_CONFIG, quick)
     print(f"\ndemo: {time.perf_counter() - started:.0f} s in all ({cores} cores)")
+    experiments = ["privzo-tiny"] if arms_only else DEMO_EXPERIMENTS
     print(
         f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        "\n(then open http://127.0.0.1:5000: experiments 'privzo-tiny', 'privzo-tiny-search' "
-        "and 'tiny-scaling')"
+        f"\n(then open http://127.0.0.1:5000: experiments {', '.join(map(repr, experiments))})"
     )
     return rows
 
