@@ -116,9 +116,6 @@ def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
     elapsed = time.monotonic() - started
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout
-    # Ray Train's per-report and per-checkpoint INFO lines stay off (parallel.log_level)
-    assert "Reporting training result" not in job.stdout
-    assert "Checkpoint successfully created" not in job.stdout
     line = next(line for line in job.stdout.splitlines() if '"privzo_summary"' in line)
     summary = json.loads(line[line.index("{") :])["privzo_summary"]
     assert summary["strategy"] == "replica" and summary["workers"] == 2

@@ -104,8 +104,6 @@ def _run_command(args: argparse.Namespace) -> int:
     # extra YAML files among the overrides merge over the first config, in order
     extra_files = [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
-    if args.verbose:  # Ray Train's per-report and per-checkpoint lines too
-        overrides = ["parallel.log_level=INFO", *overrides]
     config = load_config([args.config, *extra_files], overrides)
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
         _use_process_cores()

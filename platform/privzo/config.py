@@ -334,11 +334,6 @@ class ParallelConfig(_Section):
         description="Where Ray Train keeps checkpoints (shared storage on a cluster); "
         "null = <output-dir>/ray.",
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "WARNING",
-        description="Console level of Ray Train's own logs (INFO prints a line per report and "
-        "checkpoint of every worker); its log files keep everything.",
-    )
     env_vars: dict[str, str] = Field(
         default_factory=dict, description="Environment of the Ray workers (runtime_env)."
     )
