@@ -236,6 +236,12 @@ def _train_worker_processes() -> list:
     return workers
 
 
+def _ray_run_dir(output: Path) -> Path:
+    """The run's Ray Train state: one directory, named after the output dir plus a suffix."""
+    (found,) = (output / "ray").glob(f"{output.name}-*")
+    return found
+
+
 def _committed_checkpoint(root: Path) -> Path | None:
     """A checkpoint Ray Train has registered: rank 0 writes a checkpoint's directory before the
     report barrier completes, so only one with a later one beside it is surely committed."""
@@ -321,7 +327,7 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
     )
     output = tmp_path / "runs" / "resumed"
     thread, outcome, victim = _start_paused_run(config, output, cache_dir, tmp_path / "rank0.pid")
-    checkpoint = _committed_checkpoint(output / "ray" / output.name)
+    checkpoint = _committed_checkpoint(_ray_run_dir(output))
     assert checkpoint is not None, "no committed checkpoint while rank 0 is paused"
     kept = pq.read_table(checkpoint / "trajectory.parquet").to_pandas()
     _kill(victim)
@@ -342,7 +348,7 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
     # 16 windows checkpointed over two attempts; Ray keeps only the newest two
-    kept_dirs = [path for path in (output / "ray" / output.name).iterdir() if path.is_dir()]
+    kept_dirs = [path for path in _ray_run_dir(output).iterdir() if path.is_dir()]
     assert len(kept_dirs) == CHECKPOINTS_KEPT
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     assert read_run(uri, summary["tracking_run_id"])["metrics"]["final_epsilon"] == (

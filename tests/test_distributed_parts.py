@@ -135,3 +135,20 @@ def test_no_rank_receives_the_sum_without_noise(two_ranks):
     received_0, received_1 = two_ranks[0][4], two_ranks[1][4]
     assert received_0 == received_1
     assert all(abs(total - 3.0) > 1e-9 for total in received_0)
+
+
+def test_a_new_launch_never_continues_an_old_ray_run(tmp_path):
+    """Ray Train resumes a run whose name it finds in storage: each launch names its run anew,
+    and preparing an overwritten directory removes the old run's Ray state (its checkpoints
+    hold that run's noised steps)."""
+    from privzo.distributed.launch import ray_run_name
+    from privzo.layouts.record import RAY_STATE_DIR, prepare_output_dir
+
+    output = tmp_path / "run"
+    names = {ray_run_name(output) for _ in range(20)}
+    assert len(names) == 20 and all(name.startswith("run-") for name in names)
+    old = output / RAY_STATE_DIR / "run-0123abcd" / "checkpoint_2026-01-01_00-00-00.000000"
+    old.mkdir(parents=True)
+    (old / "state.json").write_text("{}")
+    prepare_output_dir(output)
+    assert output.is_dir() and not (output / RAY_STATE_DIR).exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.layouts.record import (
     CONFIG_FILE,
+    RAY_STATE_DIR,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     check_output_dir,
@@ -238,7 +240,10 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     from privzo.distributed.worker import train_worker
 
     parallel = config.parallel
-    storage = Path(parallel.storage_path) if parallel.storage_path else output_dir / "ray"
+    storage = Path(parallel.storage_path) if parallel.storage_path else output_dir / RAY_STATE_DIR
+    # a name of its own per launch: Ray Train resumes a run whose name it finds in storage, and
+    # a new run must never continue an old one's checkpoints (their noise was already drawn)
+    ray_run = ray_run_name(output_dir)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config=settings,
@@ -249,7 +254,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
             resources_per_worker={"CPU": 1, **({"GPU": 1} if parallel.use_gpu else {})},
         ),
         run_config=RayRunConfig(
-            name=output_dir.name,
+            name=ray_run,
             storage_path=str(storage.resolve()) if "://" not in str(storage) else str(storage),
             failure_config=FailureConfig(max_failures=parallel.max_failures),
             # the newest checkpoint is what a restart resumes from; one more in case the newest
@@ -260,12 +265,17 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     try:
         result = trainer.fit()
     except Exception:
-        _keep_checkpointed_steps(storage / output_dir.name, output_dir)
+        _keep_checkpointed_steps(storage / ray_run, output_dir)
         raise
     value = result.return_value
     assert value is not None, "rank 0 returns the run's summary and trajectory"
-    _prune_checkpoints(storage / output_dir.name)
+    _prune_checkpoints(storage / ray_run)
     return value
+
+
+def ray_run_name(output_dir: Path) -> str:
+    """The Ray Train run's name: the output directory's, plus a fresh suffix per launch."""
+    return f"{output_dir.name}-{uuid.uuid4().hex[:8]}"
 
 
 def _prune_checkpoints(checkpoints: Path) -> None:

@@ -9,6 +9,7 @@ while every import still points down.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ TRAJECTORY_FILE = "trajectory.parquet"
 CONFIG_FILE = "config.yaml"
 MODEL_DIR = "model"
 RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
+RAY_STATE_DIR = "ray"  # a distributed run's Ray Train state and checkpoints (default storage)
 
 
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
@@ -42,6 +44,8 @@ def prepare_output_dir(output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         (output_dir / name).unlink(missing_ok=True)
+    # an earlier distributed run's Ray state: its checkpoints hold that run's noised steps
+    shutil.rmtree(output_dir / RAY_STATE_DIR, ignore_errors=True)
 
 
 def summary_record(
