@@ -256,7 +256,7 @@ def _tune_config(plan: SearchPlan) -> Any:
     if search.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=search.seed or 0), concurrency)
+        searcher: Any = ConcurrencyLimiter(OptunaSearch(seed=point_seed(search)), concurrency)
     else:  # a generator, not a Searcher: it takes the concurrency limit itself
         searcher = BasicVariantGenerator(
             random_state=point_seed(search), max_concurrent=concurrency
