@@ -19,7 +19,9 @@ from privzo.config import RunConfig, load_config
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 from privzo.threads import threads_per_process, use_threads
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "runs"
+# Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
+# checkout's configs/ links to these files.
+CONFIG_DIR = Path(__file__).resolve().parent / "demo_configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
 SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
 STUDY_CONFIG = "../studies/tiny-scaling.yaml"
@@ -48,8 +50,8 @@ def run_demo(
     output_dir = Path(output_dir).resolve()
     if not all((config_dir / name).is_file() for name in ARMS.values()):
         raise FileNotFoundError(
-            f"the demo's configs {sorted(ARMS.values())} are not in {config_dir}: run the demo "
-            "from a checkout installed with `pip install -e .`"
+            f"the demo's configs {sorted(ARMS.values())} are not in {config_dir}: the "
+            "installation is incomplete (they ship as package data); reinstall privzo"
         )
     use_threads(cores)  # the arms and the study's cells train in this process, one at a time
     started = time.perf_counter()
