@@ -75,6 +75,20 @@ def test_repeat_and_select_matches_dp_accounting_for_one_event():
     assert repeat_and_select_epsilon(worst_curve([event]), 3.0, 1e-5) == pytest.approx(expected)
 
 
+def test_ray_still_keeps_the_trials_where_the_adapter_reads_them():
+    """``privzo.tuning.ray_adapter`` reads a ResultGrid's private experiment analysis; this
+    fails, naming the adapter, if a Ray upgrade moves it."""
+    import inspect
+
+    from ray.tune import ResultGrid
+
+    from privzo.tuning import ray_adapter
+
+    assert "self._experiment_analysis" in inspect.getsource(ResultGrid.__init__)
+    with pytest.raises(RuntimeError, match="no _experiment_analysis"):
+        ray_adapter.result_grid_trials(object())
+
+
 def test_worst_curve_bounds_every_event_and_composition_grows():
     events = [
         TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.0),

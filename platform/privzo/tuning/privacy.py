@@ -29,6 +29,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privzo.privacy.accounting import quiet_absl
+from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp
 
 GEOMETRIC_SHAPE = 1.0  # RepeatAndSelectDpEvent's shape for a geometric number of trials
 
@@ -72,8 +73,7 @@ def worst_curve(events: Sequence[TrialEvent]) -> np.ndarray:
 
 
 def epsilon_of_curve(curve: np.ndarray, delta: float) -> float:
-    orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
-    epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, curve, delta)
+    epsilon, _ = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)
     return float(epsilon)
 
 
@@ -89,11 +89,8 @@ def repeat_and_select_epsilon(curve: np.ndarray, mean_trials: float, delta: floa
     curve is the space's worst curve, so its internal transform is applied to that curve
     (checked against the event API in the tests).
     """
-    orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
-    selected = rdp_privacy_accountant._compute_rdp_repeat_and_select(
-        orders, curve, mean_trials, GEOMETRIC_SHAPE
-    )
-    return epsilon_of_curve(np.asarray(selected, dtype=np.float64), delta)
+    selected = repeat_and_select_rdp(curve, mean_trials, GEOMETRIC_SHAPE)
+    return epsilon_of_curve(selected, delta)
 
 
 def draw_geometric_count(mean: float) -> int:

@@ -25,6 +25,7 @@ from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, make_tracker, open_client
 from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
+from privzo.tuning.ray_adapter import result_grid_trials
 from privzo.tuning.trial import SCORE, TRIALS_DIR, run_trial
 
 STATE_FILE = "search_state.json"
@@ -300,7 +301,7 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     # ResultGrid keeps Tune's trial objects (id, config) in the order of its results; the
     # statuses come from the saved experiment state, which is what a resume starts from (after
     # Ctrl+C the in-memory trials all read TERMINATED)
-    trials = results._experiment_analysis.trials
+    trials = result_grid_trials(results)
     saved = _saved_statuses(results.experiment_path)
     rows = [
         _trial_row(trial, saved.get(trial.trial_id, trial.status), result, output_dir)
