@@ -191,6 +191,25 @@ def test_imports_point_down_the_layers():
     assert not upward, "imports pointing up:\n" + "\n".join(upward)
 
 
+def test_only_tracking_talks_to_mlflow():
+    """MLflow (its client included) is reached through ``privzo.tracking`` alone."""
+    outside = []
+    for name, path in module_files().items():
+        if name.startswith("privzo.tracking"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = []
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if any(i == "mlflow" or i.startswith("mlflow.") for i in imported) or any(
+                i.endswith(".open_client") for i in imported
+            ):
+                outside.append(f"{name}:{node.lineno}")
+    assert not outside, "MLflow reached outside privzo.tracking: " + ", ".join(outside)
+
+
 def test_the_checks_see_lazy_and_type_only_imports(tmp_path):
     """The walker finds imports inside functions and under ``if TYPE_CHECKING:`` too."""
     source = tmp_path / "probe.py"

@@ -19,7 +19,7 @@ from privzo.analysis.tables import (
     scaling_markdown,
     scaling_table,
 )
-from privzo.tracking import open_client
+from privzo.tracking import metric_history
 
 REPORT_FILE = "report.md"
 MAX_EPSILON_CURVES = 12  # more lines than this make the ε plot unreadable
@@ -60,13 +60,11 @@ def build_report(
 
 
 def _epsilon_histories(tracking_uri: str, runs: pa.Table) -> dict[str, list[tuple[int, float]]]:
-    client = open_client(tracking_uri)
     private = [row for row in runs.to_pylist() if row["private"]][:MAX_EPSILON_CURVES]
     histories = {}
     for row in private:
-        points = client.get_metric_history(row["run_id"], "epsilon_spent")
         label = f"{row['model']} ε={row['epsilon_target']:g} seed {row['seed']}"
-        histories[label] = sorted((point.step, point.value) for point in points)
+        histories[label] = metric_history(tracking_uri, row["run_id"], "epsilon_spent")
     return histories
 
 

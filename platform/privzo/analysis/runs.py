@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from privzo.config import ConfigError
-from privzo.tracking import open_client, tags
+from privzo.tracking import StoredRun, find_runs, tags
 
 _TAGS = {
     tags.MODEL: "model",
@@ -63,28 +63,26 @@ def load_runs(tracking_uri: str, experiment: str, study: str | None = None) -> p
     Search and study parent runs are left out; a search's trials are left out too, except the
     best trial a study cell stands on (tagged with the cell).
     """
-    client = open_client(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise ConfigError(f"--experiment {experiment!r}: no such experiment in the tracking store")
     query = "attributes.status = 'FINISHED'"
     if study is not None:
         query += f" and tags.`{tags.STUDY}` = '{study}'"
-    runs = client.search_runs([found.experiment_id], filter_string=query, max_results=50000)
+    runs = find_runs(tracking_uri, experiment, query)
+    if runs is None:
+        raise ConfigError(f"--experiment {experiment!r}: no such experiment in the tracking store")
     rows = [_row(run) for run in runs if _is_training_run(run, study)]
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
-def _is_training_run(run: Any, study: str | None) -> bool:
-    found = run.data.tags
+def _is_training_run(run: StoredRun, study: str | None) -> bool:
+    found = run.tags
     if tags.ROLE in found or tags.MODEL not in found:
         return False  # a search / study parent, or not a privzo run
     return study is None or tags.CELL in found
 
 
-def _row(run: Any) -> dict[str, Any]:
-    found, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    row: dict[str, Any] = {"run_id": run.info.run_id}
+def _row(run: StoredRun) -> dict[str, Any]:
+    found, metrics, params = run.tags, run.metrics, run.params
+    row: dict[str, Any] = {"run_id": run.run_id}
     for tag, column in _TAGS.items():
         row[column] = found.get(tag)
     row["model_parameters"] = _int(row["model_parameters"])

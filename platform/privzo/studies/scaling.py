@@ -246,7 +246,7 @@ def _search_cell(
 ) -> dict[str, Any]:
     """A private cell answered by a search: the best trial's run stands for the cell (tagged
     as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
-    from privzo.tracking import open_client
+    from privzo.tracking import set_run_tags
     from privzo.tuning import SearchConfig, load_search_config, run_search
 
     assert study.search is not None
@@ -270,10 +270,10 @@ def _search_cell(
     result = json.loads((best_dir / SUMMARY_FILE).read_text())
     result["search_end_to_end_epsilon"] = summary.get("end_to_end_epsilon")
     result["search_guarantee"] = summary.get("guarantee")
-    client = open_client(tracking_uri)
     cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
-    for key, value in {**cell_tags, "privzo.search_best": "true"}.items():
-        client.set_tag(result["tracking_run_id"], key, value)
+    set_run_tags(
+        tracking_uri, result["tracking_run_id"], {**cell_tags, "privzo.search_best": "true"}
+    )
     (cell_dir / SUMMARY_FILE).write_text(json.dumps(result, indent=2, default=str) + "\n")
     (cell_dir / CONFIG_FILE).write_text(dump_config(config))
     return result

@@ -16,10 +16,12 @@ from privzo.tracking.mlflow_tracker import (
     default_tracking_uri,
     get_or_create_experiment,
     join_split_params,
+    metric_history,
     open_client,
     read_run,
     split_param,
 )
+from privzo.tracking.store import StoredRun, end_runs, find_runs, set_run_tags
 
 TRACKERS: dict[str, type[Tracker]] = {"mlflow": MlflowTracker, "none": NoopTracker}
 """Backend name (as written in configs) -> tracker class."""
@@ -63,15 +65,20 @@ __all__ = [
     "NoopTracker",
     "RunRecord",
     "RunStatus",
+    "StoredRun",
     "Tracker",
     "default_artifact_location",
     "default_tracking_uri",
+    "end_runs",
+    "find_runs",
     "flatten_params",
     "get_or_create_experiment",
     "join_split_params",
     "make_tracker",
+    "metric_history",
     "open_client",
     "read_run",
+    "set_run_tags",
     "split_param",
 ]
 

@@ -391,6 +391,11 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
     return [(m.step, m.value) for m in points]
 
 
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of one metric of one run, by step then time."""
+    return _history(open_client(uri), run_id, key)
+
+
 def _list_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
     files: list[str] = []
     for info in client.list_artifacts(run_id, path):

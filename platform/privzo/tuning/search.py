@@ -22,7 +22,7 @@ import yaml
 from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
-from privzo.tracking import Tracker, connect_tracker, make_tracker, open_client
+from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
 from privzo.tuning.ray_adapter import result_grid_trials
@@ -385,17 +385,15 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
     uri = getattr(tracker, "uri", None)
     if uri is None or tracker.run_id is None:
         return
-    client = open_client(uri)
-    experiment = client.get_experiment_by_name(plan.base.tracking.experiment)
-    if experiment is None:
-        return
-    children = client.search_runs(
-        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{tracker.run_id}'"
-    )
-    for child in children:
-        status, trial = child.info.status, child.data.tags.get("privzo.trial")
-        if status == "RUNNING" or (status == "FAILED" and trial in stopped):
-            client.set_terminated(child.info.run_id, status="KILLED")
+    query = f"tags.mlflow.parentRunId = '{tracker.run_id}'"
+    children = find_runs(uri, plan.base.tracking.experiment, query) or []
+    unfinished = [
+        child.run_id
+        for child in children
+        if child.status == "RUNNING"
+        or (child.status == "FAILED" and child.tags.get("privzo.trial") in stopped)
+    ]
+    end_runs(uri, unfinished, "KILLED")
 
 
 def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
