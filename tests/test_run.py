@@ -156,6 +156,16 @@ def test_replay_rebuilds_a_half_precision_runs_intended_fp32_model(
     assert not (tmp_path / "bad").exists()
 
 
+def test_replay_refuses_another_base_model(tmp_path, sentiment_files, cache_dir, capsys):
+    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=2")
+    run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
+    trajectory = str(tmp_path / "run" / "trajectory.parquet")
+    args = ["replay", "--trajectory", trajectory, "--cache-dir", str(cache_dir)]
+    assert main([*args, "--base", "tiny-roberta", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "is not the model this trajectory was trained from" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_replay_refuses_what_the_trajectory_cannot_reproduce(tmp_path):
     from privzo.config import ModelConfig
     from privzo.replay import check_replay_target
@@ -347,12 +357,13 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view
 def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
     tmp_path, sentiment_files, cache_dir, caplog, diagnostics
 ):
-    """A perturbation of 1e38 overflows every loss; the count of non-finite differences is
-    data-dependent, so a private run prints it only when diagnostics are on."""
+    """A perturbation of 1e30 overflows every loss (the weights stay finite); the count of
+    non-finite differences is data-dependent, so a private run prints it only when diagnostics
+    are on."""
     config = _config(
         *sentiment_files,
         "optimizer.steps=2",
-        "optimizer.perturbation_scale=1e38",
+        "optimizer.perturbation_scale=1e30",
         "tracking.backend=none",
         "eval_before=false",
         f"tracking.log_private_diagnostics={str(diagnostics).lower()}",
@@ -363,6 +374,25 @@ def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
     assert printed == diagnostics
     if diagnostics:
         assert summary["nonfinite_differences"] > 0
+
+
+def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, sentiment_files, cache_dir):
+    """θ ± 1e38·z overflows fp32: the run stops at the window's check with the trajectory it
+    made, instead of finishing with NaN weights."""
+    from privzo.zo.integrity import NonFiniteWeightsError
+
+    config = _config(
+        *sentiment_files,
+        "optimizer.steps=12",
+        "optimizer.perturbation_scale=1e38",
+        "tracking.backend=none",
+        "eval_before=false",
+    )
+    with pytest.raises(NonFiniteWeightsError, match="after step 5 the weights"):
+        run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
+    trajectory = pq.read_table(tmp_path / "o" / "trajectory.parquet")
+    assert trajectory.num_rows == 5  # the first window (log_every=5), kept
+    assert not (tmp_path / "o" / "summary.json").exists()
 
 
 def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, cache_dir):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -18,9 +20,10 @@ from privzo.zo.directions import (
     step_seed,
 )
 from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
+from privzo.zo.integrity import check_fingerprint, weights_fingerprint
 from privzo.zo.perturbation import InPlacePerturber, VirtualPerturber, make_perturber
 from privzo.zo.philox import LANES, STREAM_DIRECTION, element_values, philox4x32, philox_key
-from privzo.zo.step import zo_step
+from privzo.zo.step import StepRecord, zo_step
 from privzo.zo.sweeps import ParameterShard, full_shards, sweep
 from privzo.zo.trajectory import (
     TrajectoryMeta,
@@ -425,3 +428,58 @@ def test_replay_refuses_to_round_an_fp32_trajectory():
     table = TrajectoryRecorder(meta, release_batch_size=True).to_table()
     with pytest.raises(ValueError, match="perturbation"):
         replay_steps(virtual, table, meta)
+
+
+def _recorded(tmp_path, rows: list[tuple[int, float, float]]):
+    """A trajectory file with (step, projected gradient, learning rate) rows."""
+    meta = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", {}, 0, "q", "float32", "inplace")
+    recorder = TrajectoryRecorder(meta, release_batch_size=True)
+    for step, gradient, rate in rows:
+        recorder.append(StepRecord(step, step_seed(0, step), gradient, rate, 1, 1.0, 0, 0.0))
+    path = tmp_path / "t.parquet"
+    recorder.write(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([(0, 0.1, 0.01), (1, 0.2, 0.01), (3, 0.1, 0.01)], r"row 2: step 3, expected 2"),
+        ([(0, 0.1, 0.01), (0, 0.1, 0.01)], r"row 1: step 0, expected 1"),
+        ([(0, 0.1, 0.01), (1, float("nan"), 0.01)], r"row 1: projected_gradient=nan"),
+        ([(0, 1e30, 0.01)], r"row 0: the step's update"),
+    ],
+)
+def test_replay_refuses_rows_no_run_writes(tmp_path, rows, message):
+    path = _recorded(tmp_path, rows)
+    with pytest.raises(ValueError, match=message):
+        read_trajectory(path)
+
+
+def test_replay_refuses_a_trajectory_whose_rows_changed(tmp_path):
+    path = _recorded(tmp_path, [(0, 0.1, 0.01), (1, 0.2, 0.01)])
+    table = pq.read_table(path)
+    gradients = table.column("projected_gradient").to_pylist()
+    gradients[1] = 0.25  # an edit that keeps every row plausible
+    index = table.schema.get_field_index("projected_gradient")
+    edited = table.set_column(index, "projected_gradient", pa.array(gradients, pa.float64()))
+    pq.write_table(edited.replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(ValueError, match="fails its checksum"):
+        read_trajectory(path)
+
+
+def test_a_base_fingerprint_matches_across_dtypes_but_not_other_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    fingerprint = weights_fingerprint(model.named_parameters())
+    check_fingerprint(
+        fingerprint, weights_fingerprint(model.to(torch.bfloat16).named_parameters()), "b"
+    )
+    other = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    with pytest.raises(ValueError, match=r"tensor '0\.weight' differs"):
+        check_fingerprint(fingerprint, weights_fingerprint(other.named_parameters()), "other")
+    wider = torch.nn.Sequential(model[0], torch.nn.Linear(64, 3))  # same first layer
+    with pytest.raises(ValueError, match=r"'1\.weight' differs"):
+        check_fingerprint(fingerprint, weights_fingerprint(wider.named_parameters()), "wider")
+    with pytest.raises(ValueError, match="its tensors differ"):
+        check_fingerprint(fingerprint, weights_fingerprint(model[:1].named_parameters()), "part")

@@ -15,6 +15,7 @@ from privzo.models.loading import (
     save_weights,
 )
 from privzo.zo.directions import DirectionSampler
+from privzo.zo.integrity import check_fingerprint, weights_fingerprint
 from privzo.zo.perturbation import make_perturber
 from privzo.zo.sweeps import full_shards
 from privzo.zo.trajectory import TrajectoryMeta, read_trajectory, replay_steps
@@ -49,6 +50,9 @@ def replay(
     )
     check_replay_target(meta, model_config)
     loaded = load_model(model_config, cache_dir, progress=progress)
+    if meta.base_fingerprint is not None:
+        actual = weights_fingerprint(loaded.model.named_parameters())
+        check_fingerprint(meta.base_fingerprint, actual, base)
     model, pairs = apply_view(loaded.model, model_config, seed=meta.view_seed)
     directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
     perturber = make_perturber(model, full_shards(pairs), directions)

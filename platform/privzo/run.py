@@ -155,7 +155,9 @@ def _train_and_evaluate(
     loop = make_loop(context, tracker, memory)
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(
-        trajectory_meta(config, context.loaded.device.type, context.perturber),
+        trajectory_meta(
+            config, context.loaded.device.type, context.perturber, context.base_fingerprint
+        ),
         release_batch_size=not loop.private,
     )
     try:

@@ -19,6 +19,7 @@ from privzo.privacy.sampling import Sampler
 from privzo.tracking import Tracker
 from privzo.zo.directions import step_seed
 from privzo.zo.estimators import GradientEstimator, estimator_for
+from privzo.zo.integrity import check_finite_weights
 from privzo.zo.schedules import make_schedule
 from privzo.zo.step import StepRecord, zo_step
 from privzo.zo.trajectory import TrajectoryRecorder
@@ -86,6 +87,8 @@ class TrainingLoop:
                 window.append(record)
                 bar.update(1)
             end = window_steps[-1] + 1
+            shards = self.context.shards
+            check_finite_weights([(shard.name, shard.tensor) for shard in shards], end)
             metrics = self._window_metrics(window)
             if curve is not None:
                 self._add_epsilons(curve.take_ready(), metrics, end)

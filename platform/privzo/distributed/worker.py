@@ -234,7 +234,9 @@ def _validation(context: RunContext, loop: TrainingLoop) -> dict[str, float]:
 
 
 def _meta(context: RunContext) -> TrajectoryMeta:
-    return trajectory_meta(context.config, context.loaded.device.type, context.perturber)
+    return trajectory_meta(
+        context.config, context.loaded.device.type, context.perturber, context.base_fingerprint
+    )
 
 
 def _save_model(context: RunContext, group: WorkerGroup, output_dir: Path) -> None:

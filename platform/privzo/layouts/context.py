@@ -29,6 +29,7 @@ from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.tasks import Task, build_task, load_splits, resolve_task_config
 from privzo.tracking.tags import config_tags, model_tags
 from privzo.zo.directions import DirectionSampler, resolve_generator
+from privzo.zo.integrity import weights_fingerprint
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard, full_shards
 
@@ -50,6 +51,7 @@ class RunContext:
     skipped_rows: int = 0  # invalid rows skipped (task.skip_invalid_rows)
     validation: Any = None  # encoded validation split (held out of the private training data)
     hooks: RunHooks | None = None
+    base_fingerprint: dict[str, list] | None = None  # privzo.zo.integrity, None under zero3
 
     @property
     def trainable_parameters(self) -> int:
@@ -74,6 +76,7 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     loaded = load_model(config.model, cache_dir, progress=progress)
+    fingerprint = weights_fingerprint(loaded.model.named_parameters())  # the base, for replay
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
@@ -93,6 +96,7 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
         unwrap_for_scoring(model),
         splits.skipped_rows,
         task.encode(splits.validation) if splits.validation else None,
+        base_fingerprint=fingerprint,
     )
 
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from privzo.config import RunConfig
 from privzo.zo.directions import DIRECTIONS_VERSION
+from privzo.zo.integrity import check_rows, columns_checksum
 from privzo.zo.perturbation import Perturber
 from privzo.zo.step import StepRecord
 
@@ -31,6 +32,7 @@ SCHEMA = pa.schema(
     ]
 )
 _METADATA_KEY = b"privzo"
+_CHECKSUM_KEY = b"privzo.checksum"  # of the rows (privzo.zo.integrity); absent before it existed
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,19 @@ class TrajectoryMeta:
     perturbation: str  # "inplace" (fp32) or "virtual" (half precision)
     generator: str = "torch-blocks"  # of the directions (privzo.zo.directions.GENERATORS)
     directions_version: int = DIRECTIONS_VERSION
+    # privzo.zo.integrity.weights_fingerprint of the base model (None: not taken, e.g. zero3)
+    base_fingerprint: dict[str, list] | None = None
 
 
-def trajectory_meta(config: RunConfig, device_type: str, perturber: Perturber) -> TrajectoryMeta:
-    """A run's replay metadata: its config's view and directions, and how its perturber
-    actually moves the weights (``perturber.mode``, its generator) on ``device_type``."""
+def trajectory_meta(
+    config: RunConfig,
+    device_type: str,
+    perturber: Perturber,
+    base_fingerprint: dict[str, list] | None = None,
+) -> TrajectoryMeta:
+    """A run's replay metadata: its config's view and directions, how its perturber actually
+    moves the weights (``perturber.mode``, its generator) on ``device_type``, and the base
+    model's fingerprint."""
     return TrajectoryMeta(
         perturbation_scale=config.optimizer.perturbation_scale,
         direction=config.optimizer.direction,
@@ -64,6 +74,7 @@ def trajectory_meta(config: RunConfig, device_type: str, perturber: Perturber) -
         dtype=config.model.dtype,
         perturbation=perturber.mode,
         generator=perturber.sampler.generator,
+        base_fingerprint=base_fingerprint,
     )
 
 
@@ -89,7 +100,10 @@ class TrajectoryRecorder:
 
     def to_table(self) -> pa.Table:
         table = pa.table(self._columns, schema=SCHEMA)
-        meta = {_METADATA_KEY: json.dumps(self.meta.__dict__).encode()}
+        meta = {
+            _METADATA_KEY: json.dumps(self.meta.__dict__).encode(),
+            _CHECKSUM_KEY: columns_checksum(self._columns).encode(),
+        }
         return table.replace_schema_metadata(meta)
 
     def write(self, path: Path) -> None:
@@ -106,6 +120,14 @@ def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
     missing = set(SCHEMA.names) - set(table.column_names)
     if missing:
         raise ValueError(f"trajectory {str(path)!r} lacks columns {sorted(missing)}")
+    columns = {name: table.column(name).to_pylist() for name in SCHEMA.names}
+    checksum = (table.schema.metadata or {}).get(_CHECKSUM_KEY)
+    if checksum is not None and checksum.decode() != columns_checksum(columns):
+        raise ValueError(
+            f"trajectory {str(path)!r} fails its checksum: its rows changed after the run wrote "
+            "them (a damaged or edited file); replay would build wrong weights"
+        )
+    check_rows(columns, f"trajectory {str(path)!r}")
     return table, TrajectoryMeta(**json.loads(raw))
 
 

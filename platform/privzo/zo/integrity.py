@@ -1,0 +1,127 @@
+"""What makes a trajectory trustworthy to replay: a checksum, sane rows, the right base.
+
+The trajectory is a run's only model record by default, so replay must refuse rather than
+rebuild wrong weights from a file that was damaged (flipped bytes), edited (a NaN or huge
+gradient, missing or repeated steps) or paired with another base model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MAX_UPDATE_COEFFICIENT",
+    "NonFiniteWeightsError",
+    "check_fingerprint",
+    "check_finite_weights",
+    "check_rows",
+    "columns_checksum",
+    "weights_fingerprint",
+]
+
+# |η·g·s| of one step beyond which a row is refused: z has unit-variance elements, so such a
+# step moves every weight by about this much. Clipped runs stay far below (clip ≤ 1e6, η ≪ 1).
+MAX_UPDATE_COEFFICIENT = 1e3
+FINGERPRINT_SAMPLES = 1024  # strided elements per tensor
+FINGERPRINT_RTOL = 1e-2  # of a tensor's mean |x|: far above dtype rounding, far below a new model
+
+
+def columns_checksum(columns: Mapping[str, Sequence[Any]]) -> str:
+    """SHA-256 of the rows' values (floats by their exact repr), in column order."""
+    digest = hashlib.sha256()
+    for name, values in columns.items():
+        digest.update(json.dumps([name, list(values)], allow_nan=True).encode())
+    return digest.hexdigest()
+
+
+def check_rows(columns: Mapping[str, Sequence[Any]], source: str) -> None:
+    """Steps 0..n−1 in order; finite gradient, learning rate and scale; no absurd update."""
+    for row, step in enumerate(columns["step"]):
+        if step != row:
+            raise ValueError(
+                f"{source} row {row}: step {step}, expected {row} (steps missing or repeated)"
+            )
+    for row in range(len(columns["step"])):
+        values = {
+            name: columns[name][row]
+            for name in ("projected_gradient", "learning_rate", "direction_scale")
+        }
+        bad = [name for name, value in values.items() if value is None or not math.isfinite(value)]
+        if bad:
+            raise ValueError(f"{source} row {row}: {bad[0]}={values[bad[0]]!r} is not finite")
+        update = values["projected_gradient"] * values["learning_rate"] * values["direction_scale"]
+        if abs(update) > MAX_UPDATE_COEFFICIENT:
+            raise ValueError(
+                f"{source} row {row}: the step's update η·g·s={update:.3g} is beyond "
+                f"±{MAX_UPDATE_COEFFICIENT:g}; no training run writes that"
+            )
+
+
+@torch.no_grad()
+def weights_fingerprint(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list]:
+    """name → [element count, mean |x|, signed mean] over a strided sample of each tensor.
+
+    The statistics are taken in fp64 of the sampled values, so the same weights loaded in
+    another dtype or on another device match within ``FINGERPRINT_RTOL``; another model (other
+    names, shapes, or values) does not. A lightly fine-tuned copy of the base may still match.
+    """
+    fingerprint = {}
+    for name, tensor in named_parameters:
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+        sample = flat[::stride][:FINGERPRINT_SAMPLES].double().cpu()
+        signs = 1.0 - 2.0 * ((torch.arange(sample.numel()) * 2654435761 >> 16) & 1)
+        mean_abs = float(sample.abs().mean()) if sample.numel() else 0.0
+        signed = float((sample * signs).mean()) if sample.numel() else 0.0
+        fingerprint[name] = [flat.numel(), mean_abs, signed]
+    return fingerprint
+
+
+def check_fingerprint(expected: Mapping[str, list], actual: Mapping[str, list], base: str) -> None:
+    """Refuse a base model whose tensors or values differ from the training run's."""
+    if set(expected) != set(actual):
+        missing = sorted(set(expected) - set(actual))[:3]
+        extra = sorted(set(actual) - set(expected))[:3]
+        raise ValueError(
+            f"--base {base!r} is not the model this trajectory was trained from: its tensors "
+            f"differ (missing {missing}, unexpected {extra})"
+        )
+    for name, (count, mean_abs, signed) in expected.items():
+        got_count, got_abs, got_signed = actual[name]
+        tolerance = FINGERPRINT_RTOL * max(mean_abs, 1e-12)
+        if (
+            got_count != count
+            or abs(got_abs - mean_abs) > tolerance
+            or abs(got_signed - signed) > tolerance
+        ):
+            raise ValueError(
+                f"--base {base!r} is not the model this trajectory was trained from: tensor "
+                f"{name!r} differs ({got_count} elements, mean |x| {got_abs:.6g}; the run's base "
+                f"had {count}, {mean_abs:.6g})"
+            )
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A step left NaN or infinite weights: the run stops instead of finishing destroyed."""
+
+
+@torch.no_grad()
+def check_finite_weights(named_tensors: Sequence[tuple[str, torch.Tensor]], steps: int) -> None:
+    """Raise if any weight is NaN or infinite; one device-to-host copy for all tensors."""
+    if not named_tensors:
+        return
+    flags = torch.stack([~torch.isfinite(tensor).all() for _name, tensor in named_tensors])
+    bad = flags.nonzero().flatten().tolist()
+    if bad:
+        name = named_tensors[bad[0]][0]
+        raise NonFiniteWeightsError(
+            f"after step {steps} the weights of {name!r} (and {len(bad) - 1} other tensors) are "
+            "not finite; the run stops here (its trajectory so far is kept); lower "
+            "optimizer.learning_rate or privacy.clip"
+        )
