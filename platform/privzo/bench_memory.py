@@ -107,7 +107,7 @@ def _case_overrides(
         f"optimizer.algorithm={algorithm}",
         f"optimizer.steps={repeats + 2}",
         f"optimizer.batch_size={BATCH_SIZE}",
-        f"optimizer.first_order.physical_batch_size={BATCH_SIZE}",
+        f"optimizer.physical_batch_size={BATCH_SIZE}",
         "optimizer.learning_rate=1e-6",
         "eval_before=false",
         "tracking.backend=none",
