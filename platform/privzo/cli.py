@@ -288,6 +288,16 @@ def _bench_distributed_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_init_command(args: argparse.Namespace) -> int:
+    from privzo.models.random_init import init_model_directory
+
+    _quiet_libraries(args)
+    dtype = _DTYPE_ALIASES.get(args.dtype, args.dtype)
+    target = init_model_directory(args.shape, args.output_dir, dtype=dtype, seed=args.seed)
+    print(f"random {args.shape} ({dtype}) in {target}; use it with model.name_or_path={target}")
+    return 0
+
+
 def _prepare_command(args: argparse.Namespace) -> int:
     from privzo.tasks.prepare import prepare_task_data
 
@@ -560,6 +570,19 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
     prepare.add_argument("--hf-subset", help="override the preset's subset")
     prepare.set_defaults(handler=_prepare_command)
+
+    models = commands.add_parser("models", help="local model directories")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    init = models_commands.add_parser(
+        "init",
+        help="a randomly initialised OPT-shaped model and privzo's tokenizer, saved to a directory",
+    )
+    init.add_argument("--shape", required=True, help="tiny, opt-125m, opt-350m, ... opt-66b")
+    init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
+    init.add_argument("--dtype", default="float32", help="float32 / bfloat16 / float16")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    _add_verbose(init)
+    init.set_defaults(handler=_models_init_command)
 
     demo = commands.add_parser("demo", help="the embedded offline demo (zero-shot vs DP vs MeZO)")
     demo.add_argument("--output-dir", type=Path, default=Path("runs/demo"))
