@@ -246,7 +246,16 @@ def _epsilon_command(args: argparse.Namespace) -> int:
 def _bench_command(args: argparse.Namespace) -> int:
     from privzo.bench import zo_step_benchmark
 
-    result = zo_step_benchmark(repeats=args.repeats, progress=not args.json)
+    _quiet_libraries(args)
+    result = zo_step_benchmark(
+        shape=args.shape,
+        device=args.device,
+        dtype=_DTYPE_ALIASES.get(args.dtype, args.dtype),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
 
@@ -527,8 +536,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print measured ratios")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     zo_step = bench_commands.add_parser("zo-step", help="ZO step time and memory vs inference")
-    zo_step.add_argument("--json", action="store_true")
+    zo_step.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    zo_step.add_argument(
+        "--shape", default="tiny", help="tiny (5.3M, the default), opt-125m, ... opt-66b"
+    )
+    zo_step.add_argument("--dtype", default="float32", help="float32 / bfloat16 / float16")
+    zo_step.add_argument("--batch-size", type=int, default=16)
+    zo_step.add_argument("--seq-len", type=int, default=128)
+    zo_step.add_argument("--json", action="store_true", help="print one JSON object")
     zo_step.add_argument("--repeats", type=int, default=5)
+    _add_verbose(zo_step)
     zo_step.set_defaults(handler=_bench_command)
     memory = bench_commands.add_parser(
         "memory", help="time and peak memory per step of every algorithm vs inference"
