@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
 import pytest
 import yaml
+
+# The fused Triton kernels (privzo.zo.kernels) run on CPU tensors under Triton's interpreter,
+# which Triton reads when a kernel is defined: privzo imports Triton only on first use, so
+# setting it here, before any test runs, is early enough.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 POSITIVE = ["good", "fine", "nice", "happy", "bright"]
 NEGATIVE = ["bad", "poor", "sad", "dull", "awful"]

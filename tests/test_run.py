@@ -133,6 +133,47 @@ def test_replay_command_saves_hf_weights(tmp_path, sentiment_files, cache_dir):
     assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
 
 
+def test_replay_rebuilds_a_half_precision_runs_intended_fp32_model(
+    tmp_path, sentiment_files, cache_dir, capsys
+):
+    config = _config(
+        *sentiment_files, "save_model=true", "tracking.backend=none", "model.dtype=bfloat16"
+    )
+    run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
+    trajectory = tmp_path / "run" / "trajectory.parquet"
+    base = ["replay", "--base", "tiny-opt", "--trajectory", str(trajectory)]
+    fp32 = [*base, "--output-dir", str(tmp_path / "fp32"), "--cache-dir", str(cache_dir)]
+    assert main([*fp32, "--dtype", "float32"]) == 0
+    intended = load_file(tmp_path / "fp32" / "model.safetensors")
+    trained = load_file(tmp_path / "run" / "model" / "model.safetensors")
+    assert {tensor.dtype for tensor in intended.values()} == {torch.float32}
+    assert any(not torch.equal(intended[name].bfloat16(), trained[name]) for name in trained)
+    for name, tensor in trained.items():  # the run's roundings, a bf16 ulp or so per weight
+        torch.testing.assert_close(intended[name], tensor.float(), rtol=0.05, atol=0.01)
+    rounded = [*base, "--output-dir", str(tmp_path / "bad"), "--cache-dir", str(cache_dir)]
+    assert main([*rounded, "--device", "cuda:0"]) == 2  # this machine has no CUDA
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_replay_refuses_what_the_trajectory_cannot_reproduce(tmp_path):
+    from privzo.config import ModelConfig
+    from privzo.replay import check_replay_target
+    from privzo.zo.trajectory import TrajectoryMeta
+
+    cuda_blocks = TrajectoryMeta(1e-3, "gaussian", "cuda", "full", {}, 0, "m", "float32", "inplace")
+    target = ModelConfig(name_or_path="tiny-opt", device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="--device cuda"):
+        check_replay_target(cuda_blocks, target)
+    fp32 = TrajectoryMeta(1e-3, "gaussian", "cpu", "full", {}, 0, "m", "float32", "inplace")
+    with pytest.raises(ValueError, match="--dtype float32"):
+        check_replay_target(fp32, target.model_copy(update={"dtype": "bfloat16"}))
+    philox = TrajectoryMeta(
+        1e-3, "gaussian", "cuda", "full", {}, 0, "m", "float32", "inplace", "philox"
+    )
+    check_replay_target(philox, target)  # counter-based: any device
+
+
 def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, sentiment_files, cache_dir):
     config = _config(*sentiment_files, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
     summary = run(config, tmp_path / "runs" / "mezo", cache_dir=cache_dir, progress=False)

@@ -161,7 +161,12 @@ def _replay_command(args: argparse.Namespace) -> int:
 
     _quiet_libraries(args)
     steps = replay_to_directory(
-        args.base, args.trajectory, args.output_dir, cache_dir=args.cache_dir
+        args.base,
+        args.trajectory,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        device=args.device,
+        dtype=args.dtype,
     )
     print(f"replayed {steps} steps onto {args.base}; weights saved to {args.output_dir}")
     return 0
@@ -518,6 +523,17 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")
     replay.add_argument("--trajectory", type=Path, required=True)
     replay.add_argument("--output-dir", type=Path, required=True)
+    replay.add_argument(
+        "--device",
+        help="where to replay (cpu, cuda, cuda:N; default: the training run's device type); "
+        "philox trajectories replay on any device",
+    )
+    replay.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights' dtype (default: the training run's); float32 rebuilds a half-precision "
+        "run's intended model, its updates without their roundings",
+    )
     _add_cache_dir(replay)
     _add_verbose(replay)
     replay.set_defaults(handler=_replay_command)

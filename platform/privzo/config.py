@@ -223,10 +223,10 @@ class OptimizerConfig(_Section):
     direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
     generator: Literal["auto", "philox", "torch-blocks"] = Field(
         "auto",
-        description="Generator of the directions: counter-based 'philox' (replays on any device) "
-        "or 'torch-blocks' (the device's torch generator per 65,536-element block, faster on "
-        "CPU, replays on the device type it ran on); 'auto' is philox on CUDA, torch-blocks on "
-        "CPU.",
+        description="Generator of the directions: counter-based 'philox' (replays on any device; "
+        "on CUDA drawn inside fused Triton kernels) or 'torch-blocks' (the device's torch "
+        "generator per 65,536-element block, faster on CPU, replays on the device type it ran "
+        "on); 'auto' is philox on CUDA, torch-blocks on CPU.",
     )
     batch_size: int = Field(16, ge=1, description="Expected batch size (Poisson: p·N).")
     eval_batch_size: int = Field(64, ge=1)

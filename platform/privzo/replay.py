@@ -7,18 +7,33 @@ from pathlib import Path
 import torch
 
 from privzo.config import ModelConfig
-from privzo.models.loading import LoadedModel, apply_view, load_model, save_weights
+from privzo.models.loading import (
+    LoadedModel,
+    apply_view,
+    load_model,
+    resolve_device,
+    save_weights,
+)
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.perturbation import make_perturber
 from privzo.zo.sweeps import full_shards
-from privzo.zo.trajectory import read_trajectory, replay_steps
+from privzo.zo.trajectory import TrajectoryMeta, read_trajectory, replay_steps
 
 
 def replay(
-    base: str, trajectory_path: Path, *, cache_dir: Path, progress: bool = True
+    base: str,
+    trajectory_path: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> tuple[LoadedModel, torch.nn.Module, int]:
     """The base model with the run's PEFT view and every step of the trajectory applied.
 
+    ``device`` / ``dtype`` default to the training run's. Philox trajectories replay on any
+    device type (within the tolerance in the README); ``dtype='float32'`` rebuilds a
+    half-precision run into fp32 weights: the updates it intended, without its roundings.
     Returns the loaded base, the model with its view (the peft wrapper for lora / prefix), and
     the number of steps replayed.
     """
@@ -26,12 +41,13 @@ def replay(
     model_config = ModelConfig.model_validate(
         {
             "name_or_path": base,
-            "device": meta.device_type,
-            "dtype": meta.dtype,
+            "device": device or meta.device_type,
+            "dtype": dtype or meta.dtype,
             "trainable": meta.trainable,
             "peft": meta.view_options,
         }
     )
+    check_replay_target(meta, model_config)
     loaded = load_model(model_config, cache_dir, progress=progress)
     model, pairs = apply_view(loaded.model, model_config, seed=meta.view_seed)
     directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
@@ -40,11 +56,36 @@ def replay(
     return loaded, model, steps
 
 
+def check_replay_target(meta: TrajectoryMeta, target: ModelConfig) -> None:
+    """Refuse, before loading, a device or dtype the trajectory cannot be replayed into."""
+    device_type = resolve_device(target.device).type
+    if meta.generator == "torch-blocks" and device_type != meta.device_type:
+        raise ValueError(
+            f"this trajectory's directions come from the {meta.device_type} torch generator "
+            f"(optimizer.generator=torch-blocks), which {device_type} cannot reproduce; replay "
+            f"it with --device {meta.device_type} (philox trajectories replay on any device)"
+        )
+    if meta.perturbation == "inplace" and target.dtype != "float32":
+        raise ValueError(
+            f"this trajectory trained float32 weights; replaying it into {target.dtype} would "
+            "round them: use --dtype float32"
+        )
+
+
 def replay_to_directory(
-    base: str, trajectory_path: Path, output_dir: Path, *, cache_dir: Path, progress: bool = True
+    base: str,
+    trajectory_path: Path,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> int:
     """Replay and save the weights and tokenizer in HF format; returns the steps replayed."""
-    loaded, model, steps = replay(base, trajectory_path, cache_dir=cache_dir, progress=progress)
+    loaded, model, steps = replay(
+        base, trajectory_path, cache_dir=cache_dir, progress=progress, device=device, dtype=dtype
+    )
     output_dir.mkdir(parents=True, exist_ok=True)
     save_weights(model, loaded.tokenizer, output_dir)
     return steps

@@ -19,12 +19,11 @@ import torch
 
 from privzo.config import RunConfig
 from privzo.distributed.collectives import WorkerGroup
-from privzo.layouts.context import RunContext
+from privzo.layouts.context import RunContext, direction_sampler
 from privzo.models.loading import apply_view, load_model, peek_kind, position_limit
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy.plan import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
-from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.perturbation import InPlacePerturber
 from privzo.zo.sweeps import ParameterShard
 
@@ -69,16 +68,14 @@ def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext,
     task_config = resolve_task_config(config.task, peek_kind(config.model))
     splits = load_splits(task_config)
     plan = plan_privacy(config, len(splits.train))
+    directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     ds_config = deepspeed_config()
     hf_deepspeed = HfDeepSpeedConfig(ds_config)  # while alive, from_pretrained partitions
     loaded = load_model(config.model, cache_dir, progress=False)
     engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = partition_shards(pairs, group)
-    generator = resolve_generator(config.optimizer.generator, loaded.device)
-    perturber = InPlacePerturber(
-        shards, DirectionSampler(config.optimizer.direction, loaded.device, generator)
-    )
+    perturber = InPlacePerturber(shards, directions)
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     context = RunContext(

@@ -22,6 +22,7 @@ from privzo.models.loading import (
     model_parameters,
     peek_kind,
     position_limit,
+    resolve_device,
 )
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
@@ -71,16 +72,12 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
     task_config = resolve_task_config(config.task, peek_kind(config.model))
     splits = load_splits(task_config)
     plan = plan_privacy(config, len(splits.train))
+    directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     loaded = load_model(config.model, cache_dir, progress=progress)
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = full_shards(pairs)
-    directions = DirectionSampler(
-        config.optimizer.direction,
-        loaded.device,
-        resolve_generator(config.optimizer.generator, loaded.device),
-    )
     perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     return RunContext(
@@ -97,6 +94,14 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
         splits.skipped_rows,
         task.encode(splits.validation) if splits.validation else None,
     )
+
+
+def direction_sampler(config: RunConfig) -> DirectionSampler:
+    """The run's directions on its device: the configured generator, fused kernels for Philox
+    on CUDA (``privzo.zo.kernels``; Triton required, checked here)."""
+    device = resolve_device(config.model.device)
+    generator = resolve_generator(config.optimizer.generator, device)
+    return DirectionSampler(config.optimizer.direction, device, generator)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ Two generators, recorded in the trajectory (``DirectionSampler.generator``):
   reseeding, any slice is generated directly at its offsets, and the CUDA kernel and this CPU
   code compute the same words, so a trajectory replays across device types (the normals agree
   to a few fp32 ulps: the transcendental functions of the two devices differ in the last bits).
-  The default on CUDA.
+  The default on CUDA, where every pass over a parameter is one fused Triton kernel that
+  computes z in registers (``privzo.zo.kernels``; ``DirectionSampler.fused``).
 - ``torch-blocks``: each parameter is cut into blocks of ``BLOCK_SIZE`` elements and block ``b``
   is drawn by the device's torch generator seeded with a hash of (s, name, b). On CPU it is
   about ten times faster than Philox in torch integer ops (measured in the README), so it stays
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from privzo.zo import kernels
 from privzo.zo.philox import STREAM_DIRECTION, element_values, name_key, philox_key, splitmix64
 
 BLOCK_SIZE = 1 << 16
@@ -76,13 +78,19 @@ _PHILOX_TRANSFORMS = {"gaussian": "normal", "rademacher": "sign", "sphere": "nor
 
 
 class DirectionSampler:
-    """Regenerates any slice of a step's direction on demand, so z is never stored whole."""
+    """Regenerates any slice of a step's direction on demand, so z is never stored whole.
+
+    ``fused``: whether the sweeps use the fused kernels (``privzo.zo.kernels``) instead of
+    drawing z block by block. ``None`` means yes for Philox on CUDA; ``True`` elsewhere runs
+    them wherever Triton can (on CPU tensors under its interpreter: the tests).
+    """
 
     def __init__(
         self,
         distribution: str,
         device: torch.device | str = "cpu",
         generator: str = "torch-blocks",
+        fused: bool | None = None,
     ) -> None:
         if distribution not in _DRAWS:
             raise ValueError(f"direction={distribution!r} is unknown; allowed: {list(DIRECTIONS)}")
@@ -91,8 +99,14 @@ class DirectionSampler:
         self.distribution = distribution
         self.generator = generator
         self.device = torch.device(device)
+        self.fused = resolve_fused(fused, generator, self.device)
         self._draw = _DRAWS[distribution]
         self._generator = torch.Generator(device=self.device)
+
+    @property
+    def philox_transform(self) -> str:
+        """How a Philox word becomes an element: 'normal' or 'sign'."""
+        return _PHILOX_TRANSFORMS[self.distribution]
 
     def block(self, seed: int, name: str, block: int, length: int) -> torch.Tensor:
         """Block ``block`` of parameter ``name``, whose canonical length is ``length``.
@@ -120,9 +134,10 @@ class DirectionSampler:
 
     def counter_slice(self, seed: int, name: str, start: int, stop: int) -> torch.Tensor:
         """Philox elements ``[start, stop)`` of parameter ``name``'s direction, drawn directly."""
-        transform = _PHILOX_TRANSFORMS[self.distribution]
         key = philox_key(seed, name)
-        return element_values(key, STREAM_DIRECTION, start, stop, transform, self.device)
+        return element_values(
+            key, STREAM_DIRECTION, start, stop, self.philox_transform, self.device
+        )
 
     def scale(self, seed: int, named_sizes: list[tuple[str, int]]) -> float:
         """The factor every element is multiplied by: sqrt(d)/||z|| on the sphere, else 1.
@@ -131,6 +146,8 @@ class DirectionSampler:
         """
         if self.distribution != "sphere":
             return 1.0
+        if self.fused:
+            return self._fused_scale(seed, named_sizes)
         squares = 0.0
         dimension = 0
         for name, size in named_sizes:
@@ -139,6 +156,28 @@ class DirectionSampler:
                 squares += float(block.double().square().sum())
             dimension += size
         return math.sqrt(dimension / squares)
+
+    def _fused_scale(self, seed: int, named_sizes: list[tuple[str, int]]) -> float:
+        """The sphere's factor from per-parameter sums left on the device: one sync."""
+        squares = [
+            kernels.direction_squares(
+                philox_key(seed, name), size, self.philox_transform, self.device
+            )
+            for name, size in named_sizes
+        ]
+        dimension = sum(size for _name, size in named_sizes)
+        return math.sqrt(dimension / float(torch.stack(squares).sum()))
+
+
+def resolve_fused(fused: bool | None, generator: str, device: torch.device) -> bool:
+    """Whether sweeps run the fused kernels; Triton is required where they will."""
+    if fused is None:
+        fused = generator == "philox" and device.type == "cuda"
+    if fused and generator != "philox":
+        raise ValueError(f"the fused kernels draw Philox directions, not {generator!r}")
+    if fused:
+        kernels.require_triton()
+    return fused
 
 
 def iter_block_ranges(size: int) -> Iterator[tuple[int, int]]:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from privzo.zo import kernels
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
 from privzo.zo.rounding import stochastic_round
@@ -143,7 +144,13 @@ def _match_owned(
 def _perturbed_copy(
     shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
 ) -> torch.Tensor:
-    """θ + c·z computed in fp32 block by block and rounded once to θ's dtype."""
+    """θ + c·z computed in fp32 (in one fused kernel, or block by block) and rounded once to
+    θ's dtype."""
+    if sampler.fused:
+        key = philox_key(seed, shard.name)
+        return kernels.perturbed_copy(
+            shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
+        )
     result = torch.empty_like(shard.tensor)
     for local, direction in iter_direction_blocks(shard, sampler, seed):
         result[local] = shard.tensor[local].float().add_(direction, alpha=coefficient)
@@ -162,6 +169,11 @@ def rounded_update(
     if coefficient == 0.0:
         return
     key = philox_key(seed, shard.name)
+    if sampler.fused:
+        kernels.rounded_update_(
+            shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
+        )
+        return
     for local, direction in iter_direction_blocks(shard, sampler, seed):
         view = shard.tensor[local]
         start = shard.offset + local.start

@@ -1,4 +1,4 @@
-"""Parameter sweeps: θ += c·z over every trainable shard, regenerating z block by block.
+"""Parameter sweeps: θ += c·z over every trainable shard, regenerating z as they go.
 
 A zeroth-order step makes three sweeps (+εz, −2εz, then restore and update fused as
 +(ε − ηg)z) instead of the four of a naive implementation: one fewer pass of direction
@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privzo.zo import kernels
 from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_overlaps
+from privzo.zo.philox import philox_key
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,16 @@ def sweep(
     seed: int,
     coefficient: float,
 ) -> None:
-    """θ += coefficient · z(seed) on every shard, one direction block at a time."""
+    """θ += coefficient · z(seed) on every shard: one fused kernel per shard, or (unfused)
+    one direction block at a time."""
     if coefficient == 0.0:
+        return
+    if sampler.fused:
+        for shard in shards:
+            key = philox_key(seed, shard.name)
+            kernels.add_direction_(
+                shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
+            )
         return
     for shard in shards:
         for local, direction in iter_direction_blocks(shard, sampler, seed):

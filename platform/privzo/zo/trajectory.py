@@ -122,6 +122,9 @@ def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) ->
     even on an empty batch. Making the same perturber calls in the same order performs the same
     float operations (for in-place fp32 weights: +r, −2r, then +(r − ηg·s)), so the weights come
     out bit-identical, which a single net update −ηg·s would not.
+
+    A half-precision (virtual) run replayed into fp32 weights gets its intended model: each
+    step's update θ ← θ − ηg·s·z in fp32, none of the training run's roundings.
     """
     if meta.directions_version != DIRECTIONS_VERSION:
         raise ValueError(
@@ -134,13 +137,19 @@ def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) ->
             f"trajectory was drawn with the {meta.generator!r} generator but the replay samples "
             f"directions with {perturber.sampler.generator!r}"
         )
-    if meta.perturbation != perturber.mode:
+    intended = meta.perturbation == "virtual" and perturber.mode == "inplace"
+    if meta.perturbation != perturber.mode and not intended:
         raise ValueError(
             f"trajectory was trained with {meta.perturbation} perturbation but the replay "
             f"model's weights use {perturber.mode}; load the base model in the training dtype"
         )
     steps = 0
     for row in iter_rows(table):
+        if intended:  # half precision into fp32: only the updates, unrounded
+            update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
+            perturber.update(row["seed"], update)
+            steps += 1
+            continue
         radius = meta.perturbation_scale * row["direction_scale"]
         perturber.perturb(row["seed"], radius)
         perturber.perturb(row["seed"], -radius)

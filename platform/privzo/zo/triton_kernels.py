@@ -1,0 +1,209 @@
+"""The fused sweep kernels in Triton: one read and one write of the weights per pass.
+
+Each program takes ``COUNTERS`` consecutive Philox counters of one parameter (four elements
+each), computes the counter words in registers exactly as ``privzo.zo.philox`` does on the CPU
+(same key, counter layout, streams and word-to-value transforms), and applies one of three
+passes to those elements:
+
+- ``PASS_ADD``: θ ← fma(c, z, θ) in place (fp32 weights).
+- ``PASS_COPY``: out ← round-to-nearest(fma(c, z, float(θ))) (the virtual half-precision
+  perturbation: a temporary weight for one module's forward).
+- ``PASS_UPDATE``: θ ← stochastic-round(fma(c, z, float(θ))) in place, the rounding uniforms
+  from stream 1 (``privzo.zo.rounding`` on the same bit patterns).
+
+A fourth kernel sums z² per program (the sphere's norm) into a buffer, so the total is summed in
+a fixed order and replay is deterministic. The z's never reach memory: a sweep is bound by the
+weights' traffic, not by Python-issued launches (one launch per parameter).
+
+Importing this module imports Triton; ``privzo.zo.kernels`` imports it only when a fused pass
+is first asked for, so CPU installs without Triton never touch it. With ``TRITON_INTERPRET=1``
+set before that first use, the same kernels run on CPU tensors (how the tests check them
+against the CPU implementation).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+PASS_ADD = 0
+PASS_COPY = 1
+PASS_UPDATE = 2
+TRANSFORM_NORMAL = 0
+TRANSFORM_SIGN = 1
+
+_M0: tl.constexpr = 0xD2511F53
+_M1: tl.constexpr = 0xCD9E8D57
+_W0: tl.constexpr = 0x9E3779B9
+_W1: tl.constexpr = 0xBB67AE85
+_TWO_PI: tl.constexpr = 6.283185307179586
+_TWO_TO_MINUS_24: tl.constexpr = 5.960464477539063e-08
+
+
+@triton.jit
+def _philox(c0, c1, c2, c3, key0, key1):
+    """Philox-4x32-10 of a block of counters (uint32 words); the key is two uint32 scalars."""
+    k0 = key0
+    k1 = key1
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, _M0)
+        lo0 = c0 * _M0
+        hi1 = tl.umulhi(c2, _M1)
+        lo1 = c2 * _M1
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + _W0
+        k1 = k1 + _W1
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _counter_words(counters, stream, key0, key1):
+    """The four words of ``counters`` (int64) in ``stream``: lo/hi 32 bits, stream, 0."""
+    low = (counters & 0xFFFFFFFF).to(tl.uint32)
+    high = (counters >> 32).to(tl.uint32)
+    stream_word = tl.zeros_like(low) + stream
+    return _philox(low, high, stream_word, tl.zeros_like(low), key0, key1)
+
+
+@triton.jit
+def _box_muller(radius_word, angle_word):
+    """Two normals from two words, as ``privzo.zo.philox.normals_from_words``."""
+    u1 = ((radius_word >> 9) * 2 + 1).to(tl.float32) * _TWO_TO_MINUS_24
+    u2 = (angle_word >> 8).to(tl.float32) * _TWO_TO_MINUS_24
+    radius = tl.sqrt_rn(tl.log(u1) * -2.0)
+    angle = u2 * _TWO_PI
+    return radius * tl.cos(angle), radius * tl.sin(angle)
+
+
+@triton.jit
+def _sign(word):
+    return 1.0 - ((word >> 31) * 2).to(tl.float32)
+
+
+@triton.jit
+def _uniform(word):
+    return (word >> 8).to(tl.float32) * _TWO_TO_MINUS_24
+
+
+@triton.jit
+def _directions(w0, w1, w2, w3, TRANSFORM: tl.constexpr):
+    if TRANSFORM == 0:
+        z0, z1 = _box_muller(w0, w1)
+        z2, z3 = _box_muller(w2, w3)
+    else:
+        z0, z1, z2, z3 = _sign(w0), _sign(w1), _sign(w2), _sign(w3)
+    return z0, z1, z2, z3
+
+
+@triton.jit
+def _round_nearest(values, half_dtype: tl.constexpr):
+    """fp32 → ``half_dtype``, round to nearest even. bf16 is rounded in integer arithmetic (torch's
+    rule, NaN → 0x7FC0): Triton's interpreter gets ties and carries of its own bf16 cast wrong,
+    and the kernels must compute the same bits on both."""
+    if half_dtype == tl.bfloat16:
+        bits = values.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(values != values, 0x7FC0, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return values.to(half_dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _stochastic_round(values, uniforms, half_dtype: tl.constexpr):
+    """``privzo.zo.rounding.stochastic_round`` on the same bit patterns."""
+    nearest = _round_nearest(values, half_dtype)
+    nearest_value = nearest.to(tl.float32)
+    residual = values - nearest_value
+    bits = nearest.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    magnitude = bits & 0x7FFF
+    negative = (bits & 0x8000) != 0
+    upward = residual > 0
+    away_from_zero = (upward != negative) | (magnitude == 0)
+    new_magnitude = tl.where(away_from_zero, magnitude + 1, magnitude - 1)
+    new_negative = tl.where(magnitude == 0, residual <= 0, negative)
+    new_bits = new_magnitude | new_negative.to(tl.int32) * 0x8000
+    other = (new_bits - (new_bits >= 0x8000).to(tl.int32) * 0x10000).to(tl.int16)
+    other = other.to(half_dtype, bitcast=True)
+    gap = tl.abs(other.to(tl.float32) - nearest_value)
+    finite = tl.abs(nearest_value) < float("inf")
+    take_other = (uniforms * gap < tl.abs(residual)) & finite
+    return tl.where(take_other, other, nearest)
+
+
+@triton.jit
+def _apply_lane(source_ptr, target_ptr, local, count, z, uniform, coefficient, PASS: tl.constexpr):
+    """One lane's elements of the block: load θ, apply the pass, store."""
+    inside = (local >= 0) & (local < count)
+    theta = tl.load(source_ptr + local, mask=inside, other=0.0)
+    moved = tl.fma(z, coefficient, theta.to(tl.float32))
+    if PASS == 0:
+        tl.store(target_ptr + local, moved, mask=inside)
+    elif PASS == 1:
+        rounded = _round_nearest(moved, target_ptr.dtype.element_ty)
+        tl.store(target_ptr + local, rounded, mask=inside)
+    else:
+        rounded = _stochastic_round(moved, uniform, target_ptr.dtype.element_ty)
+        tl.store(target_ptr + local, rounded, mask=inside)
+
+
+@triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1", "coefficient"])
+def direction_pass_kernel(
+    source_ptr,
+    target_ptr,
+    count,
+    offset,
+    first_counter,
+    key0,
+    key1,
+    coefficient,
+    PASS: tl.constexpr,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """One pass over elements [offset, offset + count) of a parameter, held locally at
+    [0, count): element e is lane e % 4 of counter e // 4."""
+    block = tl.program_id(0).to(tl.int64) * COUNTERS
+    counters = first_counter + block + tl.arange(0, COUNTERS).to(tl.int64)
+    k0 = key0.to(tl.uint32)
+    k1 = key1.to(tl.uint32)
+    w0, w1, w2, w3 = _counter_words(counters, 0, k0, k1)
+    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
+    u0, u1, u2, u3 = z0, z1, z2, z3  # unused unless PASS_UPDATE
+    if PASS == 2:
+        r0, r1, r2, r3 = _counter_words(counters, 1, k0, k1)
+        u0, u1, u2, u3 = _uniform(r0), _uniform(r1), _uniform(r2), _uniform(r3)
+    local = counters * 4 - offset
+    _apply_lane(source_ptr, target_ptr, local, count, z0, u0, coefficient, PASS)
+    _apply_lane(source_ptr, target_ptr, local + 1, count, z1, u1, coefficient, PASS)
+    _apply_lane(source_ptr, target_ptr, local + 2, count, z2, u2, coefficient, PASS)
+    _apply_lane(source_ptr, target_ptr, local + 3, count, z3, u3, coefficient, PASS)
+
+
+@triton.jit
+def _lane_square(z, local, count):
+    inside = (local >= 0) & (local < count)
+    wide = z.to(tl.float64)
+    return tl.sum(tl.where(inside, wide * wide, 0.0), axis=0)
+
+
+@triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1"])
+def direction_squares_kernel(
+    partial_ptr,
+    count,
+    offset,
+    first_counter,
+    key0,
+    key1,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """Σ z² over this program's elements of [offset, offset + count), in fp64."""
+    program = tl.program_id(0)
+    counters = first_counter + program.to(tl.int64) * COUNTERS + tl.arange(0, COUNTERS)
+    w0, w1, w2, w3 = _counter_words(counters, 0, key0.to(tl.uint32), key1.to(tl.uint32))
+    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
+    local = counters * 4 - offset
+    total = _lane_square(z0, local, count) + _lane_square(z1, local + 1, count)
+    total += _lane_square(z2, local + 2, count) + _lane_square(z3, local + 3, count)
+    tl.store(partial_ptr + program, total)
