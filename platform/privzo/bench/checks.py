@@ -4,7 +4,6 @@ a dtype the device cannot compute in, a batch the shape cannot take, a model tha
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +11,7 @@ import torch
 from privzo.memory import available_memory_bytes
 from privzo.models.shapes import resolve_dtype, resolve_shape, weight_bytes
 from privzo.planner import SAFETY_MARGIN, OPTArch, estimate_activation_bytes
+from privzo.zo.kernels import triton_installed
 
 _GIB = 2**30
 DEVICES = ("cpu", "cuda")
@@ -53,10 +53,10 @@ def _checked_device(device: str) -> torch.device:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("--device=cuda, but this machine (or this torch build) has no CUDA")
-        if importlib.util.find_spec("triton") is None:
+        if not triton_installed():
             raise ValueError(
-                "--device=cuda, but Triton is not installed: privzo's fused sweep kernels for "
-                "CUDA need it (pip install triton)"
+                "--device=cuda, but Triton is not installed: privzo's fused direction passes "
+                "on CUDA need it (it ships with torch's CUDA builds; pip install triton)"
             )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
