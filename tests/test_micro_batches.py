@@ -9,7 +9,9 @@ import torch
 from transformers import OPTConfig, OPTForCausalLM
 
 from privzo.config import ConfigError, load_config
+from privzo.distributed.launch import check_fit
 from privzo.memory import PeakMemory
+from privzo.models.random_init import init_model_directory
 from privzo.run import run
 from privzo.tasks.classification import Batch, score_label_logits
 from privzo.tasks.micro_batches import batch_rows, losses_in_micro_batches
@@ -144,3 +146,22 @@ def test_first_order_baselines_default_to_16_and_zeroth_order_to_the_whole_batch
     assert optimizer.first_order_physical_batch_size == 16
     chunked = load_config(None, ["optimizer.physical_batch_size=4"]).optimizer
     assert chunked.first_order_physical_batch_size == 4
+
+
+def test_the_gpu_fit_check_counts_one_micro_batch_of_activations(tmp_path):
+    """2 replicas of the tiny shape with 2 GiB GPUs: 2048 examples per worker (eager attention,
+    256 tokens) are GiBs of activations, 8 at a time are MiBs."""
+    model_dir = init_model_directory("tiny", tmp_path / "tiny")
+    overrides = [
+        f"model.name_or_path={model_dir}",
+        "model.device=auto",
+        "optimizer.algorithm=mezo",
+        "optimizer.batch_size=4096",
+        "parallel.strategy=replica",
+        "parallel.workers=2",
+        "parallel.use_gpu=true",
+        "parallel.gpu_memory_gb=2",
+    ]
+    with pytest.raises(ConfigError, match="does not fit whole in one 2 GiB GPU"):
+        check_fit(load_config(None, overrides), str(model_dir))
+    check_fit(load_config(None, [*overrides, "optimizer.physical_batch_size=8"]), str(model_dir))

@@ -40,10 +40,10 @@ def mezo_reference_step(
 ) -> float:
     """One MeZO step; returns the projected gradient."""
     _perturb(parameters, seed, eps)
-    loss_plus = float(loss().mean())
+    loss_plus = loss().mean()
     _perturb(parameters, seed, -2 * eps)
-    loss_minus = float(loss().mean())
+    loss_minus = loss().mean()
     _perturb(parameters, seed, eps)
-    projected_gradient = (loss_plus - loss_minus) / (2 * eps)
+    projected_gradient = ((loss_plus - loss_minus) / (2 * eps)).item()  # MeZO's one sync
     _perturb(parameters, seed, -learning_rate * projected_gradient)
     return projected_gradient

@@ -75,19 +75,21 @@ def zo_step_benchmark(
 
 
 def _random_batch(setup: BenchSetup) -> Batch:
+    """Random tokens, already on the device: the forward measures no host-to-device copy."""
     generator = torch.Generator().manual_seed(0)
     shape = (setup.batch_size, setup.seq_len)
     input_ids = torch.randint(4, setup.arch.vocab, shape, generator=generator)
+    labels = torch.randint(0, len(LABEL_IDS), (setup.batch_size,), generator=generator)
     return Batch(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        positions=torch.full((setup.batch_size,), setup.seq_len - 1),
-        labels=torch.randint(0, len(LABEL_IDS), (setup.batch_size,), generator=generator),
+        input_ids=input_ids.to(setup.device),
+        attention_mask=torch.ones_like(input_ids).to(setup.device),
+        positions=torch.full((setup.batch_size,), setup.seq_len - 1).to(setup.device),
+        labels=labels.to(setup.device),
     )
 
 
 def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]:
-    label_ids = torch.tensor(LABEL_IDS)
+    label_ids = torch.tensor(LABEL_IDS, device=setup.device)
 
     def loss(_batch: Batch = batch) -> torch.Tensor:
         logits = score_label_logits(model, _batch, label_ids)
