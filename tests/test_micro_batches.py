@@ -140,6 +140,15 @@ def test_the_old_first_order_key_is_refused_naming_the_new_one():
         load_config(None, ["optimizer.first_order.physical_batch_size=8"])
 
 
+def test_micro_batches_are_refused_under_zero3():
+    """Each ZeRO-3 forward is a collective: ranks with different batch sizes would make
+    different numbers of micro-batch forwards and wait for each other forever."""
+    overrides = ["optimizer.algorithm=mezo", "parallel.strategy=zero3", "parallel.workers=2"]
+    load_config(None, overrides)
+    with pytest.raises(ConfigError, match=r"physical_batch_size=4 with parallel\.strategy='zero3'"):
+        load_config(None, [*overrides, "optimizer.physical_batch_size=4"])
+
+
 def test_first_order_baselines_default_to_16_and_zeroth_order_to_the_whole_batch():
     optimizer = load_config(None, []).optimizer
     assert optimizer.physical_batch_size is None

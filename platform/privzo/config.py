@@ -478,6 +478,14 @@ def _check_distributed_algorithm(config: RunConfig) -> None:
     """Refuse at load, before Ray, a tracking run or an output directory exist, an algorithm
     whose workers could not start under a distributed strategy."""
     algorithm, strategy = config.optimizer.algorithm, config.parallel.strategy
+    if strategy == "zero3" and config.optimizer.physical_batch_size is not None:
+        # every ZeRO-3 forward gathers the weights collectively, so all ranks must make the
+        # same number of forwards; micro-batches of Poisson batches of different sizes do not
+        raise ValueError(
+            f"optimizer.physical_batch_size={config.optimizer.physical_batch_size} with "
+            "parallel.strategy='zero3': ranks would make different numbers of forwards, and "
+            "each ZeRO-3 forward is a collective; allowed: null (or strategy 'single'/'replica')"
+        )
     if strategy != "single" and algorithm not in DISTRIBUTED_ALGORITHMS:
         raise ValueError(
             f"optimizer.algorithm={algorithm!r} with parallel.strategy={strategy!r}: the "
