@@ -34,7 +34,7 @@ from privzo.models.shapes import random_model
 from privzo.tasks.classification import Batch, score_label_logits
 from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
 from privzo.zo.estimators import make_estimator
-from privzo.zo.perturbation import Perturber, make_perturber
+from privzo.zo.perturbation import Perturber, VirtualPerturber, make_perturber
 from privzo.zo.step import zo_step
 from privzo.zo.sweeps import full_shards, sweep
 
@@ -44,9 +44,10 @@ PERTURBATION_SCALE, LEARNING_RATE = 1e-3, 1e-6
 
 @dataclass(frozen=True)
 class Case:
-    """A measured action, and what to do after it outside the measurement."""
+    """A measured action, and what to do before and after it outside the measurement."""
 
     action: Callable[[], Any]
+    before: Callable[[], None] | None = None
     after: Callable[[], None] | None = None
 
 
@@ -88,6 +89,26 @@ def _random_batch(setup: BenchSetup) -> Batch:
     )
 
 
+class PrivzoWeights:
+    """privzo's hold on the model's weights: shards (flat views of every weight) and the
+    perturber a run would use. MeZO's reference step replaces every weight tensor
+    (``param.data = ...``), so this is released before it (a view would keep the replaced
+    tensor alive, doubling MeZO's peak) and built again after it, both outside the clock."""
+
+    def __init__(self, model: nn.Module, sampler: DirectionSampler) -> None:
+        self.model, self.sampler = model, sampler
+        self.build()
+
+    def build(self) -> None:
+        self.shards = full_shards(self.model.named_parameters())
+        self.perturber: Perturber | None = make_perturber(self.model, self.shards, self.sampler)
+
+    def release(self) -> None:
+        if isinstance(self.perturber, VirtualPerturber):
+            self.perturber.remove()  # its forward hooks hold the shards too
+        self.shards, self.perturber = [], None
+
+
 def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]:
     label_ids = torch.tensor(LABEL_IDS, device=setup.device)
 
@@ -97,26 +118,36 @@ def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]
         return nn.functional.cross_entropy(logits, labels, reduction="none")
 
     generator = resolve_generator("auto", setup.device)
-    sampler = DirectionSampler("gaussian", setup.device, generator=generator)
-    shards = full_shards(model.named_parameters())
-    perturber = make_perturber(model, shards, sampler)
+    weights = PrivzoWeights(model, DirectionSampler("gaussian", setup.device, generator=generator))
     parameters = list(model.parameters())
+    seeds = iter(range(1, 10**9))
     cases = {
         "forward": Case(loss),
-        "dpzero": Case(_privzo_step(perturber, batch, loss, "dpzero", setup.batch_size)),
-        "mezo": Case(_privzo_step(perturber, batch, loss, "mezo", setup.batch_size)),
-        "mezo_reference": _mezo_reference(parameters, loss),
-        "one_sweep": Case(lambda: perturber.update(7, 1e-9)),
+        "dpzero": Case(_privzo_step(weights, batch, loss, "dpzero", setup.batch_size)),
+        "mezo": Case(_privzo_step(weights, batch, loss, "mezo", setup.batch_size)),
+        "mezo_reference": Case(
+            lambda: mezo_reference_step(
+                parameters, next(seeds), loss, PERTURBATION_SCALE, LEARNING_RATE
+            ),
+            before=weights.release,
+            after=weights.build,
+        ),
+        "one_sweep": Case(lambda: _perturber(weights).update(7, 1e-9)),
         "read_write": Case(lambda: _read_write(parameters)),
     }
     if setup.device.type == "cpu" and setup.dtype == "float32":
         philox = DirectionSampler("gaussian", generator="philox")
-        cases["one_sweep_philox"] = Case(lambda: sweep(shards, philox, 7, 1e-9))
+        cases["one_sweep_philox"] = Case(lambda: sweep(weights.shards, philox, 7, 1e-9))
     return cases
 
 
+def _perturber(weights: PrivzoWeights) -> Perturber:
+    assert weights.perturber is not None, "privzo's weights are released only during MeZO's step"
+    return weights.perturber
+
+
 def _privzo_step(
-    perturber: Perturber,
+    weights: PrivzoWeights,
     batch: Batch,
     loss: Callable[..., torch.Tensor],
     algorithm: str,
@@ -128,7 +159,7 @@ def _privzo_step(
     return lambda: zo_step(
         step=0,
         seed=step_seed(0, next(steps)),
-        perturber=perturber,
+        perturber=_perturber(weights),
         batch=batch,
         batch_size=batch_size,
         loss_fn=loss,
@@ -136,26 +167,6 @@ def _privzo_step(
         learning_rate=LEARNING_RATE,
         perturbation_scale=PERTURBATION_SCALE,
     )
-
-
-def _mezo_reference(parameters: list[nn.Parameter], loss: Callable[[], torch.Tensor]) -> Case:
-    """MeZO's step, then (unmeasured) its new weight tensors copied back into the original
-    storage: privzo's perturber holds views of that storage, which MeZO's
-    ``param.data = ...`` would otherwise leave behind (and keep alive)."""
-    originals = [parameter.data for parameter in parameters]
-    seeds = iter(range(1, 10**9))
-
-    def restore() -> None:
-        with torch.no_grad():
-            for parameter, original in zip(parameters, originals, strict=True):
-                if parameter.data.data_ptr() != original.data_ptr():
-                    original.copy_(parameter.data)
-                    parameter.data = original
-
-    action = lambda: mezo_reference_step(  # noqa: E731
-        parameters, next(seeds), loss, PERTURBATION_SCALE, LEARNING_RATE
-    )
-    return Case(action, after=restore)
 
 
 @torch.no_grad()
@@ -189,6 +200,8 @@ def _measure(
         if progress:
             print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
         for name, case in cases.items():
+            if case.before is not None:
+                case.before()
             synchronize()
             memory.reset()
             started = time.perf_counter()
