@@ -25,6 +25,7 @@ from privzo.privacy import (
     MECHANISMS,
     BudgetExceededError,
     BudgetLedger,
+    EpsilonCurve,
     GaussianMechanism,
     LaplaceMechanism,
     PoissonSampler,
@@ -38,6 +39,7 @@ from privzo.privacy import (
     get_mechanism,
     make_accountant,
 )
+from privzo.privacy.accounting import PureLaplaceAccountant
 
 DELTA = 1e-5
 PLD_TOLERANCE = 1e-4
@@ -392,6 +394,50 @@ def test_accountant_state_dict_round_trip_through_json():
     fresh = make_accountant("pld", "laplace", 1.3, 0.02)
     fresh.load_state_dict(state)
     assert fresh.steps == 25
+
+
+class CountingAccountant(PureLaplaceAccountant):
+    """The pure accountant, counting its ε evaluations (uncached ones)."""
+
+    evaluations = 0
+
+    def _compute_epsilon(self, steps: int, delta: float) -> float:
+        type(self).evaluations += 1
+        return super()._compute_epsilon(steps, delta)
+
+
+def test_ledger_books_authorized_windows_without_evaluating_epsilon():
+    ledger = BudgetLedger(CountingAccountant("laplace", 1.0, 1.0), 3.5, 0.0)  # ε = 1 a step
+    with pytest.raises(BudgetExceededError, match=r"4 steps would spend epsilon=4"):
+        ledger.authorize(4)
+    assert ledger.authorize(3) == pytest.approx(3.0) and ledger.authorized_steps == 3
+    before = CountingAccountant.evaluations
+    ledger.book(2)
+    ledger.book(1)
+    assert ledger.accountant.steps == 3 and CountingAccountant.evaluations == before
+    with pytest.raises(BudgetExceededError):  # past the authorized steps: checked as spend()
+        ledger.book(1)
+    assert ledger.accountant.steps == 3
+
+
+def test_epsilon_curve_computes_each_window_once_off_the_calling_thread():
+    sigma, rate = 1.1, 0.02
+    counts = [10, 20, 25]
+    curve = EpsilonCurve(lambda: make_accountant("pld", "gaussian", sigma, rate), DELTA, counts)
+    taken = curve.take_ready() + curve.take_rest()
+    assert [steps for steps, _ in taken] == counts  # each once, in step order
+    expected = [
+        compute_epsilon(noise_multiplier=sigma, sample_rate=rate, steps=steps, delta=DELTA)
+        for steps in counts
+    ]
+    assert [epsilon for _, epsilon in taken] == pytest.approx(expected, rel=1e-9)
+    assert curve.take_rest() == []
+
+    def broken() -> PureLaplaceAccountant:
+        raise ValueError("no accountant")
+
+    with pytest.raises(RuntimeError, match="no accountant"):
+        EpsilonCurve(broken, DELTA, counts).take_rest()
 
 
 def test_load_state_dict_refuses_other_settings():

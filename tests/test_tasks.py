@@ -401,3 +401,52 @@ def test_label_words_follow_the_prompt_as_the_papers_write_them():
     assert resolve_task_config(TaskConfig(), "masked").label_word_prefix == " "
     custom = TaskConfig(name="boolq", label_word_prefix=" ")
     assert resolve_task_config(custom, "causal").label_word_prefix == " "
+
+
+def _distinct_rows(count: int) -> list[dict]:
+    return [{"sentence": f"review {i}: a fine film", "label": i % 2} for i in range(count)]
+
+
+def _keys(rows: list[dict]) -> set[str]:
+    return {json.dumps(row, sort_keys=True) for row in rows}
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"test_size": 30},  # test carved out of the file, the rest trains
+        {"test_size": 30, "validation_size": 20},
+        {"test_size": 30, "train_size": 100},
+        {"test_size": 30, "examples_per_class": 40},
+    ],
+)
+def test_adding_one_record_moves_at_most_the_one_it_displaces(tmp_path, settings):
+    """Splits and selections go by each record's salted content hash: with a seeded
+    permutation of the file, one added row moved 21 of 220 training rows."""
+    rows = _distinct_rows(220)
+    splits = []
+    for name, pool in (("before", rows), ("after", [*rows, {"sentence": "new", "label": 1}])):
+        path = _write(pool, tmp_path / f"{name}.jsonl")
+        task = TaskConfig(name="sst2", train_path=str(path), **settings)
+        splits.append(load_splits(resolve_task_config(task, "causal")))
+    before, after = splits
+    for split in ("train", "test", "validation"):
+        old, new = _keys(getattr(before, split)), _keys(getattr(after, split))
+        # at most the new row in, and at most one row out (the one it displaced)
+        assert len(new - old) <= 1 and len(old - new) <= 1, split
+        assert len(new - old) + len(old - new) <= 2, split
+    if "train_size" not in settings and "examples_per_class" not in settings:
+        # no fixed-size selection of the training rows: they only ever gain one row
+        assert _keys(before.train) <= _keys(after.train)
+        assert len(after.train) == len(before.train) + 1
+
+
+def test_a_private_run_refuses_a_test_split_carved_from_its_training_file(tmp_path):
+    path = _write(_distinct_rows(50), tmp_path / "train.jsonl")
+    carved = [f"task.train_path={path}", "task.test_size=10"]
+    with pytest.raises(ConfigError, match="carved out of the private training file"):
+        load_config(None, carved)  # dpzero, the default
+    assert load_config(None, [*carved, "tracking.log_private_diagnostics=true"])
+    assert load_config(None, [*carved, "optimizer.algorithm=mezo", "privacy.sampler=shuffle"])
+    separate = _write(_distinct_rows(10), tmp_path / "test.jsonl")
+    assert load_config(None, [f"task.train_path={path}", f"task.test_path={separate}"])

@@ -432,6 +432,7 @@ class RunConfig(_Section):
                 f"privacy.accountant={self.privacy.accountant!r} cannot account the "
                 f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
             )
+        _check_test_split_is_not_private(self)
         return self
 
     @property
@@ -446,6 +447,24 @@ class RunConfig(_Section):
         if not self.optimizer.is_private:
             return None
         return self.privacy.mechanism or ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+
+
+def _check_test_split_is_not_private(config: RunConfig) -> None:
+    """A private run's test metrics are released exactly, so its test rows must not be the
+    private training file's: with ``task.train_path`` alone the test split would be carved out
+    of it. (Other sources have their own test split: data_dir's test file, a preset's hub split,
+    the built-in dataset's.)"""
+    task = config.task
+    if task.train_path is None or task.test_path is not None:
+        return
+    if config.tracking.log_private_diagnostics:
+        return  # the user releases data-dependent figures outside the guarantee
+    raise ValueError(
+        "task.train_path without task.test_path in a private run: the test split would be "
+        "carved out of the private training file and its metrics released exactly, outside the "
+        "guarantee; give task.test_path (a separate, public test file), or set "
+        "tracking.log_private_diagnostics=true to release them anyway"
+    )
 
 
 def _check_baseline_settings(config: RunConfig) -> None:

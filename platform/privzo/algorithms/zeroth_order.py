@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
-from privzo.privacy.plan import make_ledger, make_sampler
+from privzo.privacy.plan import make_epsilon_curve, make_ledger, make_sampler
 from privzo.privacy.sampling import Sampler
 from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.tracking import Tracker
@@ -76,25 +76,43 @@ class TrainingLoop:
         steps, window_size = config.optimizer.steps, config.tracking.log_every
         algorithm = config.optimizer.algorithm
         bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
+        ends = [min(first + window_size, steps) for first in range(start, steps, window_size)]
+        curve = make_epsilon_curve(self.context.plan, ends)
         for first in range(start, steps, window_size):
             window_steps = range(first, min(first + window_size, steps))
-            if self.ledger is not None:
-                self.ledger.spend(len(window_steps))
+            if self.ledger is not None:  # authorized up front: no ε evaluation here
+                self.ledger.book(len(window_steps))
             window = []
             for step in window_steps:
                 record = self.step(step)
                 recorder.append(record)
                 window.append(record)
                 bar.update(1)
+            end = window_steps[-1] + 1
             metrics = self._window_metrics(window)
+            if curve is not None:
+                self._add_epsilons(curve.take_ready(), metrics, end)
             if self.on_window is not None:  # checkpoint before logging: no released window is lost
-                self.on_window(window_steps[-1] + 1, metrics)
-            self.tracker.log_metrics(metrics, step=window_steps[-1] + 1)
+                self.on_window(end, metrics)
+            self.tracker.log_metrics(metrics, step=end)
             hooks = self.context.hooks
             if hooks is not None and hooks.after_window is not None:
-                hooks.after_window(self.context, window_steps[-1] + 1, metrics)
+                hooks.after_window(self.context, end, metrics)
             bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+        if curve is not None:
+            self._add_epsilons(curve.take_rest(), {}, steps)
         bar.close()
+
+    def _add_epsilons(
+        self, epsilons: list[tuple[int, float]], metrics: dict[str, float], end: int
+    ) -> None:
+        """The ε curve's values: this window's into ``metrics``, earlier windows' (computed
+        while later steps ran) logged now at their own steps."""
+        for step_count, epsilon in epsilons:
+            if step_count == end:
+                metrics["epsilon_spent"] = epsilon
+            else:
+                self.tracker.log_metrics({"epsilon_spent": epsilon}, step=step_count)
 
     def step(self, step: int) -> StepRecord:
         context = self.context
@@ -149,8 +167,6 @@ class TrainingLoop:
             "learning_rate": window[-1].learning_rate,
             "projected_gradient_abs": sum(abs(r.projected_gradient) for r in window) / len(window),
         }
-        if self.ledger is not None:
-            metrics["epsilon_spent"] = self.ledger.epsilon_spent
         if self.log_diagnostics:
             metrics["step_time_s"] = sum(self.step_times[-len(window) :]) / len(window)
             metrics["nonfinite_differences"] = float(self.nonfinite)

@@ -84,7 +84,7 @@ class BaselineLoop(ABC):
             for first in range(0, steps, window_size):
                 window_steps = range(first, min(first + window_size, steps))
                 if self.ledger is not None:
-                    self.ledger.spend(len(window_steps))
+                    self.ledger.book(len(window_steps))
                 window = [self._timed_step(step) for step in window_steps]
                 bar.update(len(window))
                 metrics = self._window_metrics(window)

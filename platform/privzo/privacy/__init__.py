@@ -21,6 +21,7 @@ from privzo.privacy.accounting import (
     get_accountant,
     make_accountant,
 )
+from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetExceededError, BudgetLedger, check_feasible
 from privzo.privacy.mechanisms import (
     MECHANISMS,
@@ -44,6 +45,7 @@ __all__ = [
     "Accountant",
     "BudgetExceededError",
     "BudgetLedger",
+    "EpsilonCurve",
     "GaussianMechanism",
     "LaplaceMechanism",
     "Mechanism",

@@ -44,6 +44,33 @@ class BudgetLedger:
         self.accountant = accountant
         self.epsilon_budget = check_positive("epsilon_budget", epsilon_budget)
         self.delta = type(accountant).check_delta(delta)
+        self.authorized_steps = 0  # ε at this many steps was checked against the budget
+
+    def authorize(self, total_steps: int) -> float:
+        """Check once that ``total_steps`` steps in all stay within the budget; returns their ε.
+
+        ε only grows with the step count, so every ``book`` up to ``total_steps`` is then within
+        the budget without evaluating ε again: a training loop books its windows without a PLD
+        evaluation (0.2-0.5 s each) on the step's critical path.
+        """
+        total_steps = check_count("total_steps", total_steps, 1)
+        spent = self.accountant.epsilon_at(total_steps, self.delta)
+        if not _within(spent, self.epsilon_budget):
+            raise BudgetExceededError(
+                f"{total_steps} steps would spend epsilon={spent:.6g} > budget "
+                f"{self.epsilon_budget:g} at delta={self.delta:g}; no steps were recorded"
+            )
+        self.authorized_steps = max(self.authorized_steps, total_steps)
+        return spent
+
+    def book(self, num_steps: int) -> None:
+        """Step the accountant for ``num_steps`` steps about to run: free within the authorized
+        steps, checked like ``spend`` past them."""
+        num_steps = check_count("num_steps", num_steps, 1)
+        if self.accountant.steps + num_steps <= self.authorized_steps:
+            self.accountant.step(num_steps)
+        else:
+            self.spend(num_steps)
 
     def epsilon_after(self, num_steps: int = 1) -> float:
         """ε if ``num_steps`` more steps were taken (the accountant is not stepped)."""

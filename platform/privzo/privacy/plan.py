@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig
-from privzo.privacy.accounting import calibrate_noise_multiplier, make_accountant
+from privzo.privacy.accounting import Accountant, calibrate_noise_multiplier, make_accountant
+from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetLedger, check_feasible
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
 
@@ -93,9 +94,24 @@ def make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
     """The plan's accountant behind the ε budget (None for a non-private run)."""
     if not plan.private:
         return None
-    assert plan.mechanism and plan.accountant and plan.noise_multiplier and plan.delta is not None
+    assert plan.delta is not None
+    ledger = BudgetLedger(plan_accountant(plan), config.privacy.epsilon, plan.delta)
+    ledger.authorize(config.optimizer.steps)  # once: windows are then booked without PLD
+    return ledger
+
+
+def plan_accountant(plan: PrivacyPlan) -> Accountant:
+    """A fresh accountant of the plan's mechanism, σ and sampling rate, at 0 steps."""
+    assert plan.mechanism and plan.accountant and plan.noise_multiplier
     options = {"noise_parameters": plan.noise_parameters} if plan.noise_parameters else {}
-    accountant = make_accountant(
+    return make_accountant(
         plan.accountant, plan.mechanism, plan.noise_multiplier, plan.sample_rate, **options
     )
-    return BudgetLedger(accountant, config.privacy.epsilon, plan.delta)
+
+
+def make_epsilon_curve(plan: PrivacyPlan, step_counts: list[int]) -> EpsilonCurve | None:
+    """ε after each of ``step_counts`` computed off the training thread (None if non-private)."""
+    if not plan.private or not step_counts:
+        return None
+    assert plan.delta is not None
+    return EpsilonCurve(lambda: plan_accountant(plan), plan.delta, step_counts)

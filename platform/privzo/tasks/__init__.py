@@ -14,7 +14,7 @@ from privzo.tasks.classification import (
     invalid_row_reason,
     sample_examples,
 )
-from privzo.tasks.data import SUFFIXES, UNREADABLE, Row, load_hf_rows, read_rows
+from privzo.tasks.data import SUFFIXES, UNREADABLE, Row, hash_order, load_hf_rows, read_rows
 from privzo.tasks.generation import GenerationTask, generation_row_reason
 from privzo.tasks.presets import PRESETS, HubSource, get_preset
 
@@ -116,10 +116,11 @@ def load_splits(config: TaskConfig) -> TaskSplits:
     if config.validation_size is not None:  # drawn from the (private) training pool
         pool, validation = _hold_out(pool, config.validation_size, config, "validation_size")
     if config.train_size is not None or is_generation(config):
-        train = _subsample(pool, config.train_size, config.data_seed + 2, shuffle=True)
+        train = _select_by_hash(pool, config.train_size, split_salt(config, "train_size"))
     else:
         label_field = config.label_field or "label"
-        train = sample_examples(pool, label_field, config.examples_per_class, config.data_seed)
+        salt = split_salt(config, "examples_per_class")
+        train = sample_examples(pool, label_field, config.examples_per_class, salt)
     skipped = skipped_train + skipped_test
     return TaskSplits(train=train, test=test, validation=validation, skipped_rows=skipped)
 
@@ -226,22 +227,38 @@ def _source(config: TaskConfig, split: str) -> str:
 def _hold_out(
     pool: list[Row], size: int, config: TaskConfig, setting: str = "test_size"
 ) -> tuple[list[Row], list[Row]]:
-    """(the rest, ``size`` rows) split off the pool by data seed, disjointly."""
+    """(the rest in file order, the ``size`` rows of lowest salted content hash).
+
+    By hash, not by a permutation of the pool, so one added record changes the held-out rows by
+    at most the one it displaces (``privzo.tasks.data.record_hash``)."""
     if size >= len(pool):
         raise ConfigError(
             f"task.{setting}={size} leaves no training rows out of {len(pool)}; use a smaller "
             f"task.{setting}" + (" or give task.test_path" if setting == "test_size" else "")
         )
-    offset = 1 if setting == "test_size" else 3
-    order = np.random.default_rng(config.data_seed + offset).permutation(len(pool))
-    return [pool[i] for i in order[size:]], [pool[i] for i in order[:size]]
+    order = hash_order(pool, split_salt(config, setting))
+    held = set(order[:size])
+    return [row for i, row in enumerate(pool) if i not in held], [pool[i] for i in order[:size]]
 
 
-def _subsample(rows: list[Row], size: int | None, seed: int, shuffle: bool = False) -> list[Row]:
+def split_salt(config: TaskConfig, purpose: str) -> str:
+    """The public salt of one split or selection: its purpose and the task's data seed."""
+    return f"privzo:{purpose}:{config.data_seed}"
+
+
+def _subsample(rows: list[Row], size: int | None, seed: int) -> list[Row]:
+    """``size`` test rows in file order, seeded: the test file is not the private data."""
     if size is None or size >= len(rows):
         return list(rows)
     chosen = np.random.default_rng(seed).choice(len(rows), size=size, replace=False)
-    return [rows[i] for i in (chosen if shuffle else sorted(chosen))]
+    return [rows[i] for i in sorted(chosen)]
+
+
+def _select_by_hash(rows: list[Row], size: int | None, salt: str) -> list[Row]:
+    """The ``size`` private rows of lowest salted content hash (all when None), in hash order:
+    one added record changes the selection by at most the one it displaces."""
+    order = hash_order(rows, salt)
+    return [rows[i] for i in order[:size]]
 
 
 Task = PromptClassificationTask | GenerationTask

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, TaskConfig, template_fields
-from privzo.tasks.data import Row
+from privzo.tasks.data import Row, hash_order
 
 
 @dataclass
@@ -323,22 +324,23 @@ def vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:
 
 
 def sample_examples(
-    rows: Sequence[Row], label_field: str, per_class: int | None, seed: int
+    rows: Sequence[Row], label_field: str, per_class: int | None, salt: str
 ) -> list[Row]:
-    """k examples of every class (all rows when ``per_class`` is None), in a seeded order.
+    """k examples of every class (all rows when ``per_class`` is None), in salted-hash order.
 
-    A class with fewer than k rows contributes all of them, as the LM-BFF sampler the papers
-    use does (TREC's smallest class has 86 training rows against k = 512).
+    Each class keeps its k rows of lowest salted content hash (``privzo.tasks.data``), so one
+    added record changes the selection by at most the one it displaces. A class with fewer than
+    k rows contributes all of them, as the LM-BFF sampler the papers use does (TREC's smallest
+    class has 86 training rows against k = 512).
     """
-    generator = np.random.default_rng(seed)
+    order = hash_order(rows, salt)
     if per_class is None:
-        order = generator.permutation(len(rows))
         return [rows[i] for i in order]
-    chosen: list[int] = []
-    labels = np.array([row[label_field] for row in rows])
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        size = min(per_class, len(members))
-        chosen.extend(generator.choice(members, size=size, replace=False).tolist())
-    generator.shuffle(chosen)
+    taken: dict[Any, int] = {}
+    chosen = []
+    for index in order:  # hash order across classes: each class's lowest-hash k
+        label = rows[index][label_field]
+        if taken.get(label, 0) < per_class:
+            taken[label] = taken.get(label, 0) + 1
+            chosen.append(index)
     return [rows[i] for i in chosen]
