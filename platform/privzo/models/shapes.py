@@ -73,6 +73,14 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def _cuda_ids(device: str | torch.device) -> list[int]:
+    """The CUDA device id ``fork_rng`` must save and restore for ``device`` (none off CUDA)."""
+    where = torch.device(device)
+    if where.type != "cuda":
+        return []
+    return [torch.cuda.current_device() if where.index is None else where.index]
+
+
 def random_model(
     arch: OPTArch,
     dtype: str = "float32",
@@ -83,8 +91,7 @@ def random_model(
     """A randomly initialised OPT of ``arch``, built directly in ``dtype`` on ``device`` (no
     fp32 copy first, so a half-precision model needs only its own bytes), frozen and in eval
     mode; seeded without touching the global generator."""
-    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), _default_dtype(resolve_dtype(dtype)):
+    with torch.random.fork_rng(devices=_cuda_ids(device)), _default_dtype(resolve_dtype(dtype)):
         torch.manual_seed(seed)
         with torch.device(device):
             model = OPTForCausalLM(opt_config(arch, **token_ids))
