@@ -33,7 +33,7 @@ def _config(train: Path, test: Path, *extra: str):
             "optimizer.steps=6",
             "optimizer.batch_size=8",
             "optimizer.learning_rate=5e-2",
-            "optimizer.first_order.physical_batch_size=3",
+            "optimizer.physical_batch_size=3",
             "tracking.log_every=4",
             "privacy.epsilon=3",
             *extra,
@@ -215,7 +215,7 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
         (["optimizer.algorithm=dpsgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
         (["optimizer.algorithm=adamw", "privacy.mechanism=gaussian"], "privacy.mechanism"),
         (["optimizer.algorithm=dpsgd", "privacy.sampler=shuffle"], "privacy.sampler"),
-        (["optimizer.first_order.physical_batch_size=0"], "physical_batch_size"),
+        (["optimizer.physical_batch_size=0"], "physical_batch_size"),
     ],
 )
 def test_bad_baseline_settings_fail_at_load(overrides, field):

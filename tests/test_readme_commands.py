@@ -98,6 +98,7 @@ def _run_record(words: list[str], cwd: Path, stdout: str) -> None:
 CHECKS = {
     "privzo run": _run_record,
     "privzo replay": _wrote("config.json"),
+    "privzo models init": _wrote("config.json", "model.safetensors", "tokenizer.json"),
     "privzo privacy calibrate": _printed("noise multiplier σ"),
     "privzo privacy epsilon": _epsilon_json,
     "privzo tune": _wrote("search_summary.json", "trials.parquet"),

@@ -22,6 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from privzo.config import FIRST_ORDER_ALGORITHMS
+
 BENCH_SHAPE = dict(hidden_size=256, num_hidden_layers=4, ffn_dim=1024, num_attention_heads=4)
 BATCH_SIZE, WORDS_PER_EXAMPLE = 16, 60
 # (label, optimizer.algorithm, model.trainable)
@@ -107,11 +109,12 @@ def _case_overrides(
         f"optimizer.algorithm={algorithm}",
         f"optimizer.steps={repeats + 2}",
         f"optimizer.batch_size={BATCH_SIZE}",
-        f"optimizer.first_order.physical_batch_size={BATCH_SIZE}",
         "optimizer.learning_rate=1e-6",
         "eval_before=false",
         "tracking.backend=none",
     ]
+    if algorithm in FIRST_ORDER_ALGORITHMS:  # the zeroth-order steps score whole batches
+        overrides.append(f"optimizer.physical_batch_size={BATCH_SIZE}")
     if algorithm in ("dpzero", "dpsgd", "dpgd-0th"):
         overrides += ["privacy.noise_multiplier=1.0", "privacy.epsilon=1e6"]
         overrides += ["privacy.accountant=rdp"]

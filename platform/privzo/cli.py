@@ -251,7 +251,16 @@ def _epsilon_command(args: argparse.Namespace) -> int:
 def _bench_command(args: argparse.Namespace) -> int:
     from privzo.bench import zo_step_benchmark
 
-    result = zo_step_benchmark(repeats=args.repeats, progress=not args.json)
+    _quiet_libraries(args)
+    result = zo_step_benchmark(
+        shape=args.shape,
+        device=args.device,
+        dtype=_DTYPE_ALIASES.get(args.dtype, args.dtype),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
 
@@ -290,6 +299,16 @@ def _bench_distributed_command(args: argparse.Namespace) -> int:
         os.dup2(saved_stdout, 1)
         os.close(saved_stdout)
     print(json.dumps(result, indent=2) if args.json else result["table"])
+    return 0
+
+
+def _models_init_command(args: argparse.Namespace) -> int:
+    from privzo.models.random_init import init_model_directory
+
+    _quiet_libraries(args)
+    dtype = _DTYPE_ALIASES.get(args.dtype, args.dtype)
+    target = init_model_directory(args.shape, args.output_dir, dtype=dtype, seed=args.seed)
+    print(f"random {args.shape} ({dtype}) in {target}; use it with model.name_or_path={target}")
     return 0
 
 
@@ -533,8 +552,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print measured ratios")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     zo_step = bench_commands.add_parser("zo-step", help="ZO step time and memory vs inference")
-    zo_step.add_argument("--json", action="store_true")
+    zo_step.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    zo_step.add_argument(
+        "--shape", default="tiny", help="tiny (5.3M, the default), opt-125m, ... opt-66b"
+    )
+    zo_step.add_argument("--dtype", default="float32", help="float32 / bfloat16 / float16")
+    zo_step.add_argument("--batch-size", type=int, default=16)
+    zo_step.add_argument("--seq-len", type=int, default=128)
+    zo_step.add_argument("--json", action="store_true", help="print one JSON object")
     zo_step.add_argument("--repeats", type=int, default=5)
+    _add_verbose(zo_step)
     zo_step.set_defaults(handler=_bench_command)
     memory = bench_commands.add_parser(
         "memory", help="time and peak memory per step of every algorithm vs inference"
@@ -576,6 +603,19 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
     prepare.add_argument("--hf-subset", help="override the preset's subset")
     prepare.set_defaults(handler=_prepare_command)
+
+    models = commands.add_parser("models", help="local model directories")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    init = models_commands.add_parser(
+        "init",
+        help="a randomly initialised OPT-shaped model and privzo's tokenizer, saved to a directory",
+    )
+    init.add_argument("--shape", required=True, help="tiny, opt-125m, opt-350m, ... opt-66b")
+    init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
+    init.add_argument("--dtype", default="float32", help="float32 / bfloat16 / float16")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    _add_verbose(init)
+    init.set_defaults(handler=_models_init_command)
 
     demo = commands.add_parser("demo", help="the embedded offline demo (zero-shot vs DP vs MeZO)")
     demo.add_argument("--output-dir", type=Path, default=Path("runs/demo"))

@@ -187,6 +187,12 @@ def template_fields(template: str) -> list[str]:
     return [name for name in dict.fromkeys(names) if name != "mask"]
 
 
+FIRST_ORDER_PHYSICAL_BATCH_SIZE = 16
+"""The first-order baselines' chunk when ``optimizer.physical_batch_size`` is null: a backward
+keeps a gradient per example (Opacus), so their memory grows with the chunk, and 16 was their
+default before the setting was shared with the zeroth-order loop."""
+
+
 class FirstOrderConfig(_Section):
     """Options of the first-order baselines (dpsgd, adamw); zeroth-order runs ignore them."""
 
@@ -194,12 +200,16 @@ class FirstOrderConfig(_Section):
         None, description="null = sgd for dpsgd (DP-SGD), adamw for adamw."
     )
     weight_decay: float = Field(0.0, ge=0)
-    physical_batch_size: int = Field(
-        16,
-        ge=1,
-        description="Most examples per forward/backward; larger logical batches are "
-        "split (Opacus' BatchMemoryManager for dpsgd).",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "physical_batch_size" in data:
+            raise ValueError(
+                "physical_batch_size moved to optimizer.physical_batch_size (one setting for "
+                "every algorithm); set it there and remove it from optimizer.first_order"
+            )
+        return data
 
 
 class OptimizerConfig(_Section):
@@ -220,6 +230,15 @@ class OptimizerConfig(_Section):
     )
     batch_size: int = Field(16, ge=1, description="Expected batch size (Poisson: p·N).")
     eval_batch_size: int = Field(64, ge=1)
+    physical_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Most examples per forward (and backward): larger batches run in chunks "
+        "of at most this many, at the same perturbation for a zeroth-order step (the same "
+        "per-example losses, peak memory of the chunk). null = the whole batch in one forward "
+        "for the zeroth-order algorithms, and 16 for the first-order baselines, whose "
+        "per-example gradients grow with the chunk (Opacus' BatchMemoryManager for dpsgd).",
+    )
     first_order: FirstOrderConfig = Field(default_factory=FirstOrderConfig)
     dpgd_max_parameters: int = Field(
         50_000_000,
@@ -249,6 +268,11 @@ class OptimizerConfig(_Section):
     @property
     def is_private(self) -> bool:
         return self.algorithm in PRIVATE_ALGORITHMS
+
+    @property
+    def first_order_physical_batch_size(self) -> int:
+        """What a first-order baseline splits logical batches into (see physical_batch_size)."""
+        return self.physical_batch_size or FIRST_ORDER_PHYSICAL_BATCH_SIZE
 
 
 LMO_MIN_GAMMA_SHAPE = 0.05
@@ -473,6 +497,14 @@ def _check_distributed_algorithm(config: RunConfig) -> None:
     """Refuse at load, before Ray, a tracking run or an output directory exist, an algorithm
     whose workers could not start under a distributed strategy."""
     algorithm, strategy = config.optimizer.algorithm, config.parallel.strategy
+    if strategy == "zero3" and config.optimizer.physical_batch_size is not None:
+        # every ZeRO-3 forward gathers the weights collectively, so all ranks must make the
+        # same number of forwards; micro-batches of Poisson batches of different sizes do not
+        raise ValueError(
+            f"optimizer.physical_batch_size={config.optimizer.physical_batch_size} with "
+            "parallel.strategy='zero3': ranks would make different numbers of forwards, and "
+            "each ZeRO-3 forward is a collective; allowed: null (or strategy 'single'/'replica')"
+        )
     if strategy != "single" and algorithm not in DISTRIBUTED_ALGORITHMS:
         raise ValueError(
             f"optimizer.algorithm={algorithm!r} with parallel.strategy={strategy!r}: the "

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_MEMINFO = Path("/proc/meminfo")
+_CGROUP = Path("/sys/fs/cgroup")
 _STATUS = Path("/proc/self/status")
 _MIB = 2**20
 
@@ -98,3 +100,24 @@ class PeakMemory:
     def peak_increase_mb(self) -> float:
         """Peak minus the memory in use at :meth:`reset`: what the measured section added."""
         return max(0.0, self.peak_mb() - self.baseline_mb)
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation of this process can get on CPU, in bytes: the kernel's
+    ``MemAvailable``, capped by what the process's cgroup (a container's limit) has left;
+    None where neither can be read (non-Linux)."""
+    limits = []
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        maximum = (_CGROUP / "memory.max").read_text().strip()
+        current = int((_CGROUP / "memory.current").read_text())
+        if maximum != "max":
+            limits.append(max(0, int(maximum) - current))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None

@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
 from privzo.privacy.plan import make_epsilon_curve, make_ledger, make_sampler
 from privzo.privacy.sampling import Sampler
+from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.tracking import Tracker
 from privzo.zo.directions import step_seed
 from privzo.zo.estimators import GradientEstimator, estimator_for
@@ -129,7 +132,7 @@ class TrainingLoop:
             perturber=context.perturber,
             batch=batch,
             batch_size=batch_size,
-            loss_fn=lambda b: context.task.per_example_loss(context.scoring_model, b)[:keep],
+            loss_fn=lambda b: self.per_example_losses(b)[:keep],
             estimator=self.estimator,
             learning_rate=self.schedule(step),
             perturbation_scale=context.config.optimizer.perturbation_scale,
@@ -140,6 +143,16 @@ class TrainingLoop:
         self.nonfinite += record.nonfinite
         self.empty_batches += int(len(indices) == 0)
         return record
+
+    def per_example_losses(self, batch: Any) -> torch.Tensor:
+        """The task's per-example losses at the current weights, in micro-batches of at most
+        ``optimizer.physical_batch_size`` examples (all at the same perturbation)."""
+        context = self.context
+        return losses_in_micro_batches(
+            lambda chunk: context.task.per_example_loss(context.scoring_model, chunk),
+            batch,
+            context.config.optimizer.physical_batch_size,
+        )
 
     @property
     def log_diagnostics(self) -> bool:

@@ -29,6 +29,7 @@ from privzo.baselines.loop import BaselineLoop, BaselineStep
 from privzo.config import ConfigError
 from privzo.memory import PeakMemory
 from privzo.privacy.mechanisms import secret_torch_generator
+from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.tracking import Tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator
@@ -109,7 +110,11 @@ class DpgdLoop(BaselineLoop):
             epsilon,
             batch,
             len(indices),
-            lambda b: context.task.per_example_loss(context.scoring_model, b),
+            lambda b: losses_in_micro_batches(
+                lambda chunk: context.task.per_example_loss(context.scoring_model, chunk),
+                b,
+                config.optimizer.physical_batch_size,
+            ),
         )
         differences, nonfinite = GradientEstimator.sanitize(differences)
         self.nonfinite += nonfinite

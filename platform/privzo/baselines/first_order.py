@@ -9,7 +9,7 @@ divides by the expected batch size B. So one step is the Poisson-subsampled Gaus
 with sensitivity C under add/remove adjacency, the event the zeroth-order accountants compose:
 a ``dpsgd`` and a ``dpzero`` run at the same (ε, δ, q, T) get the same σ.
 
-Logical batches larger than ``optimizer.first_order.physical_batch_size`` are split by Opacus'
+Logical batches larger than ``optimizer.physical_batch_size`` (null: 16) are split by Opacus'
 ``BatchMemoryManager`` (the optimizer steps only at the end of the logical batch).
 
 The loss is the task's per-example loss (the one the zeroth-order runs difference), scored with
@@ -46,8 +46,7 @@ class FirstOrderLoop(BaselineLoop):
 
     def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
         super().__init__(context, tracker, memory)
-        first_order = context.config.optimizer.first_order
-        self.physical_batch_size = first_order.physical_batch_size
+        self.physical_batch_size = context.config.optimizer.first_order_physical_batch_size
         self.parameters = trainable_parameters(context)
         self._cleanup = contextlib.ExitStack()
         self.optimizer: Any = None

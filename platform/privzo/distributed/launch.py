@@ -156,12 +156,15 @@ def check_fit(config: RunConfig, source: str) -> None:
     hf_config = AutoConfig.from_pretrained(source)
     if hf_config.model_type != "opt":
         return  # the planner models OPT decoders only
+    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
+    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
+    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
     verdict = plan(
         arch_from_config(hf_config),
         gpus=parallel.workers,
         gpu_memory_gb=parallel.gpu_memory_gb,
         dtype=config.model.dtype,
-        batch_size=max(1, config.optimizer.batch_size // parallel.workers),
+        batch_size=forward_batch,
     )
     if parallel.strategy == "replica" and verdict.strategy != "replica":
         raise ConfigError(

@@ -1,0 +1,218 @@
+"""``privzo bench zo-step``: what a zeroth-order step costs next to inference, measured.
+
+For a randomly initialised model of a named shape (``tiny``, the 5.3M-parameter CPU model, up
+to ``opt-66b``; nothing is downloaded), on one device and dtype, in one process, the cases run
+interleaved and each is timed and its peak memory taken:
+
+* ``forward``: the inference forward the step makes twice (the same scoring forward);
+* ``dpzero`` and ``mezo``: privzo's steps (three sweeps; in half precision the virtual
+  perturbation), through ``zo_step`` with the perturber a run would use on this device;
+* ``mezo_reference``: MeZO's step as its paper's code does it (``mezo_reference``);
+* ``one_sweep``: one update sweep of privzo's perturber over every weight;
+* ``read_write``: one read and write of every weight (``p.add_(0)``), the floor of a sweep;
+* on CPU in fp32 also ``one_sweep_philox``: the same sweep with the counter-based generator.
+
+Every figure printed is measured here; the targets are the issue's, shown beside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from privzo.bench.checks import BenchSetup, checked_setup, needed_bytes
+from privzo.bench.mezo_reference import mezo_reference_step
+from privzo.bench.report import report
+from privzo.memory import PeakMemory
+from privzo.models.shapes import random_model
+from privzo.tasks.classification import Batch, score_label_logits
+from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
+from privzo.zo.estimators import make_estimator
+from privzo.zo.perturbation import Perturber, VirtualPerturber, make_perturber
+from privzo.zo.step import zo_step
+from privzo.zo.sweeps import full_shards, sweep
+
+LABEL_IDS = (10, 11)  # two label words scored at the last position, as a classification task
+PERTURBATION_SCALE, LEARNING_RATE = 1e-3, 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    """A measured action, and what to do before and after it outside the measurement."""
+
+    action: Callable[[], Any]
+    before: Callable[[], None] | None = None
+    after: Callable[[], None] | None = None
+
+
+def zo_step_benchmark(
+    shape: str = "tiny",
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 16,
+    seq_len: int = 128,
+    repeats: int = 5,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Measure every case on ``shape``; refuses a request the machine cannot run first."""
+    if repeats < 1:
+        raise ValueError(f"--repeats={repeats}: allowed: 1 or more")
+    setup = checked_setup(shape, device, dtype, batch_size, seq_len)
+    if progress:
+        print(f"building {shape} ({dtype}) on {setup.device}", flush=True)
+    model = random_model(setup.arch, dtype, device=setup.device)
+    batch = _random_batch(setup)
+    memory = PeakMemory(setup.device)
+    cases = _cases(setup, model, batch)
+    measured = _measure(cases, memory, repeats, progress, _synchronizer(setup.device))
+    parameters = sum(p.numel() for p in model.parameters())
+    return report(setup, measured, parameters, repeats, needed_bytes(setup))
+
+
+def _random_batch(setup: BenchSetup) -> Batch:
+    """Random tokens, already on the device: the forward measures no host-to-device copy."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (setup.batch_size, setup.seq_len)
+    input_ids = torch.randint(4, setup.arch.vocab, shape, generator=generator)
+    labels = torch.randint(0, len(LABEL_IDS), (setup.batch_size,), generator=generator)
+    return Batch(
+        input_ids=input_ids.to(setup.device),
+        attention_mask=torch.ones_like(input_ids).to(setup.device),
+        positions=torch.full((setup.batch_size,), setup.seq_len - 1).to(setup.device),
+        labels=labels.to(setup.device),
+    )
+
+
+class PrivzoWeights:
+    """privzo's hold on the model's weights: shards (flat views of every weight) and the
+    perturber a run would use. MeZO's reference step replaces every weight tensor
+    (``param.data = ...``), so this is released before it (a view would keep the replaced
+    tensor alive, doubling MeZO's peak) and built again after it, both outside the clock."""
+
+    def __init__(self, model: nn.Module, sampler: DirectionSampler) -> None:
+        self.model, self.sampler = model, sampler
+        self.build()
+
+    def build(self) -> None:
+        self.shards = full_shards(self.model.named_parameters())
+        self.perturber: Perturber | None = make_perturber(self.model, self.shards, self.sampler)
+
+    def release(self) -> None:
+        if isinstance(self.perturber, VirtualPerturber):
+            self.perturber.remove()  # its forward hooks hold the shards too
+        self.shards, self.perturber = [], None
+
+
+def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]:
+    label_ids = torch.tensor(LABEL_IDS, device=setup.device)
+
+    def loss(_batch: Batch = batch) -> torch.Tensor:
+        logits = score_label_logits(model, _batch, label_ids)
+        labels = _batch.labels.to(logits.device)
+        return nn.functional.cross_entropy(logits, labels, reduction="none")
+
+    generator = resolve_generator("auto", setup.device)
+    weights = PrivzoWeights(model, DirectionSampler("gaussian", setup.device, generator=generator))
+    parameters = list(model.parameters())
+    seeds = iter(range(1, 10**9))
+    cases = {
+        "forward": Case(loss),
+        "dpzero": Case(_privzo_step(weights, batch, loss, "dpzero", setup.batch_size)),
+        "mezo": Case(_privzo_step(weights, batch, loss, "mezo", setup.batch_size)),
+        "mezo_reference": Case(
+            lambda: mezo_reference_step(
+                parameters, next(seeds), loss, PERTURBATION_SCALE, LEARNING_RATE
+            ),
+            before=weights.release,
+            after=weights.build,
+        ),
+        "one_sweep": Case(lambda: _perturber(weights).update(7, 1e-9)),
+        "read_write": Case(lambda: _read_write(parameters)),
+    }
+    if setup.device.type == "cpu" and setup.dtype == "float32":
+        philox = DirectionSampler("gaussian", generator="philox")
+        cases["one_sweep_philox"] = Case(lambda: sweep(weights.shards, philox, 7, 1e-9))
+    return cases
+
+
+def _perturber(weights: PrivzoWeights) -> Perturber:
+    assert weights.perturber is not None, "privzo's weights are released only during MeZO's step"
+    return weights.perturber
+
+
+def _privzo_step(
+    weights: PrivzoWeights,
+    batch: Batch,
+    loss: Callable[..., torch.Tensor],
+    algorithm: str,
+    batch_size: int,
+) -> Callable[[], Any]:
+    options = {"clip": 1.0, "noise_multiplier": 1.0, "expected_batch_size": batch_size}
+    estimator = make_estimator(algorithm, **(options if algorithm == "dpzero" else {}))
+    steps = iter(range(10**9))
+    return lambda: zo_step(
+        step=0,
+        seed=step_seed(0, next(steps)),
+        perturber=_perturber(weights),
+        batch=batch,
+        batch_size=batch_size,
+        loss_fn=loss,
+        estimator=estimator,
+        learning_rate=LEARNING_RATE,
+        perturbation_scale=PERTURBATION_SCALE,
+    )
+
+
+@torch.no_grad()
+def _read_write(parameters: list[nn.Parameter]) -> None:
+    for parameter in parameters:
+        parameter.add_(0)
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _measure(
+    cases: dict[str, Case],
+    memory: PeakMemory,
+    repeats: int,
+    progress: bool,
+    synchronize: Callable[[], None],
+) -> dict[str, tuple[float, float]]:
+    """(median seconds, median peak MiB) per case.
+
+    The cases run round-robin, one warm-up round first, so slow drift of the machine (clock,
+    other processes, allocator state) touches every case alike instead of biasing a ratio.
+    On CUDA the device is synchronised before the clock starts and before it stops.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    peaks: dict[str, list[float]] = {name: [] for name in cases}
+    for round_index in range(repeats + 1):
+        if progress:
+            print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
+        for name, case in cases.items():
+            if case.before is not None:
+                case.before()
+            synchronize()
+            memory.reset()
+            started = time.perf_counter()
+            case.action()
+            synchronize()
+            elapsed = time.perf_counter() - started
+            if round_index > 0:
+                times[name].append(elapsed)
+                peaks[name].append(memory.peak_mb())
+            if case.after is not None:
+                case.after()
+    return {
+        name: (statistics.median(times[name]), statistics.median(peaks[name])) for name in cases
+    }

@@ -1,0 +1,87 @@
+"""`privzo bench zo-step`: every case measured, ratios formed from the measured figures, MeZO's
+reference step as its paper writes it, and requests the machine cannot run refused first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from privzo.bench.mezo_reference import mezo_reference_step
+from privzo.cli import main
+from privzo.models.shapes import random_model
+from privzo.planner import OPTArch
+
+SMALL = ["--batch-size", "2", "--seq-len", "16", "--repeats", "1"]
+CASES = {"forward", "dpzero", "mezo", "mezo_reference", "one_sweep", "read_write"}
+
+
+def _bench_json(capsys, *arguments: str) -> dict:
+    assert main(["bench", "zo-step", "--json", *SMALL, *arguments]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_case_is_measured_and_every_ratio_is_formed_from_the_measurements(capsys):
+    result = _bench_json(capsys)
+    assert result["shape"] == "tiny" and result["dtype"] == "float32"
+    assert set(result["seconds"]) == CASES | {"one_sweep_philox"}
+    assert all(seconds > 0 for seconds in result["seconds"].values())
+    assert all(peak > 0 for peak in result["peak_memory_mb"].values())
+    seconds, ratios = result["seconds"], result["ratios"]
+    assert ratios["dpzero_over_mezo_reference_time"] == pytest.approx(
+        seconds["dpzero"] / seconds["mezo_reference"]
+    )
+    assert ratios["sweep_over_read_write_time"] == pytest.approx(
+        seconds["one_sweep"] / seconds["read_write"]
+    )
+    assert "dpzero / MeZO reference step (time)" in result["table"]
+
+
+def test_half_precision_runs_the_virtual_step_and_the_reference(capsys):
+    result = _bench_json(capsys, "--dtype", "bf16")
+    assert result["dtype"] == "bfloat16" and set(result["seconds"]) == CASES
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--shape", "opt-66b"], "shape opt-66b (float32, batch 16 x 128) needs about"),
+        (["--shape", "opt-3b"], "unknown shape 'opt-3b'"),
+        (["--dtype", "int8"], "unknown dtype 'int8'"),
+        (["--seq-len", "257"], "tiny has 256 positions"),
+        (["--batch-size", "0"], "--batch-size=0"),
+        (["--device", "tpu"], "--device='tpu'"),
+    ],
+)
+def test_requests_the_machine_cannot_run_are_refused(capsys, arguments, message):
+    assert main(["bench", "zo-step", *arguments]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "building" not in captured.out  # refused before any model was built
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_is_refused_without_cuda(capsys):
+    assert main(["bench", "zo-step", "--device", "cuda"]) == 2
+    assert "has no CUDA" in capsys.readouterr().err
+
+
+def test_the_mezo_reference_step_moves_the_weights_by_minus_lr_g_z():
+    """z is MeZO's: torch's global generator seeded with the step's seed, one torch.normal per
+    parameter in order; the four sweeps leave θ − lr·g·z (to fp32 rounding of the ±ε sweeps)."""
+    model = random_model(OPTArch(layers=1, hidden=16, ffn=32, heads=2, vocab=64, max_positions=16))
+    parameters = list(model.parameters())
+    before = [parameter.detach().clone() for parameter in parameters]
+    inputs = torch.randint(0, 64, (2, 8))
+
+    def loss() -> torch.Tensor:
+        return model(input_ids=inputs).logits[:, -1].logsumexp(-1)
+
+    gradient = mezo_reference_step(parameters, seed=3, loss=loss, eps=1e-3, learning_rate=1e-2)
+    assert gradient != 0
+    torch.manual_seed(3)
+    for parameter, start in zip(parameters, before, strict=True):
+        z = torch.normal(mean=0, std=1, size=start.size())
+        expected = start - 1e-2 * gradient * z
+        torch.testing.assert_close(parameter.data, expected, rtol=0, atol=1e-5)
