@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,17 +110,19 @@ def _run_command(args: argparse.Namespace) -> int:
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
         _use_process_cores()
     try:
-        summary = run(
-            config,
-            args.output_dir,
-            cache_dir=args.cache_dir,
-            progress=not args.quiet,
-            overwrite=args.overwrite,
-            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
-        )
-    except KeyboardInterrupt:  # one line, not the loop's traceback; the tracker marked KILLED
+        with _sigterm_as_interrupt():
+            summary = run(
+                config,
+                args.output_dir,
+                cache_dir=args.cache_dir,
+                progress=not args.quiet,
+                overwrite=args.overwrite,
+                tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+            )
+    except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
         print(_interrupted_line(args.output_dir), file=sys.stderr)
-        return 130  # 128 + SIGINT, what a shell reports for Ctrl+C
+        # what a shell reports: 128 + SIGTERM (a job scheduler's stop) or SIGINT (Ctrl+C)
+        return 143 if isinstance(stop, Terminated) else 130
     if args.json:  # one line a job's log can be parsed from
         print(json.dumps({"privzo_summary": summary}, default=str))
     else:
@@ -129,8 +133,27 @@ def _run_command(args: argparse.Namespace) -> int:
 def _interrupted_line(output_dir: Path) -> str:
     return (
         f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
-        "keeps the steps made so far; run again with --overwrite to start over"
+        "keeps the steps made so far: the same command resumes a zeroth-order run from there, "
+        "--overwrite starts over"
     )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or `kill` stopping the job), handled like Ctrl+C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a run trains, SIGTERM stops it as Ctrl+C does: records kept, MLflow run KILLED."""
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _print_summary(summary: dict[str, Any], output_dir: Path) -> None:

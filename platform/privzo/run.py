@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from privzo.algorithms import TrainingLoop, make_loop
+from privzo.algorithms import TrainingLoop, make_loop, records_trajectory
 from privzo.baselines.dpgd import check_dpgd_size
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
@@ -31,12 +31,19 @@ from privzo.layouts.record import (
     prepare_output_dir,
     summary_record,
 )
+from privzo.layouts.resume import (
+    ResumePoint,
+    clear_resume_point,
+    find_resume_point,
+    save_progress,
+)
 from privzo.memory import PeakMemory
 from privzo.models.loading import model_parameters, save_weights
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker, connect_tracker, make_tracker
-from privzo.zo.trajectory import TrajectoryRecorder, trajectory_meta
+from privzo.zo.integrity import check_fingerprint
+from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory_meta
 
 # The run pipeline's public names, most now defined in the layers below it and kept importable
 # from here for callers (searches, studies, the CLI, tests).
@@ -103,18 +110,24 @@ def run(
             tags=tags,
             after_window=hooks.after_window if hooks is not None else None,
         )
-    check_output_dir(output_dir, overwrite)
+    resume = None if overwrite else _resume_point(config, output_dir)
+    if resume is None:
+        check_output_dir(output_dir, overwrite)
     context = build_context(config, cache_dir, progress)
     context.hooks = hooks or RunHooks()
     check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
-    prepare_output_dir(output_dir)
-    (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    if resume is None:
+        prepare_output_dir(output_dir)
+        (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    elif resume.tracking_run_id is not None:
+        tracker.attach(resume.tracking_run_id)  # the same MLflow run goes on
     with tracker:
-        params = config.model_dump(mode="json")
-        params["tracking"].pop("uri")
-        tracker.log_params(params)
-        summary = _train_and_evaluate(context, tracker, output_dir, progress)
+        if resume is None:
+            params = config.model_dump(mode="json")
+            params["tracking"].pop("uri")
+            tracker.log_params(params)
+        summary = _train_and_evaluate(context, tracker, output_dir, progress, resume)
         for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
@@ -142,16 +155,29 @@ def _connect_tracker(
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
+def _resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
+    """An unfinished single-process run of exactly ``config`` in ``output_dir`` to go on with
+    (zeroth-order algorithms: their trajectory rebuilds θ)."""
+    if not records_trajectory(config.optimizer.algorithm):
+        return None
+    point = find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
+    if point is not None:
+        logger.warning("resuming the unfinished run in %s", output_dir)
+    return point
+
+
 def _train_and_evaluate(
-    context: RunContext, tracker: Tracker, output_dir: Path, progress: bool
+    context: RunContext,
+    tracker: Tracker,
+    output_dir: Path,
+    progress: bool,
+    resume: ResumePoint | None = None,
 ) -> dict[str, Any]:
     config = context.config
     memory = PeakMemory(context.loaded.device)
     evaluate = _evaluator(context, memory)
     started = time.perf_counter()
-    before = evaluate() if config.eval_before else None
-    if before is not None:
-        tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
+    before = _before(context, tracker, evaluate, resume)
     loop = make_loop(context, tracker, memory)
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(
@@ -160,9 +186,13 @@ def _train_and_evaluate(
         ),
         release_batch_size=not loop.private,
     )
+    start = _restore(context, loop, recorder, output_dir) if resume is not None else 0
+    if loop.records_trajectory:  # every window's rows and resume point, before its metrics
+        point = ResumePoint(tracker.run_id, before)
+        loop.on_window = _progress_saver(output_dir, recorder, point, loop.on_window)
     try:
-        loop.run(recorder, progress)
-    finally:  # a failed run keeps the steps it made
+        loop.run(recorder, progress, start=start)
+    finally:  # a failed run keeps the steps it made (and a killed one resumes from them)
         if loop.records_trajectory:
             recorder.write(output_dir / TRAJECTORY_FILE)
     after = evaluate()
@@ -186,7 +216,49 @@ def _train_and_evaluate(
         summary.update(context.hooks.final_scores(context))
     tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    clear_resume_point(output_dir)  # finished: nothing to resume
     return summary
+
+
+def _before(
+    context: RunContext,
+    tracker: Tracker,
+    evaluate: Callable[[], Evaluation],
+    resume: ResumePoint | None,
+) -> Evaluation | None:
+    """Test metrics before training: measured and logged at step 0, or an earlier attempt's."""
+    if resume is not None:
+        return resume.before
+    before = evaluate() if context.config.eval_before else None
+    if before is not None:
+        tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
+    return before
+
+
+def _restore(
+    context: RunContext, loop: TrainingLoop, recorder: TrajectoryRecorder, output_dir: Path
+) -> int:
+    """Rebuild an earlier attempt's state from its trajectory (checked: rows and base)."""
+    table, meta = read_trajectory(output_dir / TRAJECTORY_FILE)
+    if meta.base_fingerprint is not None and context.base_fingerprint is not None:
+        check_fingerprint(meta.base_fingerprint, context.base_fingerprint, str(output_dir))
+    done = loop.restore(recorder, table, meta)
+    logger.warning("replayed %d steps; training goes on from step %d", done, done)
+    return done
+
+
+def _progress_saver(
+    output_dir: Path,
+    recorder: TrajectoryRecorder,
+    point: ResumePoint,
+    inner: Callable[[int, dict[str, float]], None] | None,
+) -> Callable[[int, dict[str, float]], None]:
+    def save(steps_done: int, metrics: dict[str, float]) -> None:
+        save_progress(output_dir, recorder, point, TRAJECTORY_FILE)
+        if inner is not None:
+            inner(steps_done, metrics)
+
+    return save
 
 
 def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], Evaluation]:

@@ -16,7 +16,13 @@ from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
 from privzo.tracking import Tracker
 
-__all__ = ["TrainingLoop", "make_loop"]
+__all__ = ["TrainingLoop", "make_loop", "records_trajectory"]
+
+
+def records_trajectory(algorithm: str) -> bool:
+    """Whether the algorithm's run writes a trajectory (zeroth-order: DPZero, DP-ZO, MeZO),
+    which replay, and a resumed run, rebuild θ from."""
+    return algorithm not in FIRST_ORDER_ALGORITHMS and algorithm != "dpgd-0th"
 
 
 def make_loop(context: RunContext, tracker: Tracker, memory: PeakMemory) -> Any:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
@@ -25,7 +26,7 @@ from privzo.zo.estimators import GradientEstimator, estimator_for
 from privzo.zo.integrity import check_finite_weights
 from privzo.zo.schedules import make_schedule
 from privzo.zo.step import StepRecord, zo_step
-from privzo.zo.trajectory import TrajectoryRecorder
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, replay_steps
 
 
 class TrainingLoop:
@@ -116,6 +117,20 @@ class TrainingLoop:
                 metrics["epsilon_spent"] = epsilon
             else:
                 self.tracker.log_metrics({"epsilon_spent": epsilon}, step=step_count)
+
+    def restore(self, recorder: TrajectoryRecorder, table: pa.Table, meta: TrajectoryMeta) -> int:
+        """Continue an earlier attempt: θ rebuilt by replaying its rows, the rows put back in
+        ``recorder``, each of them booked once in the ledger, the public shuffle sampler moved
+        past their batches. Returns the steps done (where ``run`` starts)."""
+        replay_steps(self.context.perturber, table, meta)
+        recorder.append_rows(table)
+        done = table.num_rows
+        if self.ledger is not None and done:
+            self.ledger.book(done)
+        if self.context.config.privacy.sampler == "shuffle":  # public and seeded: replay it
+            for _ in range(done):
+                self.sampler.next_batch()
+        return done
 
     def step(self, step: int) -> StepRecord:
         context = self.context

@@ -74,8 +74,10 @@ class BaselineLoop(ABC):
     def log_diagnostics(self) -> bool:
         return self.context.config.releases_diagnostics
 
-    def run(self, recorder: Any, progress: bool) -> None:
-        """``recorder`` (the trajectory) stays empty: see ``records_trajectory``."""
+    def run(self, recorder: Any, progress: bool, start: int = 0) -> None:
+        """``recorder`` (the trajectory) stays empty: see ``records_trajectory``; a baseline
+        keeps no trajectory to resume from, so it always starts at step 0."""
+        assert start == 0, "baselines do not resume"
         config = self.context.config
         steps, window_size = config.optimizer.steps, config.tracking.log_every
         bar = tqdm(total=steps, desc=config.optimizer.algorithm, disable=not progress)

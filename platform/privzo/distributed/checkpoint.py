@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from privzo.zo.step import StepRecord
 from privzo.zo.trajectory import (
     TrajectoryMeta,
     TrajectoryRecorder,
-    iter_rows,
     read_trajectory,
 )
 
@@ -56,16 +54,4 @@ def read_checkpoint(directory: Path) -> tuple[pa.Table, TrajectoryMeta, RunState
 
 def refill(recorder: TrajectoryRecorder, table: pa.Table) -> None:
     """Put the checkpoint's rows back into a fresh recorder (they were released already)."""
-    for row in iter_rows(table):
-        recorder.append(
-            StepRecord(
-                step=row["step"],
-                seed=row["seed"],
-                projected_gradient=row["projected_gradient"],
-                learning_rate=row["learning_rate"],
-                batch_size=row["batch_size"] or 0,
-                direction_scale=row["direction_scale"],
-                nonfinite=0,
-                mean_loss=float("nan"),
-            )
-        )
+    recorder.append_rows(table)

@@ -23,7 +23,6 @@ from privzo.config import build_config
 from privzo.distributed.checkpoint import (
     RunState,
     read_checkpoint,
-    refill,
     write_checkpoint,
 )
 from privzo.distributed.collectives import WorkerGroup
@@ -39,7 +38,6 @@ from privzo.zo.estimators import estimator_for
 from privzo.zo.trajectory import (
     TrajectoryMeta,
     TrajectoryRecorder,
-    replay_steps,
     trajectory_meta,
 )
 
@@ -208,16 +206,8 @@ def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
     expected = _meta(loop.context)
     if meta != expected or state.model != loop.context.config.model.name_or_path:
         raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
-    replay_steps(loop.context.perturber, table, meta)
-    refill(recorder, table)
-    if loop.ledger is not None:  # every step is accounted once: the checkpoint's steps are spent
-        assert state.accountant_steps == state.steps_done
-        if state.steps_done:
-            loop.ledger.accountant.step(state.steps_done)
-    if loop.context.config.privacy.sampler == "shuffle":  # public and seeded: replay its draws
-        for _ in range(state.steps_done):
-            loop.sampler.next_batch()
-    return state.steps_done
+    assert loop.ledger is None or state.accountant_steps == state.steps_done
+    return loop.restore(recorder, table, meta)
 
 
 def _evaluate(context: RunContext, memory: PeakMemory) -> Evaluation:

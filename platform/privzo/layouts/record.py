@@ -32,8 +32,17 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run's records (finished or not) unless asked to."""
     existing = [name for name in RUN_FILES if (output_dir / name).exists()]
     if existing and not overwrite:
+        unfinished = (
+            ""
+            if SUMMARY_FILE in existing
+            else (
+                " of another config, or one that cannot resume (only zeroth-order runs of the "
+                "same config resume)"
+            )
+        )
         raise ConfigError(
-            f"--output-dir {str(output_dir)!r} already holds a run ({', '.join(existing)}); "
+            f"--output-dir {str(output_dir)!r} already holds a"
+            f"{'n unfinished' if unfinished else ''} run{unfinished} ({', '.join(existing)}); "
             "choose another directory (or pass --overwrite)"
         )
 

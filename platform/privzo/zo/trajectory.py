@@ -98,6 +98,12 @@ class TrajectoryRecorder:
     def __len__(self) -> int:
         return len(self._columns["step"])
 
+    def append_rows(self, table: pa.Table) -> None:
+        """Put an earlier attempt's rows back (they were released already; resume)."""
+        for row in iter_rows(table):
+            for name in SCHEMA.names:
+                self._columns[name].append(row[name])
+
     def to_table(self) -> pa.Table:
         table = pa.table(self._columns, schema=SCHEMA)
         meta = {

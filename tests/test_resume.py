@@ -1,0 +1,160 @@
+"""A stopped single run resumes where it stopped: θ rebuilt by replay, no step drawn twice,
+each step accounted once, the same MLflow run finished (issue 14 items 1 and 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.config import ConfigError, load_config
+from privzo.privacy import compute_epsilon
+from privzo.replay import replay
+from privzo.run import RunHooks, run
+from privzo.tracking import read_run
+
+STEPS = 12
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            f"optimizer.steps={STEPS}",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=1e-3",
+            "tracking.log_every=5",
+            "privacy.epsilon=3",
+            "save_model=true",
+            *extra,
+        ],
+    )
+
+
+def _stop_after(step: int) -> RunHooks:
+    def stop(_context, steps_done: int, _metrics) -> None:
+        if steps_done == step:
+            raise KeyboardInterrupt  # what Ctrl+C raises (and SIGTERM, through the CLI)
+
+    return RunHooks(after_window=stop)
+
+
+def test_an_interrupted_run_resumes_without_drawing_a_step_again(
+    tmp_path, sentiment_files, cache_dir
+):
+    config = _config(*sentiment_files)
+    output = tmp_path / "runs" / "dp"
+    with pytest.raises(KeyboardInterrupt):
+        run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
+    first = pq.read_table(output / "trajectory.parquet").to_pylist()
+    point = json.loads((output / "resume.json").read_text())
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert len(first) == 5 and not (output / "summary.json").exists()
+    assert read_run(uri, point["tracking_run_id"])["status"] == "KILLED"
+
+    summary = run(config, output, cache_dir=cache_dir, progress=False)  # the same command
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in rows] == list(range(STEPS))
+    assert rows[:5] == first  # the released steps were replayed, not drawn again
+    assert summary["tracking_run_id"] == point["tracking_run_id"]
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    assert [step for step, _ in record["history"]["epsilon_spent"]] == [5, 10, 12]
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=summary["sample_rate"],
+        steps=STEPS,
+        delta=summary["delta"],
+    )
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)  # 12 steps, booked once
+    assert summary["accuracy_before"] == record["metrics"]["test_accuracy"]
+    assert not (output / "resume.json").exists()
+    # θ of the resumed run is what the whole trajectory rebuilds from the base
+    _loaded, model, steps = replay("tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir)
+    saved = load_file(output / "model" / "model.safetensors")
+    assert steps == STEPS
+    assert all(torch.equal(saved[n], p) for n, p in model.named_parameters() if n in saved)
+
+
+def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "tracking.backend=none")
+    output = tmp_path / "dp"
+    with pytest.raises(KeyboardInterrupt):
+        run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
+    other = _config(*sentiment_files, "tracking.backend=none", "optimizer.learning_rate=2e-3")
+    with pytest.raises(ConfigError, match="holds an unfinished run of another config"):
+        run(other, output, cache_dir=cache_dir, progress=False)
+    summary = run(other, output, cache_dir=cache_dir, progress=False, overwrite=True)
+    assert summary["steps"] == STEPS
+    assert pq.read_table(output / "trajectory.parquet").num_rows == STEPS
+
+
+def _cli(args: list[str], **kwargs) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "privzo.cli", *args]
+    return subprocess.Popen(command, env=environment, text=True, **kwargs)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_files, cache_dir, stop):
+    train, test = sentiment_files
+    output = tmp_path / "runs" / "dp"
+    command = [
+        "run",
+        "--quiet",
+        "--cache-dir",
+        str(cache_dir),
+        "--output-dir",
+        str(output),
+        "model.name_or_path=tiny-opt",
+        f"task.train_path={train}",
+        f"task.test_path={test}",
+        "optimizer.steps=400",
+        "optimizer.batch_size=8",
+        "tracking.log_every=5",
+    ]
+    config = tmp_path / "run.yaml"
+    config.write_text("seed: 0\n")
+    process = _cli([command[0], str(config), *command[1:]], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 900  # a margin for a loaded machine, not a timing
+    while not (output / "resume.json").exists() or _rows(output) < 10:
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no window written"
+        time.sleep(0.2)
+    process.send_signal(stop)
+    _out, err = process.communicate(timeout=600)
+    assert process.returncode == (143 if stop == signal.SIGTERM else -signal.SIGKILL), err
+    done = _rows(output)
+    first = pq.read_table(output / "trajectory.parquet").to_pylist()
+    point = json.loads((output / "resume.json").read_text())
+
+    resumed = _cli([command[0], str(config), *command[1:]], stderr=subprocess.PIPE)
+    _out, err = resumed.communicate(timeout=1800)
+    assert resumed.returncode == 0, err
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in rows] == list(range(400))
+    assert rows[:done] == first
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["tracking_run_id"] == point["tracking_run_id"]
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert read_run(uri, summary["tracking_run_id"])["status"] == "FINISHED"
+
+
+def _rows(output: Path) -> int:
+    try:
+        return pq.read_table(output / "trajectory.parquet").num_rows
+    except (OSError, ValueError):  # not written yet
+        return 0
