@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from privzo.config import ConfigError, load_config
 from privzo.privacy import compute_epsilon
 from privzo.replay import replay
-from privzo.run import RunHooks, run
+from privzo.run import RunHooks, can_resume, run
 from privzo.tracking import read_run
 
 STEPS = 12
@@ -94,10 +94,11 @@ def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment
     with pytest.raises(KeyboardInterrupt):
         run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
     other = _config(*sentiment_files, "tracking.backend=none", "optimizer.learning_rate=2e-3")
+    assert can_resume(config, output) and not can_resume(other, output)  # what a trial asks
     with pytest.raises(ConfigError, match="holds an unfinished run of another config"):
         run(other, output, cache_dir=cache_dir, progress=False)
     summary = run(other, output, cache_dir=cache_dir, progress=False, overwrite=True)
-    assert summary["steps"] == STEPS
+    assert summary["steps"] == STEPS and not can_resume(other, output)  # finished
     assert pq.read_table(output / "trajectory.parquet").num_rows == STEPS
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "RunHooks",
     "TrainingLoop",
     "build_context",
+    "can_resume",
     "check_output_dir",
     "make_loop",
     "mechanism_parameters",
@@ -155,15 +156,19 @@ def _connect_tracker(
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
+def can_resume(config: RunConfig, output_dir: Path) -> bool:
+    """Whether ``run(config, output_dir)`` would go on with an unfinished run there: a
+    single-process zeroth-order run (its trajectory rebuilds θ) of exactly this config."""
+    if config.parallel.strategy != "single" or not records_trajectory(config.optimizer.algorithm):
+        return False
+    return find_resume_point(Path(output_dir), config, CONFIG_FILE, SUMMARY_FILE) is not None
+
+
 def _resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
-    """An unfinished single-process run of exactly ``config`` in ``output_dir`` to go on with
-    (zeroth-order algorithms: their trajectory rebuilds θ)."""
-    if not records_trajectory(config.optimizer.algorithm):
+    if not can_resume(config, output_dir):
         return None
-    point = find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
-    if point is not None:
-        logger.warning("resuming the unfinished run in %s", output_dir)
-    return point
+    logger.warning("resuming the unfinished run in %s", output_dir)
+    return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
 
 
 def _train_and_evaluate(

@@ -14,7 +14,7 @@ from typing import Any
 
 from privzo.config import dump_config
 from privzo.privacy.mechanisms import get_mechanism
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, run
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, can_resume, run
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
@@ -104,7 +104,9 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         output_dir,
         cache_dir=Path(setup["cache_dir"]),
         progress=False,
-        overwrite=True,  # an interrupted attempt's partial files; a finished one returned above
+        # an interrupted attempt resumes (its released steps are not drawn again); partial
+        # files it cannot resume from are replaced (a finished attempt returned above)
+        overwrite=not can_resume(config, output_dir),
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
         tags={
