@@ -14,7 +14,7 @@ from privzo.models.shapes import random_model
 from privzo.planner import OPTArch
 
 SMALL = ["--batch-size", "2", "--seq-len", "16", "--repeats", "1"]
-CASES = {"forward", "dpzero", "mezo", "mezo_reference", "one_sweep", "read_write"}
+CASES = {"forward", "dpzero", "mezo", "mezo_reference", "one_sweep", "read_write", "host_batch"}
 
 
 def _bench_json(capsys, *arguments: str) -> dict:
@@ -34,6 +34,9 @@ def test_every_case_is_measured_and_every_ratio_is_formed_from_the_measurements(
     )
     assert ratios["sweep_over_read_write_time"] == pytest.approx(
         seconds["one_sweep"] / seconds["read_write"]
+    )
+    assert ratios["host_batch_over_dpzero_time"] == pytest.approx(
+        seconds["host_batch"] / seconds["dpzero"]
     )
     assert "dpzero / MeZO reference step (time)" in result["table"]
 

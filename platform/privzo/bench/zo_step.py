@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,7 +32,13 @@ from privzo.bench.mezo_reference import mezo_reference_step
 from privzo.bench.report import report
 from privzo.memory import PeakMemory
 from privzo.models.shapes import random_model
-from privzo.tasks.classification import Batch, score_label_logits
+from privzo.privacy.sampling import PoissonSampler
+from privzo.tasks.classification import (
+    Batch,
+    EncodedExamples,
+    collate_examples,
+    score_label_logits,
+)
 from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
 from privzo.zo.estimators import make_estimator
 from privzo.zo.perturbation import Perturber, VirtualPerturber, make_perturber
@@ -134,11 +141,37 @@ def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]
         ),
         "one_sweep": Case(lambda: _perturber(weights).update(7, 1e-9)),
         "read_write": Case(lambda: _read_write(parameters)),
+        "host_batch": Case(_host_batch(setup)),
     }
     if setup.device.type == "cpu" and setup.dtype == "float32":
         philox = DirectionSampler("gaussian", generator="philox")
         cases["one_sweep_philox"] = Case(lambda: sweep(weights.shards, philox, 7, 1e-9))
     return cases
+
+
+HOST_DATASET_SIZE = 1000  # MeZO's OPT training set size
+
+
+def _host_batch(setup: BenchSetup) -> Callable[[], None]:
+    """What a step does on the host before its forwards: draw a Poisson batch (expected size
+    B of N = 1000 records) with the secret generator, pad it (``collate_examples``) and copy it
+    to the device. Records are random token ids of L/2 to L tokens."""
+    generator = np.random.default_rng(0)
+    lengths = generator.integers(setup.seq_len // 2, setup.seq_len + 1, HOST_DATASET_SIZE)
+    examples = EncodedExamples(
+        input_ids=[generator.integers(4, setup.arch.vocab, n).tolist() for n in lengths],
+        positions=[int(n) - 1 for n in lengths],
+        labels=generator.integers(0, len(LABEL_IDS), HOST_DATASET_SIZE),
+    )
+    sampler = PoissonSampler(HOST_DATASET_SIZE, setup.batch_size / HOST_DATASET_SIZE)
+
+    def draw_and_collate() -> None:
+        indices = sampler.next_batch()
+        if len(indices):
+            batch = collate_examples(examples, indices, pad=1)
+            batch.input_ids.to(setup.device), batch.attention_mask.to(setup.device)
+
+    return draw_and_collate
 
 
 def _perturber(weights: PrivzoWeights) -> Perturber:

@@ -46,6 +46,20 @@ class Batch:
         return int(self.labels.numel())
 
 
+def collate_examples(examples: EncodedExamples, indices: Sequence[int], pad: int) -> Batch:
+    """The examples at ``indices`` padded to the longest of them (right padding), on the CPU."""
+    length = max(len(examples.input_ids[i]) for i in indices)
+    input_ids = torch.full((len(indices), length), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(indices), length), dtype=torch.long)
+    for row, index in enumerate(indices):
+        ids = examples.input_ids[index]
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+    positions = torch.tensor([examples.positions[i] for i in indices], dtype=torch.long)
+    labels = torch.from_numpy(examples.labels[np.asarray(indices, dtype=np.int64)])
+    return Batch(input_ids, attention_mask, positions, labels)
+
+
 class PromptClassificationTask:
     """Encodes rows into prompts and scores them from the LM head."""
 
@@ -152,16 +166,7 @@ class PromptClassificationTask:
 
     def collate(self, examples: EncodedExamples, indices: Sequence[int]) -> Batch:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        length = max(len(examples.input_ids[i]) for i in indices)
-        input_ids = torch.full((len(indices), length), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(indices), length), dtype=torch.long)
-        for row, index in enumerate(indices):
-            ids = examples.input_ids[index]
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention_mask[row, : len(ids)] = 1
-        positions = torch.tensor([examples.positions[i] for i in indices], dtype=torch.long)
-        labels = torch.from_numpy(examples.labels[np.asarray(indices, dtype=np.int64)])
-        return Batch(input_ids, attention_mask, positions, labels)
+        return collate_examples(examples, indices, pad)
 
     def label_logits(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         """fp32 logits of the label words at each example's scored position, shape [B, K]."""
