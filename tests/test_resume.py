@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from privzo.config import ConfigError, load_config
 from privzo.privacy import compute_epsilon
 from privzo.replay import replay
-from privzo.run import RunHooks, can_resume, run
+from privzo.run import RunHooks, TrainingLoop, can_resume, run
 from privzo.tracking import read_run
 
 STEPS = 12
@@ -100,6 +100,31 @@ def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment
     summary = run(other, output, cache_dir=cache_dir, progress=False, overwrite=True)
     assert summary["steps"] == STEPS and not can_resume(other, output)  # finished
     assert pq.read_table(output / "trajectory.parquet").num_rows == STEPS
+
+
+def test_a_run_stopped_inside_its_first_window_resumes(
+    tmp_path, sentiment_files, cache_dir, monkeypatch
+):
+    """Stopped at step 2, before any window ended: the two steps it made (written when it
+    stopped) are kept and the run goes on from there."""
+    real_step = TrainingLoop.step
+
+    def stop_at_step_2(self, step):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real_step(self, step)
+
+    config = _config(*sentiment_files, "tracking.backend=none")
+    output = tmp_path / "dp"
+    monkeypatch.setattr(TrainingLoop, "step", stop_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        run(config, output, cache_dir=cache_dir, progress=False)
+    monkeypatch.undo()
+    first = pq.read_table(output / "trajectory.parquet").to_pylist()
+    assert len(first) == 2 and can_resume(config, output)
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    assert summary["steps"] == STEPS and rows[:2] == first and len(rows) == STEPS
 
 
 def _cli(args: list[str], **kwargs) -> subprocess.Popen:

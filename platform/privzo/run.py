@@ -194,6 +194,7 @@ def _train_and_evaluate(
     start = _restore(context, loop, recorder, output_dir) if resume is not None else 0
     if loop.records_trajectory:  # every window's rows and resume point, before its metrics
         point = ResumePoint(tracker.run_id, before)
+        save_progress(output_dir, recorder, point, TRAJECTORY_FILE)  # resumable from step 0 on
         loop.on_window = _progress_saver(output_dir, recorder, point, loop.on_window)
     try:
         loop.run(recorder, progress, start=start)

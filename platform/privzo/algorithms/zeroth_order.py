@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
+from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.plan import make_epsilon_curve, make_ledger, make_sampler
 from privzo.privacy.sampling import Sampler
 from privzo.tasks.micro_batches import losses_in_micro_batches
@@ -69,6 +70,8 @@ class TrainingLoop:
         self.peak_mb = 0.0  # of the whole run: steps and evaluations
         self.nonfinite = 0
         self.empty_batches = 0
+        self.resumed_steps = 0  # replayed from an earlier attempt (``restore``)
+        self.windows_done = 0  # steps done at the end of the last finished window
 
     def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
         """Steps in windows of ``log_every``: each window's privacy cost is booked before it runs
@@ -80,6 +83,19 @@ class TrainingLoop:
         bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
         ends = [min(first + window_size, steps) for first in range(start, steps, window_size)]
         curve = make_epsilon_curve(self.context.plan, ends)
+        try:
+            self._run_windows(recorder, bar, curve, start)
+        finally:  # stopped or not, every finished window's ε is logged (its value is public)
+            if curve is not None:
+                self._add_epsilons(curve.take_through(self.windows_done), {}, -1)
+        bar.close()
+
+    def _run_windows(
+        self, recorder: TrajectoryRecorder, bar: tqdm, curve: EpsilonCurve | None, start: int
+    ) -> None:
+        config = self.context.config
+        steps, window_size = config.optimizer.steps, config.tracking.log_every
+        self.windows_done = start
         for first in range(start, steps, window_size):
             window_steps = range(first, min(first + window_size, steps))
             if self.ledger is not None:  # authorized up front: no ε evaluation here
@@ -103,9 +119,7 @@ class TrainingLoop:
             if hooks is not None and hooks.after_window is not None:
                 hooks.after_window(self.context, end, metrics)
             bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
-        if curve is not None:
-            self._add_epsilons(curve.take_rest(), {}, steps)
-        bar.close()
+            self.windows_done = end
 
     def _add_epsilons(
         self, epsilons: list[tuple[int, float]], metrics: dict[str, float], end: int
@@ -124,7 +138,7 @@ class TrainingLoop:
         past their batches. Returns the steps done (where ``run`` starts)."""
         replay_steps(self.context.perturber, table, meta)
         recorder.append_rows(table)
-        done = table.num_rows
+        done = self.resumed_steps = table.num_rows
         if self.ledger is not None and done:
             self.ledger.book(done)
         if self.context.config.privacy.sampler == "shuffle":  # public and seeded: replay it

@@ -69,6 +69,7 @@ class BaselineLoop(ABC):
         self.peak_mb = 0.0
         self.nonfinite = 0
         self.empty_batches = 0
+        self.resumed_steps = 0  # baselines do not resume
 
     @property
     def log_diagnostics(self) -> bool:

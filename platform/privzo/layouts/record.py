@@ -92,7 +92,8 @@ def summary_record(
         "sample_rate": plan.sample_rate,
         "expected_batch_size": plan.expected_batch_size,
         "clip": config.privacy.clip if plan.private else None,
-        "steps": len(loop.step_times),
+        "steps": loop.resumed_steps + len(loop.step_times),
+        "resumed_steps": loop.resumed_steps,  # replayed from an earlier attempt (resume)
         "train_examples": len(context.train),
         "test_examples": len(context.test),
         "skipped_rows": context.skipped_rows,

@@ -56,6 +56,13 @@ class EpsilonCurve:
         self._done.wait()
         return self.take_ready()
 
+    def take_through(self, steps: int) -> list[tuple[int, float]]:
+        """Waits until every value up to ``steps`` is computed, then takes those not taken."""
+        wanted = [count for count in self.step_counts if count <= steps]
+        while not self._done.is_set() and any(count not in self._values for count in wanted):
+            self._done.wait(0.05)
+        return [(count, value) for count, value in self.take_ready() if count <= steps]
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"computing the epsilon curve failed: {self._error}") from (
