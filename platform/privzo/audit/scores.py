@@ -92,6 +92,8 @@ def replay_differences(
 
     replay_steps(setup.perturber, setup.table, setup.meta, at_perturbed=probe)
     differences = (np.stack(plus) - np.stack(minus)) / (2.0 * setup.meta.perturbation_scale)
+    # as training's estimator does (GradientEstimator.sanitize): a non-finite difference counts 0
+    differences = np.nan_to_num(differences, nan=0.0, posinf=0.0, neginf=0.0)
     if clip is not None:
         differences = np.clip(differences, -clip, clip)
     gradients = np.asarray(setup.table.column("projected_gradient").to_pylist(), dtype=np.float64)
