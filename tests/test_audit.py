@@ -98,11 +98,14 @@ def test_a_run_without_noise_is_flagged_violated(
         "tracking: {experiment: audit-test}\n"
     )
     options = ["--canaries", "60", "--k", "15", "--cache-dir", str(cache_dir), "--quiet"]
+    options += ["--score", "white-box-match", "--score", "black-box"]
     code = main(["audit", str(config), *options, "--output-dir", str(tmp_path / "a")])
     record = json.loads((tmp_path / "a" / AUDIT_FILE).read_text())
     assert record["verdict"] == "VIOLATED", record["best"]
     assert record["epsilon_lower_bound"] > record["epsilon_claimed"]
     assert record["best"]["score"] == "white-box-match"
+    assert list(record["results"]) == ["white-box-match", "black-box"]
+    assert record["tests"] == 2  # two scores, one k
     assert code == 4
     assert "PRIVACY VIOLATED" in capsys.readouterr().err
 

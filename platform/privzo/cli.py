@@ -388,7 +388,12 @@ def _audit_command(args: argparse.Namespace) -> int:
     extra_files = [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
     config = load_config([args.config, *extra_files], overrides)
-    options = {"canaries": args.canaries, "alpha": args.alpha, "ks": args.k or None}
+    options = {
+        "canaries": args.canaries,
+        "alpha": args.alpha,
+        "ks": args.k or None,
+        "scores": args.score or None,
+    }
     audit = validate_section(AuditConfig, options, "privzo audit")
     _use_process_cores()
     record = run_audit(
@@ -555,6 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--alpha", type=float, default=0.05, help="1 − confidence (default 0.05)")
     audit.add_argument(
         "--k", type=int, action="append", help="guesses per side (repeat; default: a sweep)"
+    )
+    audit.add_argument(
+        "--score",
+        action="append",
+        help="a score to guess from (repeat; default: every score the algorithm allows): "
+        "black-box, white-box-correlation, white-box-likelihood, white-box-match",
     )
     audit.add_argument("--output-dir", type=Path, required=True)
     audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")

@@ -45,6 +45,9 @@ AUDIT_FILE = "audit.json"
 RUN_DIR = "run"
 VIOLATED_EXIT_CODE = 4
 ZEROTH_ORDER_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")  # they write a trajectory
+# A match is exact or not whatever the canary's label: standardising per label would only mix
+# the two labels' exact matches with the other label's near misses.
+UNCENTRED_SCORES = ("white-box-match",)
 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
@@ -207,7 +210,10 @@ def score_canaries(
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary["sample_rate"])
         values["white-box-match"] = match_scores(trace, batch)
     labels = tuned.injection.labels
-    return {name: centre_by_label(values[name], labels) for name in scores}
+    return {
+        name: values[name] if name in UNCENTRED_SCORES else centre_by_label(values[name], labels)
+        for name in scores
+    }
 
 
 def verdict(claimed: float | None, bound: float) -> str:
