@@ -10,9 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from privzo.audit import AUDIT_FILE, AuditConfig, run_audit
+from privzo.audit.scores import (
+    WhiteBoxTrace,
+    centre_by_label,
+    correlation_scores,
+    likelihood_scores,
+    match_scores,
+)
 from privzo.cli import main
 from privzo.config import ConfigError, load_config
 from privzo.tracking import open_client, read_run
@@ -171,3 +179,26 @@ def test_cli_refuses_alpha_outside_zero_one(tmp_path, sentiment_files, capsys, a
     assert code == 2
     assert "alpha" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_white_box_scores_rank_a_planted_canary_first():
+    """Synthetic trace: canary 0 was in the (noise-free) sum at every third step."""
+    rng = np.random.default_rng(0)
+    differences = rng.normal(size=(300, 8))
+    others = rng.normal(scale=3.0, size=300)
+    sampled = np.arange(300) % 3 == 0
+    totals = others + sampled * differences[:, 0]
+    trace = WhiteBoxTrace(differences, totals / 4)  # g = G / B with B = 4
+    assert np.argmax(correlation_scores(trace)) == 0
+    assert np.argmax(likelihood_scores(trace, batch_size=4, sample_rate=1 / 3)) == 0
+    exact = WhiteBoxTrace(differences, np.where(sampled, differences[:, 0], others) / 4)
+    scores = match_scores(exact, batch_size=4)
+    assert scores[0] > 20 and np.all(scores[1:] < 10)  # an exact match against near misses
+
+
+def test_scores_are_compared_within_a_label():
+    scores = np.array([10.0, 11.0, 12.0, -5.0, -4.0, -3.0])
+    labels = np.array([1, 1, 1, 0, 0, 0])
+    centred = centre_by_label(scores, labels)
+    assert np.allclose(centred[:3], centred[3:])  # the per-label offset is gone
+    assert np.argsort(centred[:3]).tolist() == [0, 1, 2]
