@@ -75,6 +75,7 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, sentiment
     summary = json.loads((tmp_path / "audit" / "run" / "summary.json").read_text())
     assert summary["train_examples"] == 64 + record["canaries_in"]
     assert "included" not in json.dumps(record)
+    assert "audit_time_s" not in record  # a private run's duration is withheld
 
     uri = f"sqlite:///{(tmp_path / 'audit' / 'mlflow.db').resolve()}"
     child = read_run(uri, record["tracking_run_id"])
@@ -130,6 +131,7 @@ def test_a_non_private_run_reports_its_leakage(tmp_path, sentiment_files, cache_
     assert record["verdict"] == "not private"
     assert record["epsilon_claimed"] is None and record["tightness"] is None
     assert record["epsilon_lower_bound"] >= 0
+    assert record["audit_time_s"] > 0  # a non-private run's time is released
 
 
 def test_a_first_order_run_is_audited_black_box_only(tmp_path, sentiment_files, cache_dir):

@@ -145,24 +145,47 @@ def run_audit(
         hooks=RunHooks(training_rows=injection, final_scores=tuned),
     )
     values = score_canaries(config, audit, scores, summary, tuned, output_dir, cache_dir)
-    results = {
+    results = guess_and_bound(config, audit, values, injection)
+    record = audit_record(config, audit, summary, results, values, injection, note)
+    if config.releases_diagnostics:  # a private run's duration follows its sampled batches
+        record["audit_time_s"] = round(time.perf_counter() - started, 1)
+    write_outputs(config, record, values, injection, output_dir, tracking_uri)
+    return record
+
+
+def guess_and_bound(
+    config: RunConfig,
+    audit: AuditConfig,
+    values: dict[ScoreName, np.ndarray],
+    injection: CanaryInjection,
+) -> dict[ScoreName, list[GuessResult]]:
+    """Every (score, k) test at α / (scores × ks): the best bound holds at confidence 1 − α."""
+    return {
         name: audit_guesses(
-            values[name],
+            scores,
             injection.included,
             audit.k_values(),
             delta=_audit_delta(config),
-            alpha=audit.alpha / len(scores),
+            alpha=audit.alpha / len(values),
         )
-        for name in scores
+        for name, scores in values.items()
     }
-    record = audit_record(config, audit, summary, results, values, injection, note)
-    record["audit_time_s"] = round(time.perf_counter() - started, 1)
+
+
+def write_outputs(
+    config: RunConfig,
+    record: dict[str, Any],
+    values: dict[ScoreName, np.ndarray],
+    injection: CanaryInjection,
+    output_dir: Path,
+    tracking_uri: str | None,
+) -> None:
+    """audit.json, the scores' plot and the MLflow child run (whose id audit.json then gets)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     plot = plot_scores(values, injection.included, output_dir / "audit_scores.png")
     record_child_run(config, record, [output_dir / AUDIT_FILE, plot], output_dir, tracking_uri)
-    (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")  # with its run id
-    return record
+    (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list[str]]:
