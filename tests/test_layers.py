@@ -46,6 +46,7 @@ LAYERS = {
     # 4: searches and studies, made of runs
     "privzo.tuning": 4,
     "privzo.studies": 4,
+    "privzo.audit": 4,  # a run with canaries, scored and bounded (privzo.privacy.audit)
     # 5: entry points
     "privzo.cli": 5,
     "privzo.demo": 5,

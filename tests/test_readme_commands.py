@@ -26,6 +26,7 @@ NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs t
 # documents for that command, so the command as written still decides what runs.
 SHRINK = {
     "privzo run": ["optimizer.steps=20"],
+    "privzo audit": ["optimizer.steps=20", "--canaries", "100"],
     "privzo tune": ["trials.count=1"],
     "privzo study configs/studies/tiny-scaling.yaml": ["models=[demo-opt-s]"],
     "privzo study configs/studies/synthetic-quadratic.yaml": [
@@ -41,6 +42,7 @@ SHRINK = {
 # commands that build or cache models take the test's own cache
 CACHED = (
     "privzo run",
+    "privzo audit",
     "privzo replay",
     "privzo tune",
     "privzo study",
@@ -99,6 +101,7 @@ CHECKS = {
     "privzo run": _run_record,
     "privzo replay": _wrote("config.json"),
     "privzo models init": _wrote("config.json", "model.safetensors", "tokenizer.json"),
+    "privzo audit": _wrote("audit.json", "audit_scores.png", "run/summary.json"),
     "privzo privacy calibrate": _printed("noise multiplier σ"),
     "privzo privacy epsilon": _epsilon_json,
     "privzo tune": _wrote("search_summary.json", "trials.parquet"),

@@ -427,6 +427,65 @@ def _study_command(args: argparse.Namespace) -> int:
     return 0 if summary.get("complete", True) else 3
 
 
+def _audit_command(args: argparse.Namespace) -> int:
+    from privzo.audit import VIOLATED_EXIT_CODE, AuditConfig, run_audit
+    from privzo.config import load_config, validate_section
+
+    _quiet_libraries(args)
+    extra_files = [item for item in args.overrides if "=" not in item]
+    overrides = [item for item in args.overrides if "=" in item]
+    config = load_config([args.config, *extra_files], overrides)
+    options = {
+        "canaries": args.canaries,
+        "alpha": args.alpha,
+        "ks": args.k or None,
+        "scores": args.score or None,
+    }
+    audit = validate_section(AuditConfig, options, "privzo audit")
+    _use_process_cores()
+    record = run_audit(
+        config,
+        audit,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+    )
+    print(json.dumps({"privzo_audit": record}) if args.json else _audit_lines(record))
+    if record["verdict"] == "VIOLATED":
+        print(
+            f"privzo: PRIVACY VIOLATED: the audit proves ε ≥ {record['epsilon_lower_bound']:.3f} "
+            f"at {1 - record['alpha']:.0%} confidence, above the claimed "
+            f"ε = {record['epsilon_claimed']:.3f}: the run is NOT "
+            f"({record['epsilon_claimed']:.3g}, {record['delta']:g})-DP as recorded",
+            file=sys.stderr,
+        )
+        return VIOLATED_EXIT_CODE
+    return 0
+
+
+def _audit_lines(record: dict[str, Any]) -> str:
+    best = record["best"]
+    claimed = record["epsilon_claimed"]
+    lines = [
+        f"verdict              {record['verdict']}",
+        f"epsilon claimed      {'-' if claimed is None else f'{claimed:.3f}'}",
+        f"epsilon lower bound  {record['epsilon_lower_bound']:.3f} "
+        f"({1 - record['alpha']:.0%} confidence, delta {record['delta']:g})",
+        f"best guesses         {best['score']}, k = {best['k']}: {best['correct']} of "
+        f"{best['guesses']} right",
+        f"canaries             {record['canaries']} ({record['tests']} tests, Bonferroni)",
+    ]
+    if claimed is None:
+        lines.append("(not private: the lower bound is the run's empirical leakage)")
+    elif record["tightness"] is not None:
+        lines.append(f"tightness            ε_lb / ε = {record['tightness']:.3f}")
+    if record["note"]:
+        lines.append(f"note: {record['note']}")
+    return "\n".join(lines)
+
+
 def _report_command(args: argparse.Namespace) -> int:
     from privzo.analysis import build_report
 
@@ -534,6 +593,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_dir(study)
     _add_verbose(study)
     study.set_defaults(handler=_study_command)
+
+    audit = commands.add_parser(
+        "audit",
+        help="test a run's (ε, δ) claim with canaries and one training run",
+        description="Train CONFIG once with M canaries, each in the private training set by a "
+        "secret fair coin; score, guess and report an ε lower bound at confidence 1 − alpha "
+        "(Steinke, Nasr and Jagielski 2023). Exit code 4 when it exceeds the claimed ε.",
+    )
+    audit.add_argument("config", type=Path, help="a run config (YAML)")
+    audit.add_argument("overrides", nargs="*", help="more config files, then key.sub=value")
+    audit.add_argument("--canaries", type=int, default=1000, help="M (default 1000)")
+    audit.add_argument("--alpha", type=float, default=0.05, help="1 − confidence (default 0.05)")
+    audit.add_argument(
+        "--k", type=int, action="append", help="guesses per side (repeat; default: a sweep)"
+    )
+    audit.add_argument(
+        "--score",
+        action="append",
+        help="a score to guess from (repeat; default: every score the algorithm allows): "
+        "black-box, white-box-correlation, white-box-likelihood, white-box-match",
+    )
+    audit.add_argument("--output-dir", type=Path, required=True)
+    audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
+    audit.add_argument("--quiet", action="store_true", help="no progress bar")
+    audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')
+    _add_cache_dir(audit)
+    _add_verbose(audit)
+    audit.set_defaults(handler=_audit_command)
 
     report = commands.add_parser("report", help="scaling tables, plots and a report from MLflow")
     report.add_argument("--experiment", required=True, help="the MLflow experiment name")

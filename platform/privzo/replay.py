@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from privzo.config import ModelConfig
@@ -16,9 +18,20 @@ from privzo.models.loading import (
 )
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.integrity import check_fingerprint, weights_fingerprint
-from privzo.zo.perturbation import make_perturber
+from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import full_shards
 from privzo.zo.trajectory import TrajectoryMeta, read_trajectory, replay_steps
+
+
+@dataclass
+class ReplaySetup:
+    """The base model with the run's view, ready to step through its trajectory."""
+
+    loaded: LoadedModel
+    model: torch.nn.Module  # with its view (the peft wrapper for lora / prefix)
+    perturber: Perturber
+    table: pa.Table
+    meta: TrajectoryMeta
 
 
 def replay(
@@ -38,6 +51,24 @@ def replay(
     Returns the loaded base, the model with its view (the peft wrapper for lora / prefix), and
     the number of steps replayed.
     """
+    setup = prepare_replay(
+        base, trajectory_path, cache_dir=cache_dir, progress=progress, device=device, dtype=dtype
+    )
+    steps = replay_steps(setup.perturber, setup.table, setup.meta)
+    return setup.loaded, setup.model, steps
+
+
+def prepare_replay(
+    base: str,
+    trajectory_path: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> ReplaySetup:
+    """Load the base with the view and directions the trajectory was trained with (an auditor
+    steps through it with ``replay_steps(..., at_perturbed=...)``)."""
     table, meta = read_trajectory(trajectory_path)
     model_config = ModelConfig.model_validate(
         {
@@ -56,8 +87,7 @@ def replay(
     model, pairs = apply_view(loaded.model, model_config, seed=meta.view_seed)
     directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
     perturber = make_perturber(model, full_shards(pairs), directions)
-    steps = replay_steps(perturber, table, meta)
-    return loaded, model, steps
+    return ReplaySetup(loaded, model, perturber, table, meta)
 
 
 def check_replay_target(meta: TrajectoryMeta, target: ModelConfig) -> None:

@@ -95,10 +95,11 @@ def run(
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
-        if hooks is not None and hooks.final_scores is not None:
+        if hooks is not None and (hooks.final_scores or hooks.training_rows) is not None:
             raise ConfigError(
                 f"parallel.strategy={config.parallel.strategy!r}: a search trial's final scores "
-                "need the model in this process; use strategy 'single'"
+                "and an audit's canaries need the model and data in this process; use strategy "
+                "'single'"
             )
         return run_distributed(
             config,
@@ -114,8 +115,7 @@ def run(
     resume = None if overwrite else _resume_point(config, output_dir)
     if resume is None:
         check_output_dir(output_dir, overwrite)
-    context = build_context(config, cache_dir, progress)
-    context.hooks = hooks or RunHooks()
+    context = build_context(config, cache_dir, progress, hooks or RunHooks())
     check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     if resume is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from privzo.config import RunConfig
+from privzo.config import RunConfig, TaskConfig
 from privzo.models.loading import (
     LoadedModel,
     apply_view,
@@ -27,6 +27,7 @@ from privzo.models.loading import (
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.tasks import Task, build_task, load_splits, resolve_task_config
+from privzo.tasks.data import Row
 from privzo.tracking.tags import config_tags, model_tags
 from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.integrity import weights_fingerprint
@@ -68,11 +69,17 @@ class RunContext:
         }
 
 
-def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunContext:
+def build_context(
+    config: RunConfig, cache_dir: Path, progress: bool, hooks: RunHooks | None = None
+) -> RunContext:
     """Load the task and the whole model (single or replica layout), plan privacy, apply the
-    PEFT view and make its perturber."""
+    PEFT view and make its perturber. ``hooks.training_rows`` may change the training rows
+    first (before the privacy plan, which depends on their number, and before any model
+    loads)."""
     task_config = resolve_task_config(config.task, peek_kind(config.model))
     splits = load_splits(task_config)
+    if hooks is not None and hooks.training_rows is not None:
+        splits.train = hooks.training_rows(task_config, splits.train)
     plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     loaded = load_model(config.model, cache_dir, progress=progress)
@@ -96,6 +103,7 @@ def build_context(config: RunConfig, cache_dir: Path, progress: bool) -> RunCont
         unwrap_for_scoring(model),
         splits.skipped_rows,
         task.encode(splits.validation) if splits.validation else None,
+        hooks,
         base_fingerprint=fingerprint,
     )
 
@@ -116,8 +124,12 @@ class RunHooks:
     Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
     shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
     trained model before the summary is written and returns extra summary values (e.g. a noised
-    selection score); single-process runs only.
+    selection score); single-process runs only. ``training_rows(task_config, rows)`` returns
+    the rows to train on instead of the task's (an audit adds its included canaries); it runs
+    before the privacy plan and any model load, so it may refuse with a ``ConfigError``;
+    single-process runs only.
     """
 
     after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None
     final_scores: Callable[[RunContext], dict[str, float]] | None = None
+    training_rows: Callable[[TaskConfig, list[Row]], list[Row]] | None = None

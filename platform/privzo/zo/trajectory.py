@@ -7,7 +7,7 @@ row holds only public quantities (the step's direction seed and the noised proje
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,16 @@ def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
         yield {name: values[index] for name, values in columns.items()}
 
 
-def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) -> int:
+# Called during replay with (step row, +1 or −1) while the weights sit at θ_t + r·z or θ_t − r·z.
+PerturbedProbe = Callable[[dict[str, Any], int], None]
+
+
+def replay_steps(
+    perturber: Perturber,
+    table: pa.Table,
+    meta: TrajectoryMeta,
+    at_perturbed: PerturbedProbe | None = None,
+) -> int:
     """Apply every step with the training run's exact calls and coefficients; returns steps.
 
     Training evaluated at +r and −r (r = ε·s, s the direction scale) and then updated by −ηg·s,
@@ -180,7 +189,11 @@ def replay_steps(perturber: Perturber, table: pa.Table, meta: TrajectoryMeta) ->
             continue
         radius = meta.perturbation_scale * row["direction_scale"]
         perturber.perturb(row["seed"], radius)
+        if at_perturbed is not None:
+            at_perturbed(row, 1)
         perturber.perturb(row["seed"], -radius)
+        if at_perturbed is not None:
+            at_perturbed(row, -1)
         update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
         perturber.update(row["seed"], update)
         steps += 1

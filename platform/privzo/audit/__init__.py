@@ -1,0 +1,7 @@
+"""``privzo audit``: test a run's (ε, δ) claim empirically with one training run and canaries
+(Steinke, Nasr and Jagielski 2023); the statistics live in ``privzo.privacy.audit``."""
+
+from privzo.audit.config import AuditConfig
+from privzo.audit.pipeline import AUDIT_FILE, VIOLATED_EXIT_CODE, check_audit, run_audit
+
+__all__ = ["AUDIT_FILE", "VIOLATED_EXIT_CODE", "AuditConfig", "check_audit", "run_audit"]

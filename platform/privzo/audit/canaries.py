@@ -1,0 +1,108 @@
+"""Canaries: random records added to the private training set, each by a secret fair coin.
+
+A canary is a prompt whose text field(s) hold a random sequence of words drawn from the model's
+own vocabulary (whole-word tokens the tokenizer knows, label words left out) and whose label is
+drawn at random: in effect a mislabelled nonsense sentence. Such a record is far from the data, so
+the model fits it only if it trains on it, and two canaries share little but their label word
+(the scores are compared within a label, ``privzo.audit.scores.centre_by_label``), so one
+canary's effect on the weights says little about another's. Words from the training rows would
+share far more: the demo's private task has 77 distinct words. The canaries and the coins come
+from the operating system's entropy (``secrets``) and are never written or logged: only counts
+leave.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from privzo.config import ConfigError, TaskConfig, template_fields
+from privzo.tasks.data import Row
+
+
+def secret_generator() -> np.random.Generator:
+    """A numpy generator seeded from the OS entropy pool; its seed is never stored."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def draw_coins(count: int) -> np.ndarray:
+    """``count`` independent fair coins (True = the canary is trained on), from ``secrets``."""
+    bits = secrets.randbits(count)
+    return np.array([(bits >> index) & 1 == 1 for index in range(count)], dtype=bool)
+
+
+def check_canary_count(count: int, rows: list[Row]) -> None:
+    """Refuse more canaries than training rows: then the canaries, not the data, make the run
+    (the batch composition, the sample rate and what the model learns), and the audit would
+    measure a different run from the one the config describes."""
+    if count > len(rows):
+        raise ConfigError(
+            f"--canaries={count}: more canaries than the {len(rows)} private training rows "
+            f"they would be mixed into; allowed: 2..{len(rows)} (or a larger training set)"
+        )
+
+
+def tokenizer_words(tokenizer, excluded: Sequence[str]) -> list[str]:
+    """The tokenizer's whole-word alphabetic tokens as text, without ``excluded`` (label
+    words) and special tokens, sorted: the canaries' alphabet."""
+    special = set(tokenizer.all_special_tokens)
+    banned = {word.strip().lower() for word in excluded}
+    words = set()
+    for token in tokenizer.get_vocab():
+        if token in special:
+            continue
+        text = tokenizer.convert_tokens_to_string([token]).strip()
+        if text.isalpha() and text.lower() not in banned:
+            words.add(text)
+    return sorted(words)
+
+
+def make_canaries(
+    words: list[str], task: TaskConfig, count: int, words_per_field: int, rng: np.random.Generator
+) -> list[Row]:
+    """``count`` random mislabelled records shaped like the task's rows."""
+    if task.label_words is None or task.template is None:
+        raise ConfigError("the audit's canaries need a classification task (label words)")
+    if len(words) < 2:
+        raise ConfigError(f"the tokenizer has {len(words)} usable words: too few for canaries")
+    fields = template_fields(task.template)
+    label_field = task.label_field or "label"
+    canaries = []
+    for _ in range(count):
+        row: Row = {name: " ".join(rng.choice(words, size=words_per_field)) for name in fields}
+        row[label_field] = int(rng.integers(len(task.label_words)))
+        canaries.append(row)
+    return canaries
+
+
+@dataclass
+class CanaryInjection:
+    """The run's ``training_rows`` hook: checks the count against the training rows, makes the
+    canaries and adds the ones whose coin came up "in". Holds the canaries and coins for
+    scoring, in memory only."""
+
+    count: int
+    words_per_field: int
+    alphabet: Callable[[TaskConfig], list[str]]  # the words canaries are drawn from
+    canaries: list[Row] = field(default_factory=list, repr=False)
+    included: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
+    training_rows: int = 0  # the private rows before the canaries (public: the data's size)
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+
+    def __call__(self, task: TaskConfig, rows: list[Row]) -> list[Row]:
+        check_canary_count(self.count, rows)
+        words = self.alphabet(task)
+        self.canaries = make_canaries(
+            words, task, self.count, self.words_per_field, secret_generator()
+        )
+        self.included = draw_coins(self.count)
+        label_field = task.label_field or "label"
+        self.labels = np.array([row[label_field] for row in self.canaries], dtype=np.int64)
+        self.training_rows = len(rows)
+        return [
+            *rows,
+            *(row for row, kept in zip(self.canaries, self.included, strict=True) if kept),
+        ]

@@ -1,0 +1,125 @@
+"""Membership scores of the canaries: higher means "more likely trained on".
+
+- black-box: the canary's loss under the base model minus under the fine-tuned one (how much
+  training lowered it), from the released model alone.
+- white-box (zeroth-order runs): the trajectory and the public seeds give θ_t and z_t at every
+  step, so the auditor recomputes each canary's projected gradient d_c(θ_t) = (l_c(θ_t + εz_t)
+  − l_c(θ_t − εz_t)) / 2ε, clipped to [−C, C] as training would, and compares it with the
+  released g_t:
+  * correlation: Σ_t g_t · d_c(θ_t);
+  * match: how closely some released G_t = g_t · B equals d_c(θ_t) (the best match over the
+    steps, on a log scale). A step whose batch held c alone releases exactly d_c(θ_t) when
+    nothing is added: a run without noise (MeZO with batches of one, or a private run whose
+    noise is broken) gives itself away at the first such step, while noise of scale σC hides
+    every match;
+  * likelihood: Σ_t log[(1 − p) + p · N(G_t; μ + d_c, V) / N(G_t; μ, V)], the Gaussian likelihood
+    ratio of "c was in the step's batch with probability p" against "c was not", with
+    G_t = g_t · B the released sum, and μ, V the mean and variance of the G_t (the other
+    examples and the noise, taken as Gaussian). It gains only on steps whose G_t matches d_c,
+    where the correlation also sums the steps that did not sample c.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from privzo.models.peft_views import unwrap_for_scoring
+from privzo.replay import prepare_replay
+from privzo.tasks import Task
+from privzo.zo.trajectory import replay_steps
+
+MATCH_FLOOR = 1e-12  # relative gap below float64 resolution: an exact match
+
+
+def centre_by_label(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Scores standardised within each canary label (median 0, unit spread).
+
+    Every canary of a label shares the label word's direction in weight space, so training on
+    any of them moves all of them: raw scores form one cluster per label, and guessing from the
+    raw ranking mostly guesses labels. The labels are the auditor's own (public to it, not the
+    coins), so comparing a canary only with canaries of its label stays a valid guess.
+    """
+    centred = np.zeros_like(scores, dtype=np.float64)
+    for label in np.unique(labels):
+        members = labels == label
+        group = scores[members]
+        spread = float(np.std(group)) or 1.0
+        centred[members] = (group - np.median(group)) / spread
+    return centred
+
+
+def canary_losses(task: Task, model: torch.nn.Module, encoded, batch_size: int) -> np.ndarray:
+    """Per-canary fp32 losses under ``model``, in canary order."""
+    losses = []
+    with torch.inference_mode():
+        for start in range(0, len(encoded), batch_size):
+            indices = range(start, min(start + batch_size, len(encoded)))
+            batch = task.collate(encoded, indices)
+            losses.append(task.per_example_loss(model, batch).float().cpu().numpy())
+    return np.concatenate(losses).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class WhiteBoxTrace:
+    """What the replay measured: d_c(θ_t) per step and canary, and the released g_t."""
+
+    differences: np.ndarray  # [steps, canaries], clipped as in training
+    projected_gradients: np.ndarray  # [steps]
+
+
+def replay_differences(
+    base: str,
+    trajectory: Path,
+    task: Task,
+    encoded,
+    *,
+    clip: float | None,
+    batch_size: int,
+    cache_dir: Path,
+) -> WhiteBoxTrace:
+    """Replay the trajectory from the base model, measuring every canary's loss at θ_t ± εz_t."""
+    setup = prepare_replay(base, trajectory, cache_dir=cache_dir, progress=False)
+    scoring = unwrap_for_scoring(setup.model)
+    plus: list[np.ndarray] = []
+    minus: list[np.ndarray] = []
+
+    def probe(row: dict, sign: int) -> None:
+        (plus if sign > 0 else minus).append(canary_losses(task, scoring, encoded, batch_size))
+
+    replay_steps(setup.perturber, setup.table, setup.meta, at_perturbed=probe)
+    differences = (np.stack(plus) - np.stack(minus)) / (2.0 * setup.meta.perturbation_scale)
+    # as training's estimator does (GradientEstimator.sanitize): a non-finite difference counts 0
+    differences = np.nan_to_num(differences, nan=0.0, posinf=0.0, neginf=0.0)
+    if clip is not None:
+        differences = np.clip(differences, -clip, clip)
+    gradients = np.asarray(setup.table.column("projected_gradient").to_pylist(), dtype=np.float64)
+    return WhiteBoxTrace(differences, gradients)
+
+
+def correlation_scores(trace: WhiteBoxTrace) -> np.ndarray:
+    """Σ_t g_t · d_c(θ_t) per canary."""
+    return trace.projected_gradients @ trace.differences
+
+
+def match_scores(trace: WhiteBoxTrace, batch_size: float) -> np.ndarray:
+    """−log of the closest |G_t − d_c(θ_t)| over the steps, relative to the spread of G."""
+    totals = trace.projected_gradients * batch_size
+    scale = float(np.std(totals)) or 1.0
+    gaps = np.abs(totals[:, None] - trace.differences).min(axis=0) / scale
+    return -np.log(gaps + MATCH_FLOOR)
+
+
+def likelihood_scores(trace: WhiteBoxTrace, batch_size: float, sample_rate: float) -> np.ndarray:
+    """Σ_t log-likelihood ratio of c in vs out of step t's batch (see the module docstring)."""
+    totals = trace.projected_gradients * batch_size  # G_t: the released (noised) sum
+    center, variance = float(np.mean(totals)), float(np.var(totals))
+    if variance <= 0:  # every G_t equal: nothing to compare against
+        return np.zeros(trace.differences.shape[1])
+    d = trace.differences
+    shift = ((totals - center)[:, None] * d - d**2 / 2) / variance
+    rate = min(max(sample_rate, 1e-12), 1 - 1e-12)
+    return np.logaddexp(np.log1p(-rate), np.log(rate) + shift).sum(axis=0)

@@ -1,0 +1,206 @@
+"""`privzo audit` end to end on a tiny model: real runs, the real accountant, MLflow in sqlite.
+
+The canaries are at most the 64 training rows of the ``sentiment_files`` fixture; with M = 40
+canaries no audit can prove more than ε ≈ 2 (all 40 guesses right), so a correct private run at
+ε = 3 is "consistent" whatever the coins, and the zero-noise run claims a tiny ε.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privzo.audit import AUDIT_FILE, AuditConfig, run_audit
+from privzo.audit.scores import (
+    WhiteBoxTrace,
+    centre_by_label,
+    correlation_scores,
+    likelihood_scores,
+    match_scores,
+)
+from privzo.cli import main
+from privzo.config import ConfigError, load_config
+from privzo.tracking import open_client, read_run
+from privzo.zo.estimators import PrivateEstimator
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=12",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=1e-3",
+            "tracking.log_every=6",
+            "tracking.experiment=audit-test",
+            "privacy.epsilon=3",
+            "eval_before=false",
+            *extra,
+        ],
+    )
+
+
+def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files)
+    audit = AuditConfig(canaries=40)
+    record = run_audit(config, audit, tmp_path / "audit", cache_dir=cache_dir, progress=False)
+
+    written = json.loads((tmp_path / "audit" / AUDIT_FILE).read_text())
+    assert written == record
+    assert record["verdict"] == "consistent"
+    assert record["epsilon_claimed"] == pytest.approx(3.0, rel=0.01)
+    assert 0 <= record["epsilon_lower_bound"] < 2.5
+    assert record["canaries"] == 40 and record["training_rows"] == 64
+    assert record["white_box"] is True and record["note"] is None
+    assert set(record["results"]) == {
+        "black-box",
+        "white-box-correlation",
+        "white-box-likelihood",
+        "white-box-match",
+    }
+    assert record["tests"] == 4 * len(audit.k_values())
+    best = record["best"]
+    assert best["guesses"] == 2 * best["k"] and 0 <= best["correct"] <= best["guesses"]
+    distribution = record["score_distributions"]["white-box-likelihood"]
+    assert distribution["in"]["count"] + distribution["out"]["count"] == 40
+    assert (tmp_path / "audit" / "audit_scores.png").stat().st_size > 0
+    assert (tmp_path / "audit" / "run" / "trajectory.parquet").is_file()
+    # the run trained on its rows plus the canaries that came up "in"; nothing names them
+    summary = json.loads((tmp_path / "audit" / "run" / "summary.json").read_text())
+    assert summary["train_examples"] == 64 + record["canaries_in"]
+    assert "included" not in json.dumps(record)
+    assert "audit_time_s" not in record  # a private run's duration is withheld
+
+    uri = f"sqlite:///{(tmp_path / 'audit' / 'mlflow.db').resolve()}"
+    child = read_run(uri, record["tracking_run_id"])
+    assert child["tags"]["mlflow.parentRunId"] == record["audited_run_id"]
+    assert child["tags"]["privzo.audit.verdict"] == "consistent"
+    assert child["metrics"]["epsilon_lower_bound"] == pytest.approx(record["epsilon_lower_bound"])
+    assert child["metrics"]["epsilon_claimed"] == pytest.approx(record["epsilon_claimed"])
+    artifacts = {item.path for item in open_client(uri).list_artifacts(record["tracking_run_id"])}
+    assert {AUDIT_FILE, "audit_scores.png"} <= artifacts
+    parent = read_run(uri, record["audited_run_id"])
+    assert parent["status"] == "FINISHED" and parent["tags"]["privzo.audit"] == "true"
+
+
+def test_a_run_without_noise_is_flagged_violated(
+    tmp_path, sentiment_files, cache_dir, monkeypatch, capsys
+):
+    """The broken run: DPZero's accountant claims ε = 0.5, but its noise is patched to zero.
+
+    Batches of one expected record: a step that sampled a canary alone releases its clipped
+    d_c(θ_t) exactly, which the white-box match score finds (29 of 30 guesses right when this
+    was written, ε_lb ≈ 1.1)."""
+    monkeypatch.setattr(PrivateEstimator, "draw_noise", lambda self: 0.0)
+    config = tmp_path / "broken.yaml"
+    train, test = sentiment_files
+    config.write_text(
+        f"model: {{name_or_path: tiny-opt}}\ntask: {{train_path: {train}, test_path: {test}}}\n"
+        "optimizer: {steps: 560, batch_size: 1, learning_rate: 0.001}\n"
+        "privacy: {epsilon: 0.5, clip: 100.0}\neval_before: false\n"
+        "tracking: {experiment: audit-test}\n"
+    )
+    options = ["--canaries", "60", "--k", "15", "--cache-dir", str(cache_dir), "--quiet"]
+    options += ["--score", "white-box-match", "--score", "black-box"]
+    code = main(["audit", str(config), *options, "--output-dir", str(tmp_path / "a")])
+    record = json.loads((tmp_path / "a" / AUDIT_FILE).read_text())
+    assert record["verdict"] == "VIOLATED", record["best"]
+    assert record["epsilon_lower_bound"] > record["epsilon_claimed"]
+    assert record["best"]["score"] == "white-box-match"
+    assert list(record["results"]) == ["white-box-match", "black-box"]
+    assert record["tests"] == 2  # two scores, one k
+    assert code == 4
+    assert "PRIVACY VIOLATED" in capsys.readouterr().err
+
+
+def test_a_non_private_run_reports_its_leakage(tmp_path, sentiment_files, cache_dir, capsys):
+    config = _config(*sentiment_files, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
+    record = run_audit(
+        config,
+        AuditConfig(canaries=20, ks=[5]),
+        tmp_path / "a",
+        cache_dir=cache_dir,
+        progress=False,
+    )
+    assert record["verdict"] == "not private"
+    assert record["epsilon_claimed"] is None and record["tightness"] is None
+    assert record["epsilon_lower_bound"] >= 0
+    assert record["audit_time_s"] > 0  # a non-private run's time is released
+
+
+def test_a_first_order_run_is_audited_black_box_only(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "optimizer.algorithm=adamw", "optimizer.steps=4")
+    record = run_audit(
+        config,
+        AuditConfig(canaries=20, ks=[5]),
+        tmp_path / "a",
+        cache_dir=cache_dir,
+        progress=False,
+    )
+    assert list(record["results"]) == ["black-box"]
+    assert record["white_box"] is False and "black-box only" in record["note"]
+    with pytest.raises(ConfigError, match="writes no trajectory"):
+        run_audit(
+            config,
+            AuditConfig(canaries=20, scores=["white-box-likelihood"]),
+            tmp_path / "b",
+            cache_dir=cache_dir,
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "audit", "message"),
+    [
+        ((), {"canaries": 65}, "more canaries than the 64 private training rows"),
+        (("parallel.strategy=replica", "parallel.workers=2"), {}, "parallel.strategy='replica'"),
+        (("task.name=squad",), {}, "generates answers"),
+        ((), {"canaries": 20, "ks": [11]}, r"2k ≤ canaries=20"),
+    ],
+)
+def test_bad_input_is_refused_before_training(
+    tmp_path, sentiment_files, cache_dir, extra, audit, message
+):
+    config = _config(*sentiment_files, *extra)
+    with pytest.raises(ConfigError, match=message):
+        run_audit(config, AuditConfig(**audit), tmp_path / "a", cache_dir=cache_dir)
+    assert not (tmp_path / "a" / "run").exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("alpha", ["0", "1", "1.5", "-0.1"])
+def test_cli_refuses_alpha_outside_zero_one(tmp_path, sentiment_files, capsys, alpha):
+    train, _ = sentiment_files
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: tiny-opt}}\ntask: {{train_path: {train}}}\n")
+    code = main(["audit", str(config), "--alpha", alpha, "--output-dir", str(tmp_path / "a")])
+    assert code == 2
+    assert "alpha" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+def test_white_box_scores_rank_a_planted_canary_first():
+    """Synthetic trace: canary 0 was in the (noise-free) sum at every third step."""
+    rng = np.random.default_rng(0)
+    differences = rng.normal(size=(300, 8))
+    others = rng.normal(scale=3.0, size=300)
+    sampled = np.arange(300) % 3 == 0
+    totals = others + sampled * differences[:, 0]
+    trace = WhiteBoxTrace(differences, totals / 4)  # g = G / B with B = 4
+    assert np.argmax(correlation_scores(trace)) == 0
+    assert np.argmax(likelihood_scores(trace, batch_size=4, sample_rate=1 / 3)) == 0
+    exact = WhiteBoxTrace(differences, np.where(sampled, differences[:, 0], others) / 4)
+    scores = match_scores(exact, batch_size=4)
+    assert scores[0] > 20 and np.all(scores[1:] < 10)  # an exact match against near misses
+
+
+def test_scores_are_compared_within_a_label():
+    scores = np.array([10.0, 11.0, 12.0, -5.0, -4.0, -3.0])
+    labels = np.array([1, 1, 1, 0, 0, 0])
+    centred = centre_by_label(scores, labels)
+    assert np.allclose(centred[:3], centred[3:])  # the per-label offset is gone
+    assert np.argsort(centred[:3]).tolist() == [0, 1, 2]
