@@ -93,7 +93,9 @@ def test_a_second_run_is_refused_while_the_first_runs(tmp_path, sentiment_files,
         with pytest.raises(DirectoryLockedError, match=rf"in use by another run \(PID {first.pid}"):
             run(_config(*sentiment_files), output, cache_dir=cache_dir, progress=False)
     finally:
-        first.send_signal(signal.SIGTERM)  # dies without cleanup: its lock file stays behind
+        # SIGKILL: dies without cleanup, its lock file stays behind (SIGTERM now stops a run
+        # cleanly, like Ctrl+C, and removes the file)
+        first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
     assert json.loads((output / LOCK_FILE).read_text())["pid"] == first.pid
     summary = run(
