@@ -269,3 +269,30 @@ def test_timing_free_tracker_stamps_metrics_with_start_plus_step(root: Path) -> 
     ]
     assert sorted(stamps) == [(5, start + 5), (10, start + 10), (12, start + 12)]
     assert run.info.end_time == start
+
+
+def test_an_unreachable_tracking_server_is_refused_before_the_model_loads(
+    tmp_path, sentiment_files
+):
+    """A closed port answers at once; MLflow's own client would retry it for about four
+    minutes. The model named does not exist: the probe comes before anything reads it."""
+    import socket
+
+    from privzo.config import ConfigError, load_config
+    from privzo.run import run
+
+    with socket.socket() as listener:  # a port nobody listens on once this closes
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tmp_path / 'no-such-model'}",
+            f"task.train_path={sentiment_files[0]}",
+            f"task.test_path={sentiment_files[1]}",
+            f"tracking.uri=http://127.0.0.1:{port}",
+        ],
+    )
+    with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is not reachable within 10 s"):
+        run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()

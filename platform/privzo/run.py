@@ -41,7 +41,7 @@ from privzo.memory import PeakMemory
 from privzo.models.loading import model_parameters, save_weights
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
-from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory_meta
 
@@ -115,6 +115,7 @@ def run(
     resume = None if overwrite else _resume_point(config, output_dir)
     if resume is None:
         check_output_dir(output_dir, overwrite)
+    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
     context = build_context(config, cache_dir, progress, hooks or RunHooks())
     check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)

@@ -27,7 +27,7 @@ from privzo.layouts.record import (
 from privzo.models.loading import peek_kind, resolve_source
 from privzo.privacy.plan import plan_privacy
 from privzo.tasks import load_splits, resolve_task_config
-from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
 from privzo.tracking.tags import config_tags, layout_tags
 
 
@@ -50,6 +50,7 @@ def run_distributed(
     """
     check_output_dir(output_dir, overwrite)
     check_layout(config)
+    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
     splits = load_splits(resolve_task_config(config.task, peek_kind(config.model)))
     plan = plan_privacy(config, len(splits.train))
     check_batch(config, plan.expected_batch_size)

@@ -12,6 +12,7 @@ from privzo.tracking.base import NoopTracker, RunStatus, Tracker, flatten_params
 from privzo.tracking.mlflow_tracker import (
     MlflowTracker,
     RunRecord,
+    check_server_reachable,
     default_artifact_location,
     default_tracking_uri,
     get_or_create_experiment,
@@ -67,6 +68,7 @@ __all__ = [
     "RunStatus",
     "StoredRun",
     "Tracker",
+    "check_server_reachable",
     "default_artifact_location",
     "default_tracking_uri",
     "end_runs",
@@ -77,6 +79,7 @@ __all__ = [
     "make_tracker",
     "metric_history",
     "open_client",
+    "probe_tracking_store",
     "read_run",
     "set_run_tags",
     "split_param",
@@ -95,3 +98,18 @@ def connect_tracker(tracker: Tracker, uri: str | None) -> Tracker:
             f"({type(error).__name__}: {error}); fix the URI or set tracking.backend=none"
         ) from None
     return tracker
+
+
+def probe_tracking_store(backend: str, uri: str | None) -> None:
+    """Checked before any model loads: an http(s) tracking server takes a connection within
+    10 s (MLflow's own client retries for minutes before it reports)."""
+    from privzo.config import ConfigError
+
+    if backend != "mlflow" or uri is None:
+        return
+    try:
+        check_server_reachable(uri)
+    except ConnectionError as error:
+        raise ConfigError(
+            f"tracking.uri={uri!r}: {error}; fix the URI or set tracking.backend=none"
+        ) from None
