@@ -160,16 +160,20 @@ def _connect_tracker(
 def can_resume(config: RunConfig, output_dir: Path) -> bool:
     """Whether ``run(config, output_dir)`` would go on with an unfinished run there: a
     single-process zeroth-order run (its trajectory rebuilds θ) of exactly this config."""
+    return _find_resume_point(config, Path(output_dir)) is not None
+
+
+def _find_resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
     if config.parallel.strategy != "single" or not records_trajectory(config.optimizer.algorithm):
-        return False
-    return find_resume_point(Path(output_dir), config, CONFIG_FILE, SUMMARY_FILE) is not None
+        return None
+    return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
 
 
 def _resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
-    if not can_resume(config, output_dir):
-        return None
-    logger.warning("resuming the unfinished run in %s", output_dir)
-    return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
+    point = _find_resume_point(config, output_dir)
+    if point is not None:
+        logger.warning("resuming the unfinished run in %s", output_dir)
+    return point
 
 
 def _train_and_evaluate(

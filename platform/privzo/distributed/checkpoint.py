@@ -50,8 +50,3 @@ def read_checkpoint(directory: Path) -> tuple[pa.Table, TrajectoryMeta, RunState
             f"{state.steps_done} steps"
         )
     return table, meta, state
-
-
-def refill(recorder: TrajectoryRecorder, table: pa.Table) -> None:
-    """Put the checkpoint's rows back into a fresh recorder (they were released already)."""
-    recorder.append_rows(table)

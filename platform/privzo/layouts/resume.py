@@ -16,9 +16,6 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from privzo.config import RunConfig, dump_config, load_config
 from privzo.zo.trajectory import TrajectoryRecorder
 
@@ -44,9 +41,7 @@ def save_progress(
     output_dir: Path, recorder: TrajectoryRecorder, point: ResumePoint, trajectory_file: str
 ) -> None:
     """The trajectory so far, then the resume point (a point never names missing rows)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(recorder.to_table(), sink)
-    write_atomically(output_dir / trajectory_file, sink.getvalue().to_pybytes())
+    recorder.write(output_dir / trajectory_file)  # atomic too
     write_atomically(output_dir / RESUME_FILE, json.dumps(asdict(point)).encode())
 
 

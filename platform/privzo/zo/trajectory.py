@@ -7,6 +7,7 @@ row holds only public quantities (the step's direction seed and the noised proje
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,12 @@ class TrajectoryRecorder:
         return table.replace_schema_metadata(meta)
 
     def write(self, path: Path) -> None:
-        pq.write_table(self.to_table(), path)
+        """Write then rename: a process killed mid-write leaves the previous file whole (a
+        resumed run reads it)."""
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.tmp")
+        pq.write_table(self.to_table(), temporary)
+        os.replace(temporary, path)
 
 
 def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
