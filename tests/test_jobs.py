@@ -121,4 +121,7 @@ def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
     assert summary["strategy"] == "replica" and summary["workers"] == 2
     assert summary["steps"] == 6
     assert json.loads((output / "summary.json").read_text()) == summary
+    # the workers print privzo's lines, not Ray Train's per-window INFO lines or load bars
+    for chatter in ("Reporting training result", "Checkpoint successfully created", "Loading"):
+        assert chatter not in job.stdout + job.stderr, chatter
     print(f"ray job submit took {elapsed:.1f} s")

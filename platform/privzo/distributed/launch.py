@@ -237,7 +237,7 @@ CHECKPOINTS_KEPT = 2
 
 def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[str, Any]:
     """Run the workers under a TorchTrainer and return rank 0's result."""
-    from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -264,6 +264,9 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
             # the newest checkpoint is what a restart resumes from; one more in case the newest
             # is incomplete when a worker dies (each holds the whole trajectory so far)
             checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+            # Ray Train's own INFO lines ("Checkpoint successfully created", per window and
+            # rank) stay in its log files; privzo prints the run's progress itself
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
     try:

@@ -9,6 +9,7 @@ attaches a checkpoint; rank 0 alone logs to MLflow and returns the run's summary
 from __future__ import annotations
 
 import io
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from privzo.zo.trajectory import (
 
 def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train's per-worker function; ``settings`` comes from ``launch.worker_settings``."""
+    quiet_worker_console()
     config = build_config(settings["config"], source="parallel worker")
     group = WorkerGroup.current()
     context, keep_alive = _build(config, Path(settings["cache_dir"]))
@@ -65,6 +67,22 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
     return {"summary": summary, "trajectory": _table_bytes(outcome.recorder.to_table())}
+
+
+def quiet_worker_console() -> None:
+    """Keep a worker's console to privzo's own logs and warnings (what the CLI does for the
+    driver unless ``--verbose``; workers are separate processes).
+
+    Ray Train sets a worker's root logger to INFO, and logs every ``ray.train.report`` at INFO
+    ("Reporting training result ...", once per window and rank) on a logger that is not under
+    ``ray.train``, so the run's ``LoggingConfig`` does not reach it. Libraries' INFO lines are
+    dropped here; privzo's loggers keep INFO, and warnings and errors of all still show.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("privzo").setLevel(logging.INFO)
+    transformers_logging.disable_progress_bar()  # "Loading weights" on every rank
 
 
 @dataclass
