@@ -5,6 +5,7 @@ One Ray session serves the module (starting Ray costs ~10 s, each TorchTrainer ~
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -129,7 +130,8 @@ def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
     assert record["tags"]["privzo.trainable_parameters"] == str(
         summaries["replica"]["trainable_parameters"]
     )
-    assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
+    run_files = {"summary.json", "trajectory.parquet", "config.yaml", "privacy.json"}
+    assert run_files <= set(record["artifacts"])
 
 
 @pytest.mark.ray
@@ -151,6 +153,10 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tm
         delta=1e-5,
     )
     assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
+    for name in ("one", "two"):  # both layouts record the same ledger state
+        privacy = json.loads((tmp_path / name / "privacy.json").read_text())
+        assert privacy["steps_accounted"] == 12 and privacy["final"] is True, name
+        assert privacy["epsilon_spent"] == pytest.approx(expected, rel=1e-9), name
     trajectory = pq.read_table(tmp_path / "two" / "trajectory.parquet")
     assert trajectory.column("batch_size").null_count == 12  # withheld, as on one process
     assert replica["peak_memory_mb_per_worker"] is None and replica["peak_memory_mb"] is None

@@ -449,6 +449,30 @@ def test_load_state_dict_refuses_other_settings():
         accountant_from_state({"name": "pld"})
 
 
+def test_ledger_state_round_trips_and_refuses_other_settings():
+    """What privacy.json and a distributed checkpoint hold: a fresh ledger of the same plan takes
+    over the steps booked; another budget, δ, σ, q or accountant is refused, nothing stepped."""
+    ledger = BudgetLedger(make_accountant("pld", "gaussian", 1.2, 0.02), 3.0, DELTA)
+    ledger.book(40)
+    state = json.loads(json.dumps(ledger.state_dict()))
+    resumed = BudgetLedger(make_accountant("pld", "gaussian", 1.2, 0.02), 3.0, DELTA)
+    resumed.load_state_dict(state)
+    assert resumed.accountant.steps == 40
+    assert resumed.epsilon_spent == ledger.epsilon_spent
+    others = {
+        "budget": BudgetLedger(make_accountant("pld", "gaussian", 1.2, 0.02), 4.0, DELTA),
+        "delta": BudgetLedger(make_accountant("pld", "gaussian", 1.2, 0.02), 3.0, 1e-6),
+        "sigma": BudgetLedger(make_accountant("pld", "gaussian", 1.3, 0.02), 3.0, DELTA),
+        "rate": BudgetLedger(make_accountant("pld", "gaussian", 1.2, 0.03), 3.0, DELTA),
+        "accountant": BudgetLedger(make_accountant("rdp", "gaussian", 1.2, 0.02), 3.0, DELTA),
+        "mechanism": BudgetLedger(make_accountant("pld", "laplace", 1.2, 0.02), 3.0, DELTA),
+    }
+    for name, other in others.items():
+        with pytest.raises(ValueError, match="state has"):
+            other.load_state_dict(state)
+        assert other.accountant.steps == 0, name
+
+
 def test_ledger_refuses_to_overspend_and_does_not_step_on_refusal():
     # Laplace with p = 1 under the pure accountant: exactly 1/σ = 1 per step.
     ledger = BudgetLedger(make_accountant("pure", "laplace", 1.0, 1.0), 3.5, 0.0)

@@ -63,6 +63,9 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     assert len(first) == 5 and not (output / "summary.json").exists()
     assert read_run(uri, point["tracking_run_id"])["status"] == "KILLED"
+    saved = json.loads((output / "privacy.json").read_text())  # the ledger, as the window ended
+    assert saved["steps_accounted"] == 5 and saved["ledger"]["accountant"]["steps"] == 5
+    assert saved["final"] is False and saved["epsilon_spent"] is None
 
     summary = run(config, output, cache_dir=cache_dir, progress=False)  # the same command
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
@@ -79,6 +82,11 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
         delta=summary["delta"],
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)  # 12 steps, booked once
+    privacy = json.loads((output / "privacy.json").read_text())
+    assert privacy["final"] is True and privacy["steps_accounted"] == STEPS
+    assert privacy["epsilon_spent"] == summary["epsilon"]
+    assert privacy["noise_multiplier"] == summary["noise_multiplier"]
+    assert privacy["sample_rate"] == summary["sample_rate"] and privacy["mechanism"] == "gaussian"
     assert summary["accuracy_before"] == record["metrics"]["test_accuracy"]
     assert not (output / "resume.json").exists()
     # θ of the resumed run is what the whole trajectory rebuilds from the base
@@ -100,6 +108,30 @@ def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment
     summary = run(other, output, cache_dir=cache_dir, progress=False, overwrite=True)
     assert summary["steps"] == STEPS and not can_resume(other, output)  # finished
     assert pq.read_table(output / "trajectory.parquet").num_rows == STEPS
+
+
+def test_a_resume_under_another_privacy_state_is_refused(tmp_path, sentiment_files, cache_dir):
+    """The saved ledger is restored through the accountant's state API: a budget or σ that is
+    not this run's is refused before any step, and the files are left as they were."""
+    config = _config(*sentiment_files, "tracking.backend=none")
+    output = tmp_path / "dp"
+    with pytest.raises(KeyboardInterrupt):
+        run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
+    path = output / "privacy.json"
+    for section, key, value in (
+        ("ledger", "epsilon_budget", 4.0),
+        ("accountant", "noise_multiplier", 9.0),
+    ):
+        saved = json.loads(path.read_text())
+        edited = json.loads(path.read_text())
+        target = edited["ledger"] if section == "ledger" else edited["ledger"]["accountant"]
+        target[key] = value
+        path.write_text(json.dumps(edited))
+        with pytest.raises(ConfigError, match=f"cannot resume.*{key}"):
+            run(config, output, cache_dir=cache_dir, progress=False)
+        assert pq.read_table(output / "trajectory.parquet").num_rows == 5
+        path.write_text(json.dumps(saved))
+    assert run(config, output, cache_dir=cache_dir, progress=False)["steps"] == STEPS
 
 
 def test_a_run_stopped_inside_its_first_window_resumes(
@@ -125,6 +157,8 @@ def test_a_run_stopped_inside_its_first_window_resumes(
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
     assert summary["steps"] == STEPS and rows[:2] == first and len(rows) == STEPS
+    # saved before step 0 (nothing booked); the 2 steps run since are booked on resume, once
+    assert json.loads((output / "privacy.json").read_text())["steps_accounted"] == STEPS
 
 
 def _cli(args: list[str], **kwargs) -> subprocess.Popen:

@@ -83,7 +83,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
     assert sorted((m.step, m.timestamp) for m in stamps) == [(s, start + s) for s in (5, 10, 12)]
     assert record["end_time"] == start
     assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
-    assert {"summary.json", "trajectory.parquet", "config.yaml"} <= set(record["artifacts"])
+    run_files = {"summary.json", "trajectory.parquet", "config.yaml", "privacy.json"}
+    assert run_files <= set(record["artifacts"])
     assert "tracking.uri" not in record["params"]
     released = [
         *record["params"].values(),

@@ -22,6 +22,7 @@ from privzo.layouts.context import RunContext, RunHooks, build_context
 from privzo.layouts.record import (
     CONFIG_FILE,
     MODEL_DIR,
+    PRIVACY_FILE,
     RESOURCE_FIGURES,
     RUN_FILES,
     SUMMARY_FILE,
@@ -36,10 +37,11 @@ from privzo.layouts.resume import (
     clear_resume_point,
     find_resume_point,
     save_progress,
+    write_json_atomically,
 )
 from privzo.memory import PeakMemory
 from privzo.models.loading import model_parameters, save_weights
-from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
+from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy, privacy_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
 from privzo.zo.integrity import check_fingerprint
@@ -50,6 +52,7 @@ from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory
 __all__ = [
     "CONFIG_FILE",
     "MODEL_DIR",
+    "PRIVACY_FILE",
     "RESOURCE_FIGURES",
     "RUN_FILES",
     "SUMMARY_FILE",
@@ -130,7 +133,7 @@ def run(
             params["tracking"].pop("uri")
             tracker.log_params(params)
         summary = _train_and_evaluate(context, tracker, output_dir, progress, resume)
-        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
     return summary
@@ -199,8 +202,8 @@ def _train_and_evaluate(
     start = _restore(context, loop, recorder, output_dir) if resume is not None else 0
     if loop.records_trajectory:  # every window's rows and resume point, before its metrics
         point = ResumePoint(tracker.run_id, before)
-        save_progress(output_dir, recorder, point, TRAJECTORY_FILE)  # resumable from step 0 on
-        loop.on_window = _progress_saver(output_dir, recorder, point, loop.on_window)
+        save, loop.on_window = _progress_saver(output_dir, recorder, point, loop)
+        save()  # resumable from the first step on
     try:
         loop.run(recorder, progress, start=start)
     finally:  # a failed run keeps the steps it made (and a killed one resumes from them)
@@ -226,6 +229,7 @@ def _train_and_evaluate(
     if context.hooks is not None and context.hooks.final_scores is not None:
         summary.update(context.hooks.final_scores(context))
     tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
+    write_json_atomically(output_dir / PRIVACY_FILE, privacy_record(context.plan, loop.ledger))
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     clear_resume_point(output_dir)  # finished: nothing to resume
     return summary
@@ -249,27 +253,38 @@ def _before(
 def _restore(
     context: RunContext, loop: TrainingLoop, recorder: TrajectoryRecorder, output_dir: Path
 ) -> int:
-    """Rebuild an earlier attempt's state from its trajectory (checked: rows and base)."""
+    """Rebuild an earlier attempt's state from its trajectory (checked: rows and base) and
+    its privacy state (checked: the same budget and accountant settings)."""
     table, meta = read_trajectory(output_dir / TRAJECTORY_FILE)
     if meta.base_fingerprint is not None and context.base_fingerprint is not None:
         check_fingerprint(meta.base_fingerprint, context.base_fingerprint, str(output_dir))
-    done = loop.restore(recorder, table, meta)
+    privacy = output_dir / PRIVACY_FILE
+    saved = json.loads(privacy.read_text()) if privacy.is_file() else {}
+    try:
+        done = loop.restore(recorder, table, meta, ledger_state=saved.get("ledger"))
+    except ValueError as error:
+        raise ConfigError(f"cannot resume the run in {str(output_dir)!r}: {error}") from None
     logger.warning("replayed %d steps; training goes on from step %d", done, done)
     return done
 
 
 def _progress_saver(
-    output_dir: Path,
-    recorder: TrajectoryRecorder,
-    point: ResumePoint,
-    inner: Callable[[int, dict[str, float]], None] | None,
-) -> Callable[[int, dict[str, float]], None]:
-    def save(steps_done: int, metrics: dict[str, float]) -> None:
-        save_progress(output_dir, recorder, point, TRAJECTORY_FILE)
+    output_dir: Path, recorder: TrajectoryRecorder, point: ResumePoint, loop: TrainingLoop
+) -> tuple[Callable[[], None], Callable[[int, dict[str, float]], None]]:
+    """``save()`` writes the rows so far, the privacy state and the resume point; the window
+    callback saves, then calls the loop's own ``on_window``."""
+    inner = loop.on_window
+
+    def save() -> None:
+        privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
+        save_progress(output_dir, recorder, point, (TRAJECTORY_FILE, PRIVACY_FILE), privacy)
+
+    def on_window(steps_done: int, metrics: dict[str, float]) -> None:
+        save()
         if inner is not None:
             inner(steps_done, metrics)
 
-    return save
+    return save, on_window
 
 
 def _evaluator(context: RunContext, memory: PeakMemory) -> Callable[[], Evaluation]:

@@ -132,15 +132,34 @@ class TrainingLoop:
             else:
                 self.tracker.log_metrics({"epsilon_spent": epsilon}, step=step_count)
 
-    def restore(self, recorder: TrajectoryRecorder, table: pa.Table, meta: TrajectoryMeta) -> int:
+    def restore(
+        self,
+        recorder: TrajectoryRecorder,
+        table: pa.Table,
+        meta: TrajectoryMeta,
+        ledger_state: dict[str, Any] | None = None,
+    ) -> int:
         """Continue an earlier attempt: θ rebuilt by replaying its rows, the rows put back in
         ``recorder``, each of them booked once in the ledger, the public shuffle sampler moved
-        past their batches. Returns the steps done (where ``run`` starts)."""
+        past their batches. Returns the steps done (where ``run`` starts).
+
+        ``ledger_state`` (the attempt's ``BudgetLedger.state_dict``) is restored through the
+        accountant's state API, which refuses another budget or accountant setting; rows run
+        after it was saved (a stop inside a window) are booked on top. Without it, every row
+        is booked afresh."""
+        if self.ledger is not None and ledger_state is not None:
+            self.ledger.load_state_dict(ledger_state)
+        accounted = self.ledger.accountant.steps if self.ledger is not None else 0
+        if accounted > table.num_rows:
+            raise ValueError(
+                f"the privacy state books {accounted} steps but the trajectory holds "
+                f"{table.num_rows}: the files are not of one attempt"
+            )
         replay_steps(self.context.perturber, table, meta)
         recorder.append_rows(table)
         done = self.resumed_steps = table.num_rows
-        if self.ledger is not None and done:
-            self.ledger.book(done)
+        if self.ledger is not None and done > accounted:
+            self.ledger.book(done - accounted)
         if self.context.config.privacy.sampler == "shuffle":  # public and seeded: replay it
             for _ in range(done):
                 self.sampler.next_batch()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -27,11 +28,12 @@ STATE = "state.json"
 
 @dataclass(frozen=True)
 class RunState:
-    """Where a run stands: steps done (all in the trajectory) and steps accounted."""
+    """Where a run stands: steps done (all in the trajectory) and the privacy ledger's state
+    (``BudgetLedger.state_dict``: budget, accountant settings, steps accounted)."""
 
     model: str  # the base-model reference the trajectory applies to
     steps_done: int
-    accountant_steps: int | None  # None for a non-private run
+    ledger: dict[str, Any] | None  # None for a non-private run
 
 
 def write_checkpoint(directory: Path, recorder: TrajectoryRecorder, state: RunState) -> None:

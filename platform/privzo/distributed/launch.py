@@ -18,6 +18,7 @@ from typing import Any
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.layouts.record import (
     CONFIG_FILE,
+    PRIVACY_FILE,
     RAY_STATE_DIR,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
@@ -71,9 +72,10 @@ def run_distributed(
         settings["after_window"] = after_window  # a callable: Ray pickles it with cloudpickle
         result = fit(config, settings, output_dir)
         (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
+        (output_dir / PRIVACY_FILE).write_text(json.dumps(result["privacy"], indent=2) + "\n")
         summary = result["summary"]
         (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        for name in (CONFIG_FILE, TRAJECTORY_FILE, SUMMARY_FILE):
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
             tracker.log_artifact(output_dir / name)
     return summary
 

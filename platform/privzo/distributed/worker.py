@@ -33,6 +33,7 @@ from privzo.layouts.context import RunContext, RunHooks, build_context
 from privzo.layouts.record import final_metrics, summary_record
 from privzo.memory import PeakMemory
 from privzo.models.loading import save_weights
+from privzo.privacy.plan import privacy_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
@@ -66,7 +67,11 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
     tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
-    return {"summary": summary, "trajectory": _table_bytes(outcome.recorder.to_table())}
+    return {
+        "summary": summary,
+        "trajectory": _table_bytes(outcome.recorder.to_table()),
+        "privacy": privacy_record(context.plan, outcome.loop.ledger),
+    }
 
 
 def quiet_worker_console() -> None:
@@ -204,7 +209,7 @@ class _Reporter:
         state = RunState(
             model=self.loop.context.config.model.name_or_path,
             steps_done=steps_done,
-            accountant_steps=ledger.accountant.steps if ledger else None,
+            ledger=ledger.state_dict() if ledger else None,
         )
         with tempfile.TemporaryDirectory() as directory:
             write_checkpoint(Path(directory), self.recorder, state)
@@ -224,8 +229,7 @@ def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
     expected = _meta(loop.context)
     if meta != expected or state.model != loop.context.config.model.name_or_path:
         raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
-    assert loop.ledger is None or state.accountant_steps == state.steps_done
-    return loop.restore(recorder, table, meta)
+    return loop.restore(recorder, table, meta, ledger_state=state.ledger)
 
 
 def _evaluate(context: RunContext, memory: PeakMemory) -> Evaluation:

@@ -23,8 +23,9 @@ from privzo.tracking import Tracker
 SUMMARY_FILE = "summary.json"
 TRAJECTORY_FILE = "trajectory.parquet"
 CONFIG_FILE = "config.yaml"
+PRIVACY_FILE = "privacy.json"  # the ledger's state: mechanism, σ, q, steps accounted, ε spent
 MODEL_DIR = "model"
-RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE)
+RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE, PRIVACY_FILE)
 RAY_STATE_DIR = "ray"  # a distributed run's Ray Train state and checkpoints (default storage)
 
 

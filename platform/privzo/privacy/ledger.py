@@ -6,6 +6,8 @@ guards each step while it runs, so a resumed or extended run cannot silently ove
 
 from __future__ import annotations
 
+from typing import Any
+
 from privzo.privacy.accounting import (
     Accountant,
     check_positive,
@@ -96,6 +98,25 @@ class BudgetLedger:
             )
         self.accountant.step(num_steps)
         return after
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the budget, δ, and the accountant's settings and steps booked."""
+        return {
+            "epsilon_budget": self.epsilon_budget,
+            "delta": self.delta,
+            "accountant": self.accountant.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take over the steps an earlier attempt booked. Refuses another budget, δ or
+        accountant setting: continuing under them would account the run wrongly."""
+        for key in ("epsilon_budget", "delta"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(
+                    f"privacy state has {key}={state.get(key)!r} but this run has "
+                    f"{key}={getattr(self, key)!r}; a run resumes only under its own budget"
+                )
+        self.accountant.load_state_dict(state["accountant"])
 
     @property
     def epsilon_spent(self) -> float:
