@@ -12,7 +12,7 @@ import yaml
 from mlflow.entities import Metric
 
 from privzo.analysis import build_report
-from privzo.analysis.plots import distinct_curves
+from privzo.analysis.plots import distinct_curves, split_withheld
 from privzo.config import ConfigError
 from privzo.studies import load_study_config, run_study
 from privzo.studies.scaling import cell_config, expand_cells
@@ -186,6 +186,9 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     }
     assert resources["dpzero"]["private"] and resources["dpzero"]["peak_memory_mb"] is None
     assert resources["mezo"]["peak_memory_mb"] > 0  # non-private: measured and released
+    # the plot draws mezo only, and names dpzero as withheld instead of an empty legend entry
+    shown, withheld = split_withheld(pq.read_table(output / "report" / "resources.parquet"))
+    assert list(shown) == ["mezo"] and withheld == ["dpzero"]
     samplers = {
         row["algorithm"]: row["sampler"]
         for row in pq.read_table(output / "report" / "runs.parquet").to_pylist()

@@ -86,6 +86,11 @@ def _quiet_libraries(args: argparse.Namespace) -> None:
     # Tune's automatic loggers add TensorBoard, which is not installed, and say so at every
     # search; a search passes its CSV and JSON loggers itself
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # DeepSpeed (imported by transformers' integrations) warns on every CPU-only machine; its
+    # logger's level is set when it is imported, so a filter is what stays
+    logging.getLogger("DeepSpeed").addFilter(
+        lambda record: "Setting accelerator to CPU" not in record.getMessage()
+    )
     # a local cluster turns token auth on by default and says so at every start
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR

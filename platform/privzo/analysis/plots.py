@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -66,15 +67,21 @@ def plot_gap(gap: pa.Table, path: Path) -> Path:
 
 
 def plot_resources(resources: pa.Table, path: Path) -> Path:
-    """Peak memory and step time against model size, a line per algorithm (private runs withhold
-    both, so their lines are absent unless diagnostics were on)."""
+    """Peak memory and step time against model size, a line per algorithm. Private runs
+    withhold both: an algorithm with no figures gets no line and no legend entry, and the
+    figure's title names it."""
     plt = _pyplot()
-    frame = resources.to_pandas()
+    shown, withheld = split_withheld(resources)
     figure, (memory, time) = plt.subplots(1, 2, figsize=(11, 4))
-    for algorithm, group in frame.groupby("algorithm"):
-        group = group.sort_values("model_parameters")
+    for algorithm, group in shown.items():
         memory.plot(group["model_parameters"], group["peak_memory_mb"], marker="o", label=algorithm)
         time.plot(group["model_parameters"], group["mean_step_time_s"], marker="o", label=algorithm)
+    if withheld:
+        figure.suptitle(
+            f"not shown: {', '.join(withheld)} (a private run withholds its time and memory: "
+            "they depend on which records were sampled)",
+            fontsize="small",
+        )
     panels = (
         (memory, "peak memory (MB)", "Peak memory of a run (measured, per process)"),
         (time, "mean step time (s)", "Mean wall time of one step (measured, this machine)"),
@@ -85,9 +92,22 @@ def plot_resources(resources: pa.Table, path: Path) -> Path:
         axis.set_ylabel(label)
         axis.set_title(title, fontsize="medium")
         axis.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
-        if len(frame):
+        if shown:
             axis.legend(fontsize="small")
     return _save(figure, path)
+
+
+def split_withheld(resources: pa.Table) -> tuple[dict[str, Any], list[str]]:
+    """The algorithms with measured figures (their rows, by model size) and those whose runs
+    all withheld them."""
+    frame = resources.to_pandas()
+    shown, withheld = {}, []
+    for algorithm, group in frame.groupby("algorithm"):
+        if group[["peak_memory_mb", "mean_step_time_s"]].isna().all(axis=None):
+            withheld.append(str(algorithm))
+        else:
+            shown[str(algorithm)] = group.sort_values("model_parameters")
+    return shown, withheld
 
 
 def plot_epsilon_steps(histories: dict[str, list[tuple[int, float]]], path: Path) -> Path:
