@@ -115,7 +115,11 @@ def run(
     resume = None if overwrite else _resume_point(config, output_dir)
     if resume is None:
         check_output_dir(output_dir, overwrite)
-    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
+    probe_tracking_store(
+        config.tracking.backend,
+        config.tracking.uri or tracking_uri,
+        (tracking_root or output_dir.parent).resolve(),
+    )
     context = build_context(config, cache_dir, progress, hooks or RunHooks())
     check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
