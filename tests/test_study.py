@@ -226,6 +226,32 @@ def test_a_bad_cell_fails_before_any_cell_runs(tmp_path, sentiment_files, cache_
     assert not (tmp_path / "study").exists()
 
 
+def test_a_missing_model_in_the_third_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir
+):
+    """Every cell's model, task and budget are checked before the first trains: the two cells
+    of the good model are not trained before the bad one is found."""
+    missing = tmp_path / "no-such-model"
+    path = _study_file(tmp_path, sentiment_files, models=["tiny-opt", str(missing)], epsilons=[2])
+    study = load_study_config(path)
+    bad = expand_cells(study)[2].name
+    assert bad.startswith(str(missing).replace("/", "_"))
+    with pytest.raises(ConfigError, match=rf"study cell 3/4 {bad}: .*model directory does not"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
+
+
+def test_an_unreachable_budget_in_a_later_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir
+):
+    """The privacy plan of every cell too: ε = 1e-9 cannot be reached."""
+    path = _study_file(tmp_path, sentiment_files, epsilons=[2.0, 1e-9])
+    study = load_study_config(path)
+    with pytest.raises(ConfigError, match=r"study cell 2/3 tiny-opt-task-dpzero-eps1e-09-seed0"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
+
+
 def test_synthetic_study_is_recorded_in_mlflow_and_not_rerun(tmp_path):
     path = tmp_path / "synthetic.yaml"
     data = {

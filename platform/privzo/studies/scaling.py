@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, dump_config, load_config, with_values
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, check_run, run
 from privzo.studies.config import ScalingStudyConfig
 from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
 
@@ -117,7 +117,7 @@ def run_scaling_study(
     if tracking_uri is None:
         tracking_uri = default_tracking_uri(tracking_root)
     cells = expand_cells(study)
-    configs = {cell.name: cell_config(study, cell) for cell in cells}  # every cell valid first
+    configs = check_cells(study, cells)  # every cell, before the first trains
     if study.search is not None:
         _check_search(study)
     tracker = _study_tracker(study, tracking_root, tracking_uri)
@@ -169,6 +169,18 @@ def run_scaling_study(
             )
     (output_dir / "study_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def check_cells(study: ScalingStudyConfig, cells: list[Cell]) -> dict[str, RunConfig]:
+    """Every cell's config, model source, task, data and privacy plan, checked without loading
+    weights or writing anything; a bad one is named with its place in the study."""
+    configs = {cell.name: cell_config(study, cell) for cell in cells}
+    for index, cell in enumerate(cells, start=1):
+        try:
+            check_run(configs[cell.name])
+        except (ValueError, OSError) as error:  # ConfigError, and a file that cannot be read
+            raise ConfigError(f"study cell {index}/{len(cells)} {cell.name}: {error}") from None
+    return configs
 
 
 def _check_search(study: ScalingStudyConfig) -> None:
