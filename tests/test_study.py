@@ -319,10 +319,20 @@ def test_audit_cells_run_after_the_cells_resume_and_fill_the_report(
     ]
 
 
-def test_a_bad_audit_cell_fails_before_any_cell_trains(tmp_path, sentiment_files, cache_dir):
-    path = _study_file(tmp_path, sentiment_files, audit={"canaries": 20, "ks": [15]})
+@pytest.mark.parametrize(
+    ("audit", "message"),
+    [
+        ({"canaries": 20, "ks": [15]}, r"study audit cell 1/3 .*-audit: ks=\[15\]"),
+        ({"canaries": 65}, r"study audit cell 1/3 .*-audit: --canaries=65: more canaries than"),
+    ],
+)
+def test_a_bad_audit_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir, audit, message
+):
+    """k against M, and M against the 64 training rows, before the first trained cell."""
+    path = _study_file(tmp_path, sentiment_files, audit=audit)
     study = load_study_config(path)
-    with pytest.raises(ConfigError, match=r"study audit cell 1/3 .*-audit: ks=\[15\]"):
+    with pytest.raises(ConfigError, match=message):
         run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "study").exists()
 

@@ -15,10 +15,13 @@ from typing import Any
 import yaml
 
 from privzo.audit import AUDIT_FILE, check_audit, run_audit
+from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
 from privzo.config import RunConfig, dump_config
+from privzo.models.loading import check_model
 from privzo.run import CONFIG_FILE
 from privzo.studies.config import ScalingStudyConfig
+from privzo.tasks import load_splits, resolve_task_config
 
 AUDITS_DIR = "audits"
 SETTINGS_FILE = "study_audit.yaml"  # the audit settings of a finished audit cell
@@ -38,8 +41,11 @@ def audit_cell_names(study: ScalingStudyConfig, cells: list[Any]) -> dict[str, s
 
 
 def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> None:
-    """What ``privzo audit`` refuses before training (layout, task, k against M)."""
+    """What ``privzo audit`` refuses before training: the layout, the task, k against M, and
+    M against the cell's private training rows."""
     check_audit(config, audit, cell_dir, overwrite=True)
+    task = resolve_task_config(config.task, check_model(config.model))
+    check_canary_count(audit.canaries, load_splits(task).train)
 
 
 def finished_audit(cell_dir: Path, config: RunConfig, audit: AuditConfig) -> dict | None:
