@@ -140,28 +140,9 @@ def run_scaling_study(
         tracker.log_params(study.model_dump(mode="json"))
     options = {"cache_dir": cache_dir, "tracking_uri": tracking_uri, "progress": progress}
     with tracker:
-        trained, summaries = 0, {}
-        for index, cell in enumerate(cells, start=1):
-            cell_dir = output_dir / CELLS_DIR / cell.name
-            finished = _finished_summary(cell_dir, configs[cell.name])
-            if finished is not None:
-                summaries[cell.name] = finished
-                continue
-            if max_cells is not None and trained >= max_cells:
-                break
-            echo(f"[study {study.name}] cell {index}/{len(cells)}: {cell.name}")
-            summaries[cell.name] = _run_cell(
-                study,
-                cell,
-                configs[cell.name],
-                cell_dir,
-                tracking_root,
-                tracker,
-                cache_dir,
-                tracking_uri,
-                progress,
-            )
-            trained += 1
+        summaries, trained = _run_trained_cells(
+            study, cells, configs, output_dir, tracking_root, tracker, max_cells, options, echo
+        )
         records: dict[str, dict[str, Any]] = {}
         if len(summaries) == len(cells):  # the audit cells come after every trained cell
             left = None if max_cells is None else max_cells - trained
@@ -189,6 +170,44 @@ def run_scaling_study(
             )
     (output_dir / "study_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _run_trained_cells(
+    study: ScalingStudyConfig,
+    cells: list[Cell],
+    configs: dict[str, RunConfig],
+    output_dir: Path,
+    tracking_root: Path,
+    tracker: Tracker,
+    max_cells: int | None,
+    options: dict[str, Any],
+    echo: Callable[[str], None],
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Run (or reuse) the trained cells in order, at most ``max_cells`` new ones; their
+    summaries and how many were trained now."""
+    trained, summaries = 0, {}
+    for index, cell in enumerate(cells, start=1):
+        cell_dir = output_dir / CELLS_DIR / cell.name
+        finished = _finished_summary(cell_dir, configs[cell.name])
+        if finished is not None:
+            summaries[cell.name] = finished
+            continue
+        if max_cells is not None and trained >= max_cells:
+            break
+        echo(f"[study {study.name}] cell {index}/{len(cells)}: {cell.name}")
+        summaries[cell.name] = _run_cell(
+            study,
+            cell,
+            configs[cell.name],
+            cell_dir,
+            tracking_root,
+            tracker,
+            options["cache_dir"],
+            options["tracking_uri"],
+            options["progress"],
+        )
+        trained += 1
+    return summaries, trained
 
 
 def check_cells(study: ScalingStudyConfig, cells: list[Cell]) -> dict[str, RunConfig]:
