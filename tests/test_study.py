@@ -213,6 +213,11 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
         ({"epsilons": []}, "need at least one value in epsilons"),
         ({"models": ["tiny-opt", "tiny-opt"]}, "repeated values"),
         ({"name": "bad name"}, "name"),
+        ({"audit": {"algorithms": ["dpsgd"]}}, r"audit\.algorithms: \['dpsgd'\] not in the study"),
+        ({"audit": {"epsilons": [8.0]}}, r"audit\.epsilons: \[8\.0\] not in the study"),
+        ({"audit": {"algorithms": ["dpzero"], "epsilons": []}}, "select no cell"),
+        ({"audit": {"canaries": 1}}, "canaries"),
+        ({"audit": {"alpha": 1.5}}, "alpha"),
     ],
 )
 def test_bad_study_configs_fail_at_load(tmp_path, sentiment_files, change, message):
@@ -225,6 +230,112 @@ def test_a_bad_cell_fails_before_any_cell_runs(tmp_path, sentiment_files, cache_
     path = _study_file(tmp_path, sentiment_files, overrides={"optimizer.steps": 0})
     study = load_study_config(path)
     with pytest.raises(ConfigError, match=r"optimizer\.steps"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_missing_model_in_the_third_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir
+):
+    """Every cell's model, task and budget are checked before the first trains: the two cells
+    of the good model are not trained before the bad one is found."""
+    missing = tmp_path / "no-such-model"
+    path = _study_file(tmp_path, sentiment_files, models=["tiny-opt", str(missing)], epsilons=[2])
+    study = load_study_config(path)
+    bad = expand_cells(study)[2].name
+    assert bad.startswith(str(missing).replace("/", "_"))
+    with pytest.raises(ConfigError, match=rf"study cell 3/4 {bad}: .*model directory does not"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
+
+
+def test_an_unreachable_budget_in_a_later_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir
+):
+    """The privacy plan of every cell too: ε = 1e-9 cannot be reached."""
+    path = _study_file(tmp_path, sentiment_files, epsilons=[2.0, 1e-9])
+    study = load_study_config(path)
+    with pytest.raises(ConfigError, match=r"study cell 2/3 tiny-opt-task-dpzero-eps1e-09-seed0"):
+        run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
+    assert not (tmp_path / "study").exists()
+
+
+def test_audit_cells_run_after_the_cells_resume_and_fill_the_report(
+    tmp_path, sentiment_files, cache_dir
+):
+    """Both arms audited with 20 canaries (k = 5): a third invocation reruns nothing, and the
+    report's table and plot hold each audit's ε claimed, ε_lb, verdict, M and k."""
+    audit = {"canaries": 20, "ks": [5], "scores": ["black-box", "white-box-likelihood"]}
+    path = _study_file(tmp_path, sentiment_files, epsilons=[2.0], audit=audit)
+    study = load_study_config(path)
+    output = tmp_path / "study"
+    options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _: None}
+    first = run_study(study, output, max_cells=3, **options)  # both cells and one audit
+    assert (first["cells_finished"], first["audit_cells"], first["audit_cells_finished"]) == (
+        2,
+        2,
+        1,
+    )
+    assert first["complete"] is False and not (output / "report").exists()
+    audits = sorted((output / "audits").iterdir())
+    done = output / "audits" / "tiny-opt-task-dpzero-eps2-seed0-audit" / "audit.json"
+    assert [d.name for d in audits] == [done.parent.name] and done.is_file()
+    mtime = done.stat().st_mtime_ns
+
+    second = run_study(study, output, **options)
+    assert second["complete"] is True and second["audit_cells_finished"] == 2
+    assert done.stat().st_mtime_ns == mtime  # the finished audit was not run again
+    records = {
+        d.name: json.loads((d / "audit.json").read_text())
+        for d in sorted((output / "audits").iterdir())
+    }
+    assert set(second["audits"]) == set(records)
+    assert run_study(study, output, **options)["audits"] == second["audits"]  # nothing reruns
+    assert done.stat().st_mtime_ns == mtime
+
+    table = pq.read_table(output / "report" / "audits.parquet").to_pylist()
+    by_budget = {row["budget"]: row for row in table}
+    assert set(by_budget) == {"dpzero ε=2", "mezo (non-private)"}
+    for name, record in records.items():
+        row = by_budget["dpzero ε=2" if "dpzero" in name else "mezo (non-private)"]
+        assert row["epsilon_lower_bound"] == pytest.approx(record["epsilon_lower_bound"])
+        assert row["verdict"] == record["verdict"]
+        assert (row["canaries"], row["k"]) == (20, record["best"]["k"]) == (20, 5)
+        assert row["correct"] == f"{record['best']['correct']}/10"
+    private = by_budget["dpzero ε=2"]
+    assert private["epsilon_claimed"] == pytest.approx(records[done.parent.name]["epsilon_claimed"])
+    assert private["verdict"] == "consistent" and private["model"] == "tiny-opt"
+    assert by_budget["mezo (non-private)"]["epsilon_claimed"] is None
+    assert by_budget["mezo (non-private)"]["verdict"] == "not private"
+    image = output / "report" / "audits.png"
+    assert image.stat().st_size > 1000 and image.read_bytes()[:4] == b"\x89PNG"
+    report = (output / "report" / "report.md").read_text()
+    assert "## Audited ε vs claimed ε" in report and "](audits.png)" in report
+    section = report.split("## Audited ε vs claimed ε", 1)[1].splitlines()
+    line = next(line for line in section if "| dpzero ε=2 |" in line)
+    assert f"| {private['epsilon_lower_bound']:.3f} |" in line and "| consistent |" in line
+    # the audited runs (trained with canaries) stay out of the scaling tables
+    runs = pq.read_table(output / "report" / "runs.parquet").to_pylist()
+    assert sorted(row["cell"] for row in runs) == [
+        "tiny-opt-task-dpzero-eps2-seed0",
+        "tiny-opt-task-mezo-nonprivate-seed0",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("audit", "message"),
+    [
+        ({"canaries": 20, "ks": [15]}, r"study audit cell 1/3 .*-audit: ks=\[15\]"),
+        ({"canaries": 65}, r"study audit cell 1/3 .*-audit: --canaries=65: more canaries than"),
+    ],
+)
+def test_a_bad_audit_cell_fails_before_any_cell_trains(
+    tmp_path, sentiment_files, cache_dir, audit, message
+):
+    """k against M, and M against the 64 training rows, before the first trained cell."""
+    path = _study_file(tmp_path, sentiment_files, audit=audit)
+    study = load_study_config(path)
+    with pytest.raises(ConfigError, match=message):
         run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "study").exists()
 

@@ -296,3 +296,50 @@ def test_an_unreachable_tracking_server_is_refused_before_the_model_loads(
     with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is not reachable within 10 s"):
         run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def _without_root_override() -> None:
+    """In the child, before exec: root gives up overriding file permissions (the capability
+    bounding set loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), so chmod a-w binds it too."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_a_read_only_tracking_store_is_refused_before_the_model_loads(tmp_path, sentiment_files):
+    """chmod a-w on the sqlite file and its directory: MLflow reads the store and its experiment
+    without complaint and failed only when it created the run, after the model and data had
+    loaded. The model named does not exist: the store's check comes before anything reads it."""
+    import os
+
+    store = tmp_path / "store"
+    uri = default_tracking_uri(store)
+    get_or_create_experiment(open_client(uri), "default", default_artifact_location(store))
+    for path in (store / "mlflow.db", store / "mlflow.db.lock", store):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    config = tmp_path / "run.yaml"
+    train, test = sentiment_files
+    config.write_text(f"task: {{train_path: {train}, test_path: {test}}}\n")
+    command = [
+        *(sys.executable, "-m", "privzo.cli", "run", str(config)),
+        *("--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
+        f"model.name_or_path={tmp_path / 'no-such-model'}",
+        f"tracking.uri={uri}",
+    ]
+    try:
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=_without_root_override if os.geteuid() == 0 else None,
+        )
+    finally:
+        store.chmod(0o755)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"the sqlite store {store / 'mlflow.db'} cannot be written" in result.stderr
+    assert "Traceback" not in result.stderr and "no-such-model" not in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()

@@ -18,7 +18,7 @@ from privzo.algorithms import TrainingLoop, make_loop, records_trajectory
 from privzo.baselines.dpgd import check_dpgd_size
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
-from privzo.layouts.context import RunContext, RunHooks, build_context
+from privzo.layouts.context import RunContext, RunHooks, build_context, direction_sampler
 from privzo.layouts.record import (
     CONFIG_FILE,
     MODEL_DIR,
@@ -40,8 +40,9 @@ from privzo.layouts.resume import (
     write_json_atomically,
 )
 from privzo.memory import PeakMemory
-from privzo.models.loading import model_parameters, save_weights
+from privzo.models.loading import check_model, model_parameters, save_weights
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy, privacy_record
+from privzo.tasks import load_splits, resolve_task_config
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
 from privzo.zo.integrity import check_fingerprint
@@ -64,6 +65,7 @@ __all__ = [
     "build_context",
     "can_resume",
     "check_output_dir",
+    "check_run",
     "make_loop",
     "mechanism_parameters",
     "model_parameters",
@@ -118,7 +120,11 @@ def run(
     resume = None if overwrite else _resume_point(config, output_dir)
     if resume is None:
         check_output_dir(output_dir, overwrite)
-    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
+    probe_tracking_store(
+        config.tracking.backend,
+        config.tracking.uri or tracking_uri,
+        (tracking_root or output_dir.parent).resolve(),
+    )
     context = build_context(config, cache_dir, progress, hooks or RunHooks())
     check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
@@ -137,6 +143,19 @@ def run(
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
     return summary
+
+
+def check_run(config: RunConfig) -> None:
+    """What a run checks before it loads weights, without loading them or writing anything: the
+    model's source, the task and its data, the privacy plan (the budget reachable), the
+    directions and the layout. A study checks every cell with it before the first trains."""
+    task_config = resolve_task_config(config.task, check_model(config.model))
+    plan_privacy(config, len(load_splits(task_config).train))
+    direction_sampler(config)
+    if config.parallel.strategy != "single":
+        from privzo.distributed.launch import check_layout
+
+        check_layout(config)
 
 
 def _connect_tracker(

@@ -144,3 +144,37 @@ def _save(figure, path: Path) -> Path:
     figure.savefig(path, dpi=120)
     _pyplot().close(figure)
     return path
+
+
+def plot_audits(audits: pa.Table, path: Path) -> Path:
+    """Per audited cell, the claimed ε (the accountant's) beside the audit's lower bound ε_lb
+    at confidence 1 − α; a non-private cell has no claimed ε, its bar is the measured leakage."""
+    plt = _pyplot()
+    frame = audits.to_pandas()
+    labels = [
+        f"{model}\n{budget}" + (f"\nseed {seed}" if frame["seed"].nunique() > 1 else "")
+        for model, budget, seed in zip(frame["model"], frame["budget"], frame["seed"], strict=True)
+    ]
+    positions = list(range(len(labels)))
+    figure, axis = plt.subplots(figsize=(max(5.5, 1.4 * len(labels)), 4))
+    claimed = frame["epsilon_claimed"].fillna(0.0)
+    axis.bar([x - 0.2 for x in positions], claimed, width=0.4, label="ε claimed (accountant)")
+    bars = axis.bar(
+        [x + 0.2 for x in positions],
+        frame["epsilon_lower_bound"],
+        width=0.4,
+        label="ε_lb (audit)",
+    )
+    axis.bar_label(bars, fmt="%.2f", fontsize="small")  # an ε_lb of 0 shows as "0.00"
+    for bar, verdict in zip(bars, frame["verdict"], strict=True):
+        if verdict == "VIOLATED":
+            bar.set_color("red")
+    axis.set_xticks(positions, labels, fontsize="small")
+    axis.set_ylim(bottom=0.0)
+    axis.set_ylabel("ε")
+    confidence = ", ".join(f"{1 - alpha:.0%}" for alpha in sorted(set(frame["alpha"])))
+    axis.set_title(
+        f"audited ε lower bound (confidence {confidence}) vs claimed ε", fontsize="medium"
+    )
+    axis.legend(fontsize="small")
+    return _save(figure, path)

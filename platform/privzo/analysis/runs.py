@@ -75,8 +75,8 @@ def load_runs(tracking_uri: str, experiment: str, study: str | None = None) -> p
 
 def _is_training_run(run: StoredRun, study: str | None) -> bool:
     found = run.tags
-    if tags.ROLE in found or tags.MODEL not in found:
-        return False  # a search / study parent, or not a privzo run
+    if tags.ROLE in found or tags.MODEL not in found or tags.AUDIT in found:
+        return False  # a search / study parent, an audited run (canaries), not a privzo run
     return study is None or tags.CELL in found
 
 
@@ -102,3 +102,62 @@ def _row(run: StoredRun) -> dict[str, Any]:
 
 def _int(value: Any) -> int | None:
     return int(value) if value not in (None, "", "None") else None
+
+
+AUDIT_SCHEMA = pa.schema(
+    [
+        ("audit_run_id", pa.string()),
+        ("audited_run_id", pa.string()),
+        ("cell", pa.string()),
+        ("model", pa.string()),
+        ("model_parameters", pa.int64()),
+        ("algorithm", pa.string()),
+        ("private", pa.bool_()),
+        ("epsilon_target", pa.float64()),
+        ("seed", pa.int64()),
+        ("epsilon_claimed", pa.float64()),
+        ("epsilon_lower_bound", pa.float64()),
+        ("verdict", pa.string()),
+        ("canaries", pa.int64()),
+        ("k", pa.int64()),
+        ("correct", pa.int64()),
+        ("guesses", pa.int64()),
+        ("alpha", pa.float64()),
+    ]
+)
+
+
+def load_audits(tracking_uri: str, experiment: str, study: str | None = None) -> pa.Table:
+    """Finished audits (``privzo audit``'s MLflow runs) of ``experiment``, one row each, with
+    the audited run's model, algorithm and budget (read from the audited run, their parent)."""
+    query = f"attributes.status = 'FINISHED' and tags.`{tags.AUDIT}` = 'true'"
+    if study is not None:
+        query += f" and tags.`{tags.STUDY}` = '{study}'"
+    runs = find_runs(tracking_uri, experiment, query) or []
+    audited = {run.run_id: run for run in runs if tags.AUDIT_VERDICT not in run.tags}
+    rows = [
+        _audit_row(run, audited[run.tags["mlflow.parentRunId"]])
+        for run in runs
+        if tags.AUDIT_VERDICT in run.tags and run.tags.get("mlflow.parentRunId") in audited
+    ]
+    rows.sort(key=lambda row: (row["model_parameters"] or 0, row["cell"] or ""))
+    return pa.Table.from_pylist(rows, schema=AUDIT_SCHEMA)
+
+
+def _audit_row(audit: StoredRun, audited: StoredRun) -> dict[str, Any]:
+    training = _row(audited)
+    metrics = audit.metrics
+    return {
+        "audit_run_id": audit.run_id,
+        "audited_run_id": audited.run_id,
+        **{key: training[key] for key in ("cell", "model", "model_parameters", "algorithm")},
+        **{key: training[key] for key in ("private", "epsilon_target", "seed")},
+        "epsilon_claimed": metrics.get("epsilon_claimed"),  # absent for a non-private run
+        "epsilon_lower_bound": metrics["epsilon_lower_bound"],
+        "verdict": audit.tags[tags.AUDIT_VERDICT],
+        "canaries": _int(metrics.get("canaries")),
+        "k": _int(metrics.get("best_k")),
+        "correct": _int(metrics.get("correct_guesses")),
+        "guesses": _int(metrics.get("guesses")),
+        "alpha": metrics.get("alpha"),
+    }

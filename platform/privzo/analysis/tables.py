@@ -203,3 +203,36 @@ def _cell(value: object, spec: str | None) -> str:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and spec:
         return format(int(value), spec)
     return str(value)
+
+
+def audit_table(audits: pa.Table) -> pa.Table:
+    """Audited ε against claimed ε by model and budget: one row per audit (seeds apart, since
+    each bound holds for its own run)."""
+    frame = audits.to_pandas()
+    if frame.empty:
+        return pa.table({"model": pa.array([], pa.string())})
+    claimed = frame["epsilon_claimed"]
+    out = pd.DataFrame(
+        {
+            "model": frame["model"],
+            "model_parameters": frame["model_parameters"],
+            "budget": [
+                budget_label(a, p, e)
+                for a, p, e in zip(
+                    frame["algorithm"], frame["private"], frame["epsilon_target"], strict=True
+                )
+            ],
+            "seed": frame["seed"],
+            "epsilon_claimed": claimed,
+            "epsilon_lower_bound": frame["epsilon_lower_bound"],
+            "tightness": frame["epsilon_lower_bound"] / claimed.where(claimed > 0),
+            "verdict": frame["verdict"],
+            "canaries": frame["canaries"],
+            "k": frame["k"],
+            "correct": [
+                f"{c}/{g}" for c, g in zip(frame["correct"], frame["guesses"], strict=True)
+            ],
+            "alpha": frame["alpha"],
+        }
+    )
+    return pa.Table.from_pandas(out, preserve_index=False)

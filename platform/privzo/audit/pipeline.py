@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from privzo.models.loading import load_model, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
 from privzo.tasks import is_generation, resolve_task_config
+from privzo.tracking.tags import AUDIT
 
 AUDIT_FILE = "audit.json"
 RUN_DIR = "run"
@@ -48,6 +49,7 @@ ZEROTH_ORDER_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")  # they write a tra
 # A match is exact or not whatever the canary's label: standardising per label would only mix
 # the two labels' exact matches with the other label's near misses.
 UNCENTRED_SCORES = ("white-box-match",)
+PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not the caller's
 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
@@ -124,9 +126,11 @@ def run_audit(
     progress: bool = True,
     overwrite: bool = False,
     tracking_uri: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train once with canaries, score, guess and bound ε; writes ``DIR/audit.json`` and an
-    MLflow child of the audited run. Returns the audit record."""
+    MLflow child of the audited run. Returns the audit record. ``tags`` go on the audited run
+    (a study's: its parent run, study and cell) and, but for its parent, on the child."""
     output_dir = Path(output_dir).resolve()
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
@@ -141,7 +145,7 @@ def run_audit(
         overwrite=overwrite,
         tracking_root=output_dir,
         tracking_uri=tracking_uri,
-        tags={"privzo.audit": "true"},
+        tags={**(tags or {}), AUDIT: "true"},
         hooks=RunHooks(training_rows=injection, final_scores=tuned),
     )
     values = score_canaries(config, audit, scores, summary, tuned, output_dir, cache_dir)
@@ -149,7 +153,8 @@ def run_audit(
     record = audit_record(config, audit, summary, results, values, injection, note)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
         record["audit_time_s"] = round(time.perf_counter() - started, 1)
-    write_outputs(config, record, values, injection, output_dir, tracking_uri)
+    child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_TAG}
+    write_outputs(config, record, values, injection, output_dir, tracking_uri, child_tags)
     return record
 
 
@@ -179,12 +184,14 @@ def write_outputs(
     injection: CanaryInjection,
     output_dir: Path,
     tracking_uri: str | None,
+    tags: Mapping[str, str] | None = None,
 ) -> None:
     """audit.json, the scores' plot and the MLflow child run (whose id audit.json then gets)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     plot = plot_scores(values, injection.included, output_dir / "audit_scores.png")
-    record_child_run(config, record, [output_dir / AUDIT_FILE, plot], output_dir, tracking_uri)
+    artifacts = [output_dir / AUDIT_FILE, plot]
+    record_child_run(config, record, artifacts, output_dir, tracking_uri, tags)
     (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 

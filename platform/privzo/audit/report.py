@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from privzo.config import RunConfig
 from privzo.tracking import connect_tracker, make_tracker
+from privzo.tracking.tags import AUDIT, AUDIT_VERDICT
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -68,10 +70,11 @@ def record_child_run(
     artifacts: list[Path],
     output_dir: Path,
     tracking_uri: str | None,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> str | None:
     """An MLflow run under the audited run (``mlflow.parentRunId``) holding the audit."""
     tracking = config.tracking
-    tags = {"privzo.audit": "true", "privzo.audit.verdict": record["verdict"]}
+    tags = {**(extra_tags or {}), AUDIT: "true", AUDIT_VERDICT: record["verdict"]}
     if record["audited_run_id"]:
         tags["mlflow.parentRunId"] = str(record["audited_run_id"])
     tracker = make_tracker(

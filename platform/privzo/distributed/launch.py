@@ -51,7 +51,11 @@ def run_distributed(
     """
     check_output_dir(output_dir, overwrite)
     check_layout(config)
-    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
+    probe_tracking_store(
+        config.tracking.backend,
+        config.tracking.uri or tracking_uri,
+        (tracking_root or output_dir.parent).resolve(),
+    )
     splits = load_splits(resolve_task_config(config.task, peek_kind(config.model)))
     plan = plan_privacy(config, len(splits.train))
     check_batch(config, plan.expected_batch_size)

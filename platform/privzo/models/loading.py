@@ -74,6 +74,16 @@ def peek_kind(config: ModelConfig) -> str:
     return resolve_kind(config, _load_hf_config(config, source))
 
 
+def check_model(config: ModelConfig) -> str:
+    """The model's kind, its source checked without loading weights: a built-in name, a local
+    directory saved with save_pretrained, or a hub id whose config loads (whatever
+    ``model.kind`` says: a study checks every cell's model with this before the first trains)."""
+    if is_builtin(config.name_or_path):
+        return peek_kind(config)
+    source = resolve_source(config, cache_dir=Path("."), progress=False)
+    return resolve_kind(config, _load_hf_config(config, source))
+
+
 def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(source)

@@ -14,6 +14,10 @@ private_algorithms: [dpzero]
 epsilons: [2.0]
 non_private_algorithms: [mezo]
 seeds: [0]
+audit:                                          # optional: audit cells (``privzo audit``)
+  canaries: 1000
+  algorithms: [dpzero, mezo]                    # null = every arm
+  epsilons: [2.0]                               # null = every ε (non-private arms: by algorithm)
 ```
 """
 
@@ -24,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from privzo.audit.config import AuditConfig
 from privzo.config import (
     ALGORITHMS,
     PRIVATE_ALGORITHMS,
@@ -35,6 +40,30 @@ from privzo.config import (
     validate_section,
 )
 from privzo.synthetic.config import SyntheticStudyConfig
+
+
+class StudyAuditConfig(AuditConfig):
+    """``privzo audit``'s settings plus which of the study's trained cells get an audit cell
+    (the same run trained again with canaries; a null filter selects every value)."""
+
+    algorithms: list[str] | None = Field(None, description="Arms to audit; null = every arm.")
+    epsilons: list[float] | None = Field(
+        None,
+        description="Private budgets to audit; null = every ε. Non-private arms are "
+        "selected by algorithms alone.",
+    )
+    models: list[str] | None = Field(None, description="Models to audit; null = every model.")
+
+    def settings(self) -> AuditConfig:
+        """The audit's own settings, without the study's filters."""
+        return AuditConfig.model_validate(self.model_dump(include=set(AuditConfig.model_fields)))
+
+    def selects(self, model: str, algorithm: str, epsilon: float | None) -> bool:
+        return (
+            (self.models is None or model in self.models)
+            and (self.algorithms is None or algorithm in self.algorithms)
+            and (epsilon is None or self.epsilons is None or epsilon in self.epsilons)
+        )
 
 
 class ScalingStudyConfig(Section):
@@ -62,6 +91,9 @@ class ScalingStudyConfig(Section):
         "by the cell's run) instead of one run, and reports the best trial.",
     )
     experiment: str | None = Field(None, description="MLflow experiment; null = the study name.")
+    audit: StudyAuditConfig | None = Field(
+        None, description="Audit cells: selected cells trained again with canaries and audited."
+    )
 
     @field_validator("base", mode="before")
     @classmethod
@@ -98,7 +130,24 @@ class ScalingStudyConfig(Section):
         for name, values in (("models", self.models), ("seeds", self.seeds)):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: repeated values {values}")
+        if self.audit is not None:
+            self._check_audit(self.audit)
         return self
+
+    def _check_audit(self, audit: StudyAuditConfig) -> None:
+        arms = [*self.private_algorithms, *self.non_private_algorithms]
+        for name, chosen, allowed in (
+            ("algorithms", audit.algorithms, arms),
+            ("epsilons", audit.epsilons, self.epsilons),
+            ("models", audit.models, self.models),
+        ):
+            unknown = [value for value in chosen or [] if value not in allowed]
+            if unknown:
+                raise ValueError(f"audit.{name}: {unknown} not in the study's {allowed}")
+        budgets = [(a, e) for a in self.private_algorithms for e in self.epsilons]
+        budgets += [(a, None) for a in self.non_private_algorithms]
+        if not any(audit.selects(m, a, e) for m in self.models for a, e in budgets):
+            raise ValueError("audit: its algorithms, epsilons and models select no cell")
 
 
 STUDY_TYPES: dict[str, type[Section]] = {
@@ -133,6 +182,9 @@ def _resolve_paths(data: dict[str, Any], root: Path) -> None:
             return str((root / item).resolve())
         return item
 
+    audit = data.get("audit")
+    if isinstance(audit, dict) and isinstance(audit.get("models"), list):
+        audit["models"] = [resolve(item) for item in audit["models"]]
     for key in ("base", "models", "tasks"):
         value = data.get(key)
         if isinstance(value, list):

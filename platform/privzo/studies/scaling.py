@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, dump_config, load_config, with_values
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, check_run, run
+from privzo.studies.audits import (
+    AUDITS_DIR,
+    audit_cell_names,
+    check_audit_cell,
+    finished_audit,
+    run_audit_cell,
+)
 from privzo.studies.config import ScalingStudyConfig
 from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
 
@@ -117,7 +124,9 @@ def run_scaling_study(
     if tracking_uri is None:
         tracking_uri = default_tracking_uri(tracking_root)
     cells = expand_cells(study)
-    configs = {cell.name: cell_config(study, cell) for cell in cells}  # every cell valid first
+    configs = check_cells(study, cells)  # every cell, before the first trains
+    audits = audit_cell_names(study, cells)
+    _check_audit_cells(study, cells, configs, audits, output_dir)
     if study.search is not None:
         _check_search(study)
     tracker = _study_tracker(study, tracking_root, tracking_uri)
@@ -129,34 +138,26 @@ def run_scaling_study(
         tracker.start()
         StudyState(tracker.run_id).save(output_dir / STATE_FILE)
         tracker.log_params(study.model_dump(mode="json"))
+    options = {"cache_dir": cache_dir, "tracking_uri": tracking_uri, "progress": progress}
     with tracker:
-        trained, summaries = 0, {}
-        for index, cell in enumerate(cells, start=1):
-            cell_dir = output_dir / CELLS_DIR / cell.name
-            finished = _finished_summary(cell_dir, configs[cell.name])
-            if finished is not None:
-                summaries[cell.name] = finished
-                continue
-            if max_cells is not None and trained >= max_cells:
-                break
-            echo(f"[study {study.name}] cell {index}/{len(cells)}: {cell.name}")
-            summaries[cell.name] = _run_cell(
-                study,
-                cell,
-                configs[cell.name],
-                cell_dir,
-                tracking_root,
-                tracker,
-                cache_dir,
-                tracking_uri,
-                progress,
+        summaries, trained = _run_trained_cells(
+            study, cells, configs, output_dir, tracking_root, tracker, max_cells, options, echo
+        )
+        records: dict[str, dict[str, Any]] = {}
+        if len(summaries) == len(cells):  # the audit cells come after every trained cell
+            left = None if max_cells is None else max_cells - trained
+            records = _run_audit_cells(
+                study, cells, configs, audits, output_dir, tracker, left, options, echo
             )
-            trained += 1
-        complete = len(summaries) == len(cells)
+        done, total = len(summaries) + len(records), len(cells) + len(audits)
+        complete = done == total
         summary = {
             "study": study.name,
             "cells": len(cells),
             "cells_finished": len(summaries),
+            "audit_cells": len(audits),
+            "audit_cells_finished": len(records),
+            "audits": {name: _audit_line(record) for name, record in records.items()},
             "complete": complete,
             "parent_run_id": tracker.run_id,
         }
@@ -164,11 +165,116 @@ def run_scaling_study(
             summary["report"] = _report(study, output_dir, tracker, tracking_uri, echo)
         else:
             echo(
-                f"[study {study.name}] {len(summaries)}/{len(cells)} cells finished; run the "
-                "same command again to continue"
+                f"[study {study.name}] {done}/{total} cells finished; run the same command "
+                "again to continue"
             )
     (output_dir / "study_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _run_trained_cells(
+    study: ScalingStudyConfig,
+    cells: list[Cell],
+    configs: dict[str, RunConfig],
+    output_dir: Path,
+    tracking_root: Path,
+    tracker: Tracker,
+    max_cells: int | None,
+    options: dict[str, Any],
+    echo: Callable[[str], None],
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Run (or reuse) the trained cells in order, at most ``max_cells`` new ones; their
+    summaries and how many were trained now."""
+    trained, summaries = 0, {}
+    for index, cell in enumerate(cells, start=1):
+        cell_dir = output_dir / CELLS_DIR / cell.name
+        finished = _finished_summary(cell_dir, configs[cell.name])
+        if finished is not None:
+            summaries[cell.name] = finished
+            continue
+        if max_cells is not None and trained >= max_cells:
+            break
+        echo(f"[study {study.name}] cell {index}/{len(cells)}: {cell.name}")
+        summaries[cell.name] = _run_cell(
+            study,
+            cell,
+            configs[cell.name],
+            cell_dir,
+            tracking_root,
+            tracker,
+            options["cache_dir"],
+            options["tracking_uri"],
+            options["progress"],
+        )
+        trained += 1
+    return summaries, trained
+
+
+def check_cells(study: ScalingStudyConfig, cells: list[Cell]) -> dict[str, RunConfig]:
+    """Every cell's config, model source, task, data and privacy plan, checked without loading
+    weights or writing anything; a bad one is named with its place in the study."""
+    configs = {cell.name: cell_config(study, cell) for cell in cells}
+    for index, cell in enumerate(cells, start=1):
+        try:
+            check_run(configs[cell.name])
+        except (ValueError, OSError) as error:  # ConfigError, and a file that cannot be read
+            raise ConfigError(f"study cell {index}/{len(cells)} {cell.name}: {error}") from None
+    return configs
+
+
+def _check_audit_cells(
+    study: ScalingStudyConfig,
+    cells: list[Cell],
+    configs: dict[str, RunConfig],
+    audits: dict[str, str],
+    output_dir: Path,
+) -> None:
+    """What each audit cell's ``privzo audit`` would refuse, before any cell trains."""
+    if study.audit is None:
+        return
+    settings = study.audit.settings()
+    for index, (cell, name) in enumerate(audits.items(), start=1):
+        try:
+            check_audit_cell(configs[cell], settings, output_dir / AUDITS_DIR / name)
+        except (ValueError, OSError) as error:
+            raise ConfigError(f"study audit cell {index}/{len(audits)} {name}: {error}") from None
+
+
+def _run_audit_cells(
+    study: ScalingStudyConfig,
+    cells: list[Cell],
+    configs: dict[str, RunConfig],
+    audits: dict[str, str],
+    output_dir: Path,
+    tracker: Tracker,
+    budget: int | None,
+    options: dict[str, Any],
+    echo: Callable[[str], None],
+) -> dict[str, dict[str, Any]]:
+    """Run (or reuse) the audit cells in order, at most ``budget`` new ones; their records."""
+    if study.audit is None:
+        return {}
+    settings, records, ran = study.audit.settings(), {}, 0
+    by_name = {cell.name: cell for cell in cells}
+    for index, (cell_name, name) in enumerate(audits.items(), start=1):
+        cell_dir = output_dir / AUDITS_DIR / name
+        record = finished_audit(cell_dir, configs[cell_name], settings)
+        if record is None:
+            if budget is not None and ran >= budget:
+                break
+            echo(f"[study {study.name}] audit cell {index}/{len(audits)}: {name}")
+            tags = {**_cell_tags(study, by_name[cell_name], tracker), "privzo.cell": name}
+            record = run_audit_cell(configs[cell_name], settings, cell_dir, tags=tags, **options)
+            ran += 1
+        if record["verdict"] == "VIOLATED":
+            echo(f"[study {study.name}] PRIVACY VIOLATED in {name}: {_audit_line(record)}")
+        records[name] = record
+    return records
+
+
+def _audit_line(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("verdict", "epsilon_claimed", "epsilon_lower_bound", "canaries")
+    return {key: record[key] for key in keys} | {"k": record["best"]["k"]}
 
 
 def _check_search(study: ScalingStudyConfig) -> None:

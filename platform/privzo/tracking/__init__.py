@@ -13,6 +13,7 @@ from privzo.tracking.mlflow_tracker import (
     MlflowTracker,
     RunRecord,
     check_server_reachable,
+    check_store_writable,
     default_artifact_location,
     default_tracking_uri,
     get_or_create_experiment,
@@ -69,6 +70,7 @@ __all__ = [
     "StoredRun",
     "Tracker",
     "check_server_reachable",
+    "check_store_writable",
     "default_artifact_location",
     "default_tracking_uri",
     "end_runs",
@@ -100,16 +102,20 @@ def connect_tracker(tracker: Tracker, uri: str | None) -> Tracker:
     return tracker
 
 
-def probe_tracking_store(backend: str, uri: str | None) -> None:
+def probe_tracking_store(backend: str, uri: str | None, output_root: Path) -> None:
     """Checked before any model loads: an http(s) tracking server takes a connection within
-    10 s (MLflow's own client retries for minutes before it reports)."""
+    10 s (MLflow's own client retries for minutes before it reports), and a sqlite store
+    (``uri`` or, when None, the default one under ``output_root``) can be written."""
     from privzo.config import ConfigError
 
-    if backend != "mlflow" or uri is None:
+    if backend != "mlflow":
         return
+    store = uri or default_tracking_uri(output_root)
     try:
-        check_server_reachable(uri)
-    except ConnectionError as error:
+        check_server_reachable(store)
+        check_store_writable(store)
+    except (ConnectionError, PermissionError) as error:
         raise ConfigError(
-            f"tracking.uri={uri!r}: {error}; fix the URI or set tracking.backend=none"
+            f"tracking.uri={uri!r}: {error}; fix the URI or its permissions, or set "
+            "tracking.backend=none"
         ) from None

@@ -11,7 +11,9 @@ run owns its client and URI explicitly.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -147,6 +149,30 @@ def check_server_reachable(uri: str, timeout: float = SERVER_PROBE_TIMEOUT_S) ->
         ) from None
 
 
+def check_store_writable(uri: str) -> None:
+    """For a local sqlite store, the database file opens for writing and its directory takes
+    new files (sqlite's journal and the store's lock file), without changing either.
+
+    MLflow opens a read-only store without complaint and reads its experiment; only creating
+    the run fails, after the model and data have loaded. Other stores are not probed.
+    """
+    db = _sqlite_path(uri)
+    if db is None:
+        return
+    directory = db.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent  # the store's directory is created on first use
+    try:
+        if db.exists():
+            os.close(os.open(db, os.O_RDWR))
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise PermissionError(
+            f"the sqlite store {db} cannot be written ({error.strerror}: {error.filename})"
+        ) from None
+
+
 def open_client(uri: str) -> MlflowClient:
     """``MlflowClient`` for ``uri``, safe to call from several processes on a fresh store."""
     from mlflow.tracking import MlflowClient
@@ -247,6 +273,7 @@ class MlflowTracker(Tracker):
         """
         if self._client is None:
             check_server_reachable(self.uri)
+            check_store_writable(self.uri)
             client = open_client(self.uri)
             self.experiment_id = get_or_create_experiment(
                 client, self.experiment, self.artifact_location

@@ -23,6 +23,8 @@ ROLE = "privzo.role"  # 'search' or 'study' on a parent run; absent on a run
 STUDY = "privzo.study"
 CELL = "privzo.cell"
 SEED = "privzo.seed"
+AUDIT = "privzo.audit"  # 'true' on an audited run (trained with canaries) and on its audit
+AUDIT_VERDICT = "privzo.audit.verdict"  # on the audit (the audited run's MLflow child)
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:

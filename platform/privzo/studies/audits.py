@@ -1,0 +1,88 @@
+"""A study's audit cells: selected cells trained again with canaries and audited
+(``privzo audit``), in ``DIR/audits/<cell>-audit/``, after the study's trained cells.
+
+An audit cell is finished when its directory holds ``audit.json`` from exactly its run config
+and audit settings; the same command does not run it again. An unfinished one starts over: its
+canaries' coins were secret and are gone, so a half-trained audited run cannot go on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from privzo.audit import AUDIT_FILE, check_audit, run_audit
+from privzo.audit.canaries import check_canary_count
+from privzo.audit.config import AuditConfig
+from privzo.config import RunConfig, dump_config
+from privzo.models.loading import check_model
+from privzo.run import CONFIG_FILE
+from privzo.studies.config import ScalingStudyConfig
+from privzo.tasks import load_splits, resolve_task_config
+
+AUDITS_DIR = "audits"
+SETTINGS_FILE = "study_audit.yaml"  # the audit settings of a finished audit cell
+AUDIT_SUFFIX = "-audit"
+
+
+def audit_cell_names(study: ScalingStudyConfig, cells: list[Any]) -> dict[str, str]:
+    """Trained cell name → its audit cell's name, for the cells the study's audit selects."""
+    audit = study.audit
+    if audit is None:
+        return {}
+    return {
+        cell.name: cell.name + AUDIT_SUFFIX
+        for cell in cells
+        if audit.selects(cell.model, cell.algorithm, cell.epsilon)
+    }
+
+
+def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> None:
+    """What ``privzo audit`` refuses before training: the layout, the task, k against M, and
+    M against the cell's private training rows."""
+    check_audit(config, audit, cell_dir, overwrite=True)
+    task = resolve_task_config(config.task, check_model(config.model))
+    check_canary_count(audit.canaries, load_splits(task).train)
+
+
+def finished_audit(cell_dir: Path, config: RunConfig, audit: AuditConfig) -> dict | None:
+    """The record of a finished audit of exactly this run config and these settings."""
+    record, settings = cell_dir / AUDIT_FILE, cell_dir / SETTINGS_FILE
+    run_config = cell_dir / "run" / CONFIG_FILE
+    if not (record.is_file() and settings.is_file() and run_config.is_file()):
+        return None
+    if run_config.read_text() != dump_config(config) or settings.read_text() != _dump(audit):
+        return None
+    return json.loads(record.read_text())
+
+
+def run_audit_cell(
+    config: RunConfig,
+    audit: AuditConfig,
+    cell_dir: Path,
+    *,
+    cache_dir: Path,
+    tracking_uri: str,
+    tags: dict[str, str],
+    progress: bool,
+) -> dict[str, Any]:
+    """Train with canaries and audit; the settings file, written last, marks it finished."""
+    record = run_audit(
+        config,
+        audit,
+        cell_dir,
+        cache_dir=cache_dir,
+        progress=progress,
+        overwrite=True,  # an interrupted attempt's files; a finished cell was returned above
+        tracking_uri=tracking_uri,
+        tags=tags,
+    )
+    (cell_dir / SETTINGS_FILE).write_text(_dump(audit))
+    return record
+
+
+def _dump(audit: AuditConfig) -> str:
+    return yaml.safe_dump(audit.model_dump(mode="json"), sort_keys=True)
