@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ from privzo.config import (
     read_yaml,
     with_values,
 )
+from privzo.planner import OPT_SIZES, plan
 from privzo.studies import ScalingStudyConfig, load_study_config
 from privzo.studies.scaling import cell_config, expand_cells
-from privzo.tuning.config import base_run_config, load_search_config
+from privzo.tuning.config import SearchConfig, base_run_config, load_search_config
+from privzo.tuning.search import tune_param_space
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
@@ -139,16 +142,74 @@ def test_every_shipped_config_loads(path):
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
-def test_every_shipped_study_config_loads(path):
+def test_every_shipped_study_config_loads(path, tmp_path):
     study = load_study_config(path)
-    if isinstance(study, ScalingStudyConfig):  # and every cell's run config is valid
-        assert all(isinstance(cell_config(study, cell), RunConfig) for cell in expand_cells(study))
+    if not isinstance(study, ScalingStudyConfig):
+        return
+    cells = expand_cells(study)
+    assert len(cells) == len(study.models) * len(study.tasks) * len(study.seeds) * (
+        len(study.private_algorithms) * len(study.epsilons) + len(study.non_private_algorithms)
+    )
+    for cell in cells:  # every cell's run config is valid, fits its GPU, and so is its search
+        config = cell_config(study, cell)
+        assert_fits_one_gpu(config)
+        if study.search is not None and cell.epsilon is not None:
+            assert_search_points_valid(cell_search(study.search, config, tmp_path))
 
 
 @pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.name)
 def test_every_shipped_search_config_loads_with_its_base(path):
     search = load_search_config(path)
     assert isinstance(base_run_config(search), RunConfig)
+    assert_search_points_valid(search)
+    if search.resources.gpus_per_trial >= 1:
+        assert_fits_one_gpu(base_run_config(search))
+
+
+def cell_search(search_path: str, config: RunConfig, tmp_path: Path) -> SearchConfig:
+    """The search a study runs for a private cell: its base replaced by the cell's run."""
+    base_file = tmp_path / "base.yaml"
+    base_file.write_text(dump_config(config))
+    data = load_search_config(search_path).model_dump(mode="json")
+    data.update(base=[str(base_file)], overrides={})
+    return SearchConfig.model_validate(data)
+
+
+def assert_search_points_valid(search: SearchConfig) -> None:
+    """Every grid point (a range: its ends) makes a valid run, the trial count is known and
+    the selection split exists: what plan_search checks before reading data or tokenizers."""
+    lists = {
+        key: spec if isinstance(spec, list) else [spec.low, spec.high]
+        for key, spec in search.space.items()
+    }
+    for values in itertools.product(*lists.values()):
+        config = base_run_config(search, dict(zip(lists, values, strict=True)))
+        if search.selection.split == "validation":
+            assert config.task.validation_size, "selection on a validation split needs one"
+        if config.optimizer.is_private:  # a search's end-to-end bound is an RDP bound
+            assert config.mechanism == "gaussian" and config.parallel.strategy == "single"
+    if search.algorithm == "grid":
+        assert search.trials.count in (None, search.grid_size())
+    assert set(tune_param_space(search)) == set(search.space)
+
+
+def assert_fits_one_gpu(config: RunConfig) -> None:
+    """The memory planner's verdict for an OPT model meant for a GPU (device auto or cuda)."""
+    name = config.model.name_or_path.removeprefix("facebook/")
+    if (
+        name not in OPT_SIZES
+        or config.model.device == "cpu"
+        or config.parallel.strategy != "single"
+    ):
+        return
+    verdict = plan(
+        name,
+        gpus=1,
+        gpu_memory_gb=config.parallel.gpu_memory_gb,
+        dtype=config.model.dtype,
+        batch_size=config.optimizer.physical_batch_size or config.optimizer.batch_size,
+    )
+    assert verdict.fits and verdict.strategy == "replica", verdict
 
 
 def test_config_files_merge_in_order(tmp_path):

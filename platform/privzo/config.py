@@ -96,6 +96,12 @@ class ModelConfig(_Section):
         "full", description="The PEFT view: which tensors the run perturbs and updates."
     )
     peft: PeftConfig = Field(default_factory=PeftConfig)
+    tokenizer_use_fast: bool = Field(
+        True,
+        description="Load the fast (Rust) tokenizer; false asks for the slow Python one, as "
+        "MeZO's OPT code did (use_fast=False). transformers 5 has fast tokenizers only: there "
+        "false is refused when the tokenizer loads.",
+    )
 
 
 class TaskConfig(_Section):

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from privzo.audit.canaries import CanaryInjection, tokenizer_words
 from privzo.audit.config import (
@@ -36,7 +35,7 @@ from privzo.audit.scores import (
     replay_differences,
 )
 from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, TaskConfig
-from privzo.models.loading import load_model, peek_kind, resolve_source
+from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
 from privzo.tasks import is_generation, resolve_task_config
@@ -201,7 +200,7 @@ def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list
 
     def words(task: TaskConfig) -> list[str]:
         source = resolve_source(config.model, cache_dir, progress=False)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = load_tokenizer(config.model, source)
         return tokenizer_words(tokenizer, task.label_words or [])
 
     return words

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -108,8 +109,8 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     kind = resolve_kind(config, hf_config)
     try:
         auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
+        tokenizer = load_tokenizer(config, source)  # before the weights: its refusal is cheap
         model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
-        tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
@@ -118,6 +119,30 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     model.to(device).eval()
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, kind, source, device)
+
+
+def load_tokenizer(config: ModelConfig, source: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, fast or slow as ``model.tokenizer_use_fast`` asks.
+
+    A slow tokenizer that cannot be had is refused rather than replaced by the fast one: the
+    setting exists for token-for-token parity with code that used the slow one (MeZO's OPT
+    runs), and transformers 5 ignores ``use_fast`` and loads the fast tokenizer silently.
+    """
+    if config.tokenizer_use_fast:
+        return AutoTokenizer.from_pretrained(source, use_fast=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=False)
+    except ValueError as error:  # transformers 4: a directory with no slow tokenizer files
+        reason = str(error)
+    else:
+        if not tokenizer.is_fast:
+            return tokenizer
+        reason = f"transformers {transformers.__version__} loaded {type(tokenizer).__name__}"
+    raise ConfigError(
+        f"model.tokenizer_use_fast=false: {config.name_or_path!r} has no slow tokenizer here "
+        f"({reason}; transformers 5 and later have fast tokenizers only); allowed: "
+        "model.tokenizer_use_fast=true, or transformers<5 with the model's slow tokenizer files"
+    )
 
 
 # Position tables that reserve the first padding_idx + 1 rows (RoBERTa style).
