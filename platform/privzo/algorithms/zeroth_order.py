@@ -115,11 +115,13 @@ class TrainingLoop:
             if self.on_window is not None:  # checkpoint before logging: no released window is lost
                 self.on_window(end, metrics)
             self.tracker.log_metrics(metrics, step=end)
+            # released: a stop from here on still logs this window's ε (see ``run``), even
+            # when the curve's thread had not computed it yet when the metrics went out
+            self.windows_done = end
             hooks = self.context.hooks
             if hooks is not None and hooks.after_window is not None:
                 hooks.after_window(self.context, end, metrics)
             bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
-            self.windows_done = end
 
     def _add_epsilons(
         self, epsilons: list[tuple[int, float]], metrics: dict[str, float], end: int
