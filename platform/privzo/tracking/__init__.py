@@ -20,6 +20,7 @@ from privzo.tracking.mlflow_tracker import (
     metric_history,
     open_client,
     read_run,
+    read_table,
     split_param,
 )
 from privzo.tracking.store import StoredRun, end_runs, find_runs, set_run_tags
@@ -81,6 +82,7 @@ __all__ = [
     "open_client",
     "probe_tracking_store",
     "read_run",
+    "read_table",
     "set_run_tags",
     "split_param",
 ]
