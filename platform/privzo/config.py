@@ -96,6 +96,12 @@ class ModelConfig(_Section):
         "full", description="The PEFT view: which tensors the run perturbs and updates."
     )
     peft: PeftConfig = Field(default_factory=PeftConfig)
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Hub ids only: the branch, tag or commit to load (from_pretrained's "
+        "revision); null = the default branch. The commit loaded is recorded either way.",
+    )
 
 
 class TaskConfig(_Section):
@@ -117,6 +123,12 @@ class TaskConfig(_Section):
     test_path: str | None = None
     hf_dataset: str | None = Field(None, description="HF datasets id, e.g. 'glue'.")
     hf_subset: str | None = Field(None, description="HF datasets config, e.g. 'sst2'.")
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Hub datasets only (task.hf_dataset or a preset's source): the branch, tag "
+        "or commit for load_dataset; null = the default branch.",
+    )
     label_field: str | None = Field(None, description="null = the preset's, else 'label'.")
     template: str | None = Field(
         None,

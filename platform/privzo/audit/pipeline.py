@@ -36,7 +36,7 @@ from privzo.audit.scores import (
     replay_differences,
 )
 from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, TaskConfig
-from privzo.models.loading import load_model, peek_kind, resolve_source
+from privzo.models.loading import load_model, peek_kind, pretrained_kwargs, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
 from privzo.tasks import is_generation, resolve_task_config
@@ -194,7 +194,7 @@ def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list
 
     def words(task: TaskConfig) -> list[str]:
         source = resolve_source(config.model, cache_dir, progress=False)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, **pretrained_kwargs(config.model))
         return tokenizer_words(tokenizer, task.label_words or [])
 
     return words

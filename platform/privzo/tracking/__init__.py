@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from privzo.tracking.base import NoopTracker, RunStatus, Tracker, flatten_params
+from privzo.tracking.base import DatasetLineage, NoopTracker, RunStatus, Tracker, flatten_params
 from privzo.tracking.mlflow_tracker import (
     MlflowTracker,
     RunRecord,
@@ -63,6 +63,7 @@ def make_tracker(
 
 __all__ = [
     "TRACKERS",
+    "DatasetLineage",
     "MlflowTracker",
     "NoopTracker",
     "RunRecord",

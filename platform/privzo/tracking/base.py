@@ -7,7 +7,10 @@ Training and analysis code talk to a :class:`Tracker` only, so a run can go to M
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -38,6 +41,23 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
         else:
             flat[name] = str(value)
     return flat
+
+
+@dataclass(frozen=True)
+class DatasetLineage:
+    """Where a run's data came from, by public identifiers only: a hub id, subset, split and
+    revision, or a file path. Its digest is a hash of those identifiers, never of the rows (a
+    digest or profile of private data would be a release the accountant does not cover)."""
+
+    name: str
+    source_type: str  # "hugging_face", "local" or "privzo" (a built-in dataset)
+    source: Mapping[str, str | None]
+    context: str  # the split's role: "train" (private in a private run) or "test"
+
+    @property
+    def digest(self) -> str:
+        identifiers = json.dumps([self.source_type, dict(self.source)], sort_keys=True)
+        return hashlib.sha256(identifiers.encode()).hexdigest()[:16]
 
 
 def check_artifact_file(artifact_file: str, suffix: str) -> str:
@@ -118,6 +138,11 @@ class Tracker(abc.ABC):
         backend's UI (MLflow: ``log_figure``). The caller still owns (and closes) the figure."""
 
     @abc.abstractmethod
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
+        """Record where the run's data came from (MLflow: ``log_inputs``, the run's Datasets),
+        by the identifiers in each :class:`DatasetLineage` and its identifier digest only."""
+
+    @abc.abstractmethod
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Attach or overwrite string tags (tags, unlike params, may change during a run)."""
 
@@ -194,6 +219,9 @@ class NoopTracker(Tracker):
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         check_artifact_file(artifact_file, ".png")
+
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
+        pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         pass

@@ -11,6 +11,7 @@ run owns its client and URI explicitly.
 from __future__ import annotations
 
 import contextlib
+import json
 import posixpath
 import socket
 import tempfile
@@ -20,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-from privzo.tracking.base import RunStatus, Tracker, check_artifact_file, flatten_params
+from privzo.tracking.base import (
+    DatasetLineage,
+    RunStatus,
+    Tracker,
+    check_artifact_file,
+    flatten_params,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,6 +41,7 @@ PARAM_KEY_LIMIT = 250
 PART_MARKER = "/part"
 """Suffix of continuation keys for split params: ``key``, ``key/part2``, ``key/part3``, ..."""
 
+DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's tag for a dataset's role in a run
 FIGURE_DPI = 120
 """Resolution of logged figures (the report's PNGs use the same)."""
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
@@ -365,6 +373,27 @@ class MlflowTracker(Tracker):
         path = check_artifact_file(artifact_file, ".png")
         client.log_figure(run_id, figure, path, save_kwargs={"dpi": FIGURE_DPI})
 
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
+        """``MlflowClient.log_inputs`` with entities built here, so MLflow computes no digest or
+        schema from data: the digest is the lineage's hash of its public identifiers."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        client, run_id = self._require_active()
+        entries = [
+            DatasetInput(
+                Dataset(
+                    name=item.name,
+                    digest=item.digest,
+                    source_type=item.source_type,
+                    source=json.dumps(dict(item.source), sort_keys=True),
+                ),
+                tags=[InputTag(DATASET_CONTEXT_TAG, item.context)],
+            )
+            for item in datasets
+        ]
+        if entries:
+            client.log_inputs(run_id, datasets=entries)
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
@@ -453,8 +482,6 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 def read_table(uri: str, run_id: str, artifact_file: str) -> pd.DataFrame:
     """A table logged with :meth:`MlflowTracker.log_table`, read back from the run's artifacts
     (MLflow's ``load_table`` would go through the process-global tracking URI)."""
-    import json
-
     import pandas as pd
 
     client = open_client(uri)

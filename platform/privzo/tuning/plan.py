@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig
-from privzo.models.loading import peek_kind, position_limit, resolve_kind, resolve_source
+from privzo.models.loading import (
+    peek_kind,
+    position_limit,
+    pretrained_kwargs,
+    resolve_kind,
+    resolve_source,
+)
 from privzo.run import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
@@ -182,8 +188,8 @@ def _check_task(base: RunConfig, cache_dir: Path) -> None:
 
     source = resolve_source(base.model, cache_dir, progress=False)
     try:
-        hf_config = AutoConfig.from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        hf_config = AutoConfig.from_pretrained(source, **pretrained_kwargs(base.model))
+        tokenizer = AutoTokenizer.from_pretrained(source, **pretrained_kwargs(base.model))
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(
             f"model.name_or_path={base.model.name_or_path!r}: cannot load its tokenizer ({error})"
