@@ -21,6 +21,7 @@ import yaml
 
 from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
+from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tuning.config import SearchConfig
@@ -89,8 +90,9 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
-    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
     _start_ray(ray_address, num_cpus)
+    _check_cluster(plan, output_dir, tracking_uri)  # before the tracker writes a local store
+    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
     _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
     if state is None:
@@ -160,6 +162,20 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
             runtime_env=ray_runtime_env({}),  # trials import this privzo, not a node's
             **cpus,
         )
+
+
+def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
+    """On a cluster of several nodes, trials run on every node: Tune's state and the trials'
+    run directories (under --output-dir) and the tracking store must be reachable from all."""
+    tracking = plan.base.tracking
+    check_cluster_storage(
+        alive_nodes(),
+        str(output_dir),
+        tracking.uri or tracking_uri,
+        storage_setting="--output-dir",
+        uri_allowed=False,
+        tracking=tracking.backend != "none",
+    )
 
 
 def _check_resources(search: SearchConfig) -> None:
