@@ -129,15 +129,16 @@ def check_cluster_storage(
     storage_setting: str,
     tracking: bool = True,
     uri_allowed: bool = True,
-    mounts: Callable[[], str | None] = read_mounts,
+    mounts: Callable[[], str | None] | None = None,
 ) -> None:
-    """Refuse, before anything starts, settings a cluster of ``nodes`` nodes cannot work with."""
+    """Refuse, before anything starts, settings a cluster of ``nodes`` nodes cannot work with
+    (``mounts`` reads the mount table: this node's ``/proc/mounts`` by default)."""
     problems = cluster_storage_problems(
         nodes,
         storage_path,
         tracking_uri,
         storage_setting=storage_setting,
-        mounts=mounts() if nodes > 1 else None,
+        mounts=(mounts or read_mounts)() if nodes > 1 else None,
         tracking=tracking,
         uri_allowed=uri_allowed,
     )
