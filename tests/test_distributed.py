@@ -410,5 +410,8 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
     assert "summary" not in outcome and "error" in outcome
     assert not (output / "summary.json").exists()
     kept = pq.read_table(output / "trajectory.parquet").to_pandas()
-    assert PAUSE_AT <= len(kept) < 80 and len(kept) % 5 == 0
+    # the newest checkpoint Ray registered (read through Result.from_path, as a resumed attempt
+    # reads it through get_checkpoint): step PAUSE_AT's, or the window's before it when rank 0
+    # died before Ray's controller registered its report (both ranks had reported it)
+    assert PAUSE_AT - 5 <= len(kept) < 80 and len(kept) % 5 == 0
     assert list(kept["step"]) == list(range(len(kept)))

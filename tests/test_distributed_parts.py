@@ -152,3 +152,80 @@ def test_a_new_launch_never_continues_an_old_ray_run(tmp_path):
     (old / "state.json").write_text("{}")
     prepare_output_dir(output)
     assert output.is_dir() and not (output / RAY_STATE_DIR).exists()
+
+
+# A node's mount table: a local disk, a RAM disk and an NFS share every node mounts.
+MOUNTS = """\
+/dev/sda1 / ext4 rw,relatime 0 0
+tmpfs /tmp tmpfs rw 0 0
+nfs-server:/export /shared nfs4 rw,vers=4.2 0 0
+gcsfuse /buckets/runs fuse.gcsfuse rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("nodes", "storage", "uri", "refused"),
+    [
+        (1, "/tmp/run/ray", None, []),  # a local Ray: nothing needs sharing
+        (2, "/shared/runs/x", "http://tracking:5000", []),
+        (2, "s3://bucket/runs", "https://tracking.example", []),
+        (2, "/buckets/runs/x", "databricks", []),
+        (2, "/tmp/run/ray", "http://tracking:5000", ["parallel.storage_path='/tmp/run/ray'"]),
+        (3, "/home/me/run", "http://tracking:5000", ["parallel.storage_path='/home/me/run'"]),
+        (2, "file:///tmp/ray", "http://h:5000", ["parallel.storage_path='file:///tmp/ray'"]),
+        (2, "/shared/runs/x", None, ["the default sqlite store"]),
+        (2, "/shared/runs/x", "sqlite:////shared/mlflow.db", ["sqlite:////shared/mlflow.db"]),
+        (2, "/shared/runs/x", "/shared/mlruns", ["tracking.uri='/shared/mlruns'"]),
+        (2, "/tmp/x", "file:///tmp/mlruns", ["storage_path='/tmp/x'", "file:///tmp/mlruns"]),
+    ],
+)
+def test_a_cluster_needs_shared_storage_and_a_tracking_server(nodes, storage, uri, refused):
+    from privzo.distributed.storage import cluster_storage_problems
+
+    problems = cluster_storage_problems(
+        nodes, storage, uri, storage_setting="parallel.storage_path", mounts=MOUNTS
+    )
+    assert len(problems) == len(refused)
+    for problem, named in zip(problems, refused, strict=True):
+        assert named in problem
+    assert all("s3://" in p or "tracking server" in p for p in problems)
+
+
+def test_a_cluster_without_tracking_or_a_mount_table_needs_only_what_it_can_check():
+    from privzo.distributed.storage import cluster_storage_problems
+
+    local_store = cluster_storage_problems(
+        2, "/shared/x", None, storage_setting="s", mounts=MOUNTS, tracking=False
+    )
+    assert local_store == []  # tracking.backend=none: no store to share
+    assert cluster_storage_problems(2, "/tmp/x", "http://h", storage_setting="s", mounts=None) == []
+
+
+def test_a_distributed_run_on_two_nodes_with_local_files_is_refused_before_it_starts(
+    tmp_path, cache_dir, monkeypatch
+):
+    """The launcher's own check, with Ray reporting two nodes: refused naming the settings to
+    change, before the output directory or the tracking store exist."""
+    from privzo.config import ConfigError, load_config
+    from privzo.distributed import launch, storage
+    from privzo.run import run
+
+    monkeypatch.setattr(launch, "_init_ray", lambda config: None)  # no Ray needed to refuse
+    monkeypatch.setattr(launch, "alive_nodes", lambda: 2)
+    monkeypatch.setattr(storage, "read_mounts", lambda: MOUNTS)
+    config = load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            "task.builtin_dataset=demo-sentiment",
+            "optimizer.steps=4",
+            "parallel.strategy=replica",
+            "parallel.workers=2",
+        ],
+    )
+    output = tmp_path / "runs" / "two-nodes"
+    with pytest.raises(ConfigError, match="2 nodes") as refused:
+        run(config, output, cache_dir=cache_dir, progress=False)
+    assert "parallel.storage_path=" in str(refused.value)
+    assert "set tracking.uri to a tracking server" in str(refused.value)
+    assert not output.exists() and not (tmp_path / "runs" / "mlflow.db").exists()

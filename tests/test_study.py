@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -16,7 +18,7 @@ from privzo.analysis.plots import distinct_curves, split_withheld
 from privzo.config import ConfigError
 from privzo.studies import load_study_config, run_study
 from privzo.studies.scaling import cell_config, expand_cells
-from privzo.tracking import open_client
+from privzo.tracking import make_tracker, open_client, read_run, read_table
 
 # (model, parameters) × seed: (accuracy before, private after, non-private after)
 LOGGED = {
@@ -66,10 +68,22 @@ def _log_fixture_runs(uri: str) -> None:
     client.log_batch(unfinished.info.run_id, metrics=[Metric("final_accuracy_after", 0.0, 0, 1)])
 
 
+def _squeezed(markdown: str) -> str:
+    """A Markdown table with its cells' padding removed: ``| a | b |`` whatever the widths."""
+    return re.sub(r"\| +", "| ", re.sub(r" +\|", " |", markdown))
+
+
 def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _log_fixture_runs(uri)
-    path = build_report(uri, "fixture", tmp_path / "report", study="s", echo=lambda _: None)
+    tags = {"privzo.role": "study", "privzo.study": "s"}
+    tracker = make_tracker(
+        "mlflow", uri=uri, experiment="fixture", output_root=tmp_path, run_name="p", tags=tags
+    )
+    with tracker:
+        path = build_report(
+            uri, "fixture", tmp_path / "report", study="s", echo=lambda _: None, tracker=tracker
+        )
 
     runs = pq.read_table(tmp_path / "report" / "runs.parquet")
     assert runs.num_rows == 8  # the parent and the unfinished run are left out
@@ -92,12 +106,26 @@ def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
     )
     assert small_dpzero["peak_memory_mb"] == pytest.approx(100.5)
 
-    text = path.read_text()
+    text = _squeezed(path.read_text())
+    logged = read_run(uri, tracker.run_id)
     for name in ("scaling.png", "privacy_gap.png", "resources.png", "epsilon_steps.png"):
         image = tmp_path / "report" / name
         assert image.stat().st_size > 1000 and image.read_bytes()[:4] == b"\x89PNG"
         assert f"]({name})" in text
+        assert f"report/{name}" in logged["artifacts"]  # through log_figure
+    assert "report/report.md" in logged["artifacts"]
+    for name in ("scaling", "privacy_gap", "resources", "sampling"):
+        assert {"path": f"report/{name}.json", "type": "table"} in json.loads(
+            logged["tags"]["mlflow.loggedArtifacts"]
+        )
+    logged_scaling = read_table(uri, tracker.run_id, "report/scaling.json")
+    pd.testing.assert_frame_equal(
+        logged_scaling,
+        pq.read_table(tmp_path / "report" / "scaling.parquet").to_pandas(),
+        check_dtype=False,
+    )
     assert "0.510 ± 0.014" in text  # small zero-shot: mean 0.51, std √2·0.01
+    assert "| small | 1,000 | 0.510 ± 0.014 | 0.620 ± 0.028 | 0.720 ± 0.028 |" in text
     assert "| dpzero | True | Poisson, from secret randomness" in text
     assert "| mezo | False | seeded shuffle, fixed-size batches (repeatable) | 4 |" in text
     assert "| sst2 | large | 9,000 | dpzero ε=2 |" in text  # the gap table's sizes as 9,000
@@ -196,7 +224,7 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     assert samplers == {"dpzero": "poisson", "mezo": "shuffle"}  # the baseline repeats
     report = (output / "report" / "report.md").read_text()
     resources_lines = report.split("## Peak memory and step time", 1)[1].splitlines()
-    dpzero_line = next(line for line in resources_lines if "| dpzero |" in line)
+    dpzero_line = next(line for line in resources_lines if "| dpzero " in line)
     assert dpzero_line.count("withheld") == 3
     artifacts = [a.path for a in client.list_artifacts(first["parent_run_id"], "report")]
     assert "report/report.md" in artifacts and "report/scaling.png" in artifacts
@@ -312,8 +340,9 @@ def test_audit_cells_run_after_the_cells_resume_and_fill_the_report(
     report = (output / "report" / "report.md").read_text()
     assert "## Audited ε vs claimed ε" in report and "](audits.png)" in report
     section = report.split("## Audited ε vs claimed ε", 1)[1].splitlines()
-    line = next(line for line in section if "| dpzero ε=2 |" in line)
-    assert f"| {private['epsilon_lower_bound']:.3f} |" in line and "| consistent |" in line
+    line = next(line for line in section if "| dpzero ε=2 " in line)
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert f"{private['epsilon_lower_bound']:.3f}" in cells and "consistent" in cells
     # the audited runs (trained with canaries) stay out of the scaling tables
     runs = pq.read_table(output / "report" / "runs.parquet").to_pylist()
     assert sorted(row["cell"] for row in runs) == [
@@ -360,7 +389,9 @@ def test_synthetic_study_is_recorded_in_mlflow_and_not_rerun(tmp_path):
     run = client.get_run(summary["parent_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["steps"] == "20"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"synthetic_table.md", "synthetic_gradient_norm.png"} <= artifacts
+    assert {"synthetic_table.md", "synthetic_gradient_norm.png", "synthetic_best.json"} <= artifacts
+    best = read_table(f"sqlite:///{output / 'mlflow.db'}", run.info.run_id, "synthetic_best.json")
+    assert sorted(set(best["dimension"])) == [4, 16] and {"mean", "learning_rate"} <= set(best)
     table = (output / "synthetic_table.md").read_text()
     assert "dpzero" in table.lower() and "dpgd-0th" in table.lower()
     again = run_study(study, output, progress=False, echo=lambda _: None)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from urllib.parse import urlparse
 
+import matplotlib
+import pandas as pd
 import pytest
 
 from privzo.tracking import (
@@ -22,6 +25,7 @@ from privzo.tracking import (
     make_tracker,
     open_client,
     read_run,
+    read_table,
     split_param,
 )
 
@@ -220,7 +224,13 @@ def test_noop_tracker_keeps_interface_and_writes_nothing(tmp_path: Path) -> None
         tracker.log_metrics({"loss": 1.0}, step=0)
         tracker.set_tags({"a": "b"})
         tracker.log_artifact(tmp_path / "missing.txt")
+        tracker.log_table(pd.DataFrame({"a": [1]}), "t.json")
+        tracker.log_figure(None, "f.png")
         tracker.flush()
+        with pytest.raises(ValueError, match=r"relative path ending in \.json"):
+            tracker.log_table(pd.DataFrame(), "t.csv")
+        with pytest.raises(ValueError, match=r"relative path ending in \.png"):
+            tracker.log_figure(None, "../f.png")
     assert tracker.run_id is None
     assert not tracker.active
     assert list(tmp_path.iterdir()) == []
@@ -343,3 +353,35 @@ def test_a_read_only_tracking_store_is_refused_before_the_model_loads(tmp_path, 
     assert f"the sqlite store {store / 'mlflow.db'} cannot be written" in result.stderr
     assert "Traceback" not in result.stderr and "no-such-model" not in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_tables_and_figures_are_logged_for_the_ui_and_read_back(root: Path) -> None:
+    """log_table writes MLflow's table artifact (listed in ``mlflow.loggedArtifacts``, which the
+    UI reads); logging it again replaces the rows instead of appending them; log_figure's PNG."""
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    first = pd.DataFrame({"trial": ["t0", "t1"], "score": [0.5, float("nan")], "steps": [4, 8]})
+    second = pd.DataFrame(
+        {"trial": ["t0", "t1", "t2"], "score": [0.5, 0.6, 0.7], "steps": [4, 8, 8]}
+    )
+    figure, axis = plt.subplots()
+    axis.plot([1, 2, 3], [3, 1, 2])
+    with _tracker(root, "tables") as tracker:
+        tracker.log_table(first, "report/trials.json")
+        logged_once = read_table(tracker.uri, tracker.run_id, "report/trials.json")
+        tracker.log_table(second, "report/trials.json")
+        tracker.log_figure(figure, "report/curve.png")
+    plt.close(figure)
+    assert logged_once["trial"].tolist() == ["t0", "t1"] and logged_once["steps"].tolist() == [4, 8]
+    assert logged_once["score"].iloc[0] == 0.5 and pd.isna(logged_once["score"].iloc[1])
+    pd.testing.assert_frame_equal(
+        read_table(tracker.uri, tracker.run_id, "report/trials.json"), second
+    )
+    record = read_run(tracker.uri, tracker.run_id)
+    assert json.loads(record["tags"]["mlflow.loggedArtifacts"]) == [
+        {"path": "report/trials.json", "type": "table"}
+    ]
+    assert "report/curve.png" in record["artifacts"]
+    image = Path(urlparse(record["artifact_uri"]).path) / "report" / "curve.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,7 @@ import yaml
 
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
+from privzo.tracking import make_tracker, read_run, read_table
 from privzo.tuning import load_search_config, plan_search
 from privzo.tuning.config import SearchConfig, base_run_config
 from privzo.tuning.export import export_best
@@ -23,7 +24,7 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.tuning.search import format_table, point_seed
+from privzo.tuning.search import TRIALS_TABLE_ARTIFACT, format_table, log_search_parent, point_seed
 
 
 def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):
@@ -267,3 +268,37 @@ def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
     summary = {"space": [], "trials": rows, "best_trial": "t0", "metric": "accuracy"}
     lines = format_table(summary).splitlines()
     assert "2.000  2.000" in lines[1] and "2.000  1.999" in lines[2]
+
+
+def test_the_search_parent_logs_its_trials_as_an_mlflow_table(tmp_path):
+    rows = [
+        {
+            "trial_id": "t0",
+            "status": "finished",
+            "privacy.clip": 1.0,
+            "selection_score": 0.7,
+            "metric_after": 0.8,
+            "tracking_run_id": "abc",
+            "peak_memory_mb": None,
+        },
+        {
+            "trial_id": "t1",
+            "status": "stopped",
+            "privacy.clip": 4.0,
+            "selection_score": None,
+            "metric_after": None,
+            "tracking_run_id": None,
+            "peak_memory_mb": None,
+        },
+    ]
+    summary = {"trials": rows, "best_trial": "t0", "trials_run": 2, "trials_finished": 1}
+    tracker = make_tracker("mlflow", uri=None, experiment="s", output_root=tmp_path, run_name="p")
+    with tracker:
+        log_search_parent(tracker, summary, tmp_path)
+    logged = read_table(tracker.uri, tracker.run_id, TRIALS_TABLE_ARTIFACT)
+    assert logged["trial_id"].tolist() == ["t0", "t1"]
+    assert logged["privacy.clip"].tolist() == [1.0, 4.0]
+    assert logged["selection_score"].iloc[0] == 0.7 and logged["selection_score"].isna().iloc[1]
+    record = read_run(tracker.uri, tracker.run_id)
+    assert record["tags"]["privzo.best_run_id"] == "abc"
+    assert TRIALS_TABLE_ARTIFACT in record["artifacts"]

@@ -102,6 +102,12 @@ class ModelConfig(_Section):
         "MeZO's OPT code did (use_fast=False). transformers 5 has fast tokenizers only: there "
         "false is refused when the tokenizer loads.",
     )
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Hub ids only: the branch, tag or commit to load (from_pretrained's "
+        "revision); null = the default branch. The commit loaded is recorded either way.",
+    )
 
 
 class TaskConfig(_Section):
@@ -123,6 +129,12 @@ class TaskConfig(_Section):
     test_path: str | None = None
     hf_dataset: str | None = Field(None, description="HF datasets id, e.g. 'glue'.")
     hf_subset: str | None = Field(None, description="HF datasets config, e.g. 'sst2'.")
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Hub datasets only (task.hf_dataset or a preset's source): the branch, tag "
+        "or commit for load_dataset; null = the default branch.",
+    )
     label_field: str | None = Field(None, description="null = the preset's, else 'label'.")
     template: str | None = Field(
         None,

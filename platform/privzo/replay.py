@@ -12,6 +12,7 @@ from privzo.config import ModelConfig
 from privzo.models.loading import (
     LoadedModel,
     apply_view,
+    is_hub_id,
     load_model,
     resolve_device,
     save_weights,
@@ -77,6 +78,7 @@ def prepare_replay(
             "dtype": dtype or meta.dtype,
             "trainable": meta.trainable,
             "peft": meta.view_options,
+            "revision": replay_revision(base, meta),
         }
     )
     check_replay_target(meta, model_config)
@@ -88,6 +90,15 @@ def prepare_replay(
     directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
     perturber = make_perturber(model, full_shards(pairs), directions)
     return ReplaySetup(loaded, model, perturber, table, meta)
+
+
+def replay_revision(base: str, meta: TrajectoryMeta) -> str | None:
+    """The hub commit the run trained on, where the replay's base is that same hub id: the
+    branch may have moved since, and the fingerprint would refuse other weights. A local copy
+    of the base is loaded as it is (its fingerprint is checked)."""
+    if meta.model_revision is None or base != meta.model or not is_hub_id(base):
+        return None
+    return meta.model_revision
 
 
 def check_replay_target(meta: TrajectoryMeta, target: ModelConfig) -> None:

@@ -138,6 +138,7 @@ def run(
             params = config.model_dump(mode="json")
             params["tracking"].pop("uri")
             tracker.log_params(params)
+            tracker.log_inputs(context.data_lineage())
         summary = _train_and_evaluate(context, tracker, output_dir, progress, resume)
         for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
             if (output_dir / name).exists():  # first-order baselines write no trajectory
@@ -214,7 +215,11 @@ def _train_and_evaluate(
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(
         trajectory_meta(
-            config, context.loaded.device.type, context.perturber, context.base_fingerprint
+            config,
+            context.loaded.device.type,
+            context.perturber,
+            context.base_fingerprint,
+            context.loaded.revision,
         ),
         release_batch_size=not loop.private,
     )

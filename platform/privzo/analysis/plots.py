@@ -1,11 +1,18 @@
-"""PNG plots for the report (matplotlib, Agg backend: no display needed)."""
+"""The report's plots (matplotlib, Agg backend: no display needed).
+
+Each ``plot_*`` function returns its figure; :func:`save_figure` writes it as a PNG, and the
+report also hands it to the run's tracker (MLflow's ``log_figure``) before :func:`close_figure`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _pyplot():
@@ -17,7 +24,7 @@ def _pyplot():
     return plt
 
 
-def plot_scaling(scaling: pa.Table, path: Path) -> Path:
+def plot_scaling(scaling: pa.Table) -> Figure:
     """Task metric against model size: a line per budget, error bars = std over seeds."""
     plt = _pyplot()
     frame = scaling.to_pandas()
@@ -40,10 +47,11 @@ def plot_scaling(scaling: pa.Table, path: Path) -> Path:
         axis.set_ylabel(rows["metric"].iloc[0] if len(rows) else "metric")
         axis.set_title(f"{task}: test metric, mean ± std over seeds", fontsize="medium")
         axis.legend(fontsize="small")
-    return _save(figure, path)
+    figure.tight_layout()
+    return figure
 
 
-def plot_gap(gap: pa.Table, path: Path) -> Path:
+def plot_gap(gap: pa.Table) -> Figure:
     """Non-private minus private metric against model size, a line per private budget."""
     plt = _pyplot()
     frame = gap.to_pandas()
@@ -63,10 +71,11 @@ def plot_gap(gap: pa.Table, path: Path) -> Path:
     axis.set_title("Test metric lost to privacy (mean over seeds)", fontsize="medium")
     if len(frame):
         axis.legend(fontsize="small")
-    return _save(figure, path)
+    figure.tight_layout()
+    return figure
 
 
-def plot_resources(resources: pa.Table, path: Path) -> Path:
+def plot_resources(resources: pa.Table) -> Figure:
     """Peak memory and step time against model size, a line per algorithm. Private runs
     withhold both: an algorithm with no figures gets no line and no legend entry, and the
     figure's title names it."""
@@ -94,7 +103,8 @@ def plot_resources(resources: pa.Table, path: Path) -> Path:
         axis.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
         if shown:
             axis.legend(fontsize="small")
-    return _save(figure, path)
+    figure.tight_layout()
+    return figure
 
 
 def split_withheld(resources: pa.Table) -> tuple[dict[str, Any], list[str]]:
@@ -110,7 +120,7 @@ def split_withheld(resources: pa.Table) -> tuple[dict[str, Any], list[str]]:
     return shown, withheld
 
 
-def plot_epsilon_steps(histories: dict[str, list[tuple[int, float]]], path: Path) -> Path:
+def plot_epsilon_steps(histories: dict[str, list[tuple[int, float]]]) -> Figure:
     """ε spent against steps from the runs' logged histories, one line per distinct curve:
     runs with the same (σ, q, T) spend ε identically, and their lines would hide each other."""
     plt = _pyplot()
@@ -126,7 +136,8 @@ def plot_epsilon_steps(histories: dict[str, list[tuple[int, float]]], path: Path
     axis.set_ylim(bottom=0)
     if curves:
         axis.legend(fontsize="x-small")
-    return _save(figure, path)
+    figure.tight_layout()
+    return figure
 
 
 def distinct_curves(
@@ -139,14 +150,19 @@ def distinct_curves(
     return curves
 
 
-def _save(figure, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    _pyplot().close(figure)
+FIGURE_DPI = 120
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    figure.savefig(path, dpi=FIGURE_DPI)
     return path
 
 
-def plot_audits(audits: pa.Table, path: Path) -> Path:
+def close_figure(figure: Figure) -> None:
+    _pyplot().close(figure)
+
+
+def plot_audits(audits: pa.Table) -> Figure:
     """Per audited cell, the claimed ε (the accountant's) beside the audit's lower bound ε_lb
     at confidence 1 − α; a non-private cell has no claimed ε, its bar is the measured leakage."""
     plt = _pyplot()
@@ -177,4 +193,5 @@ def plot_audits(audits: pa.Table, path: Path) -> Path:
         f"audited ε lower bound (confidence {confidence}) vs claimed ε", fontsize="medium"
     )
     axis.legend(fontsize="small")
-    return _save(figure, path)
+    figure.tight_layout()
+    return figure

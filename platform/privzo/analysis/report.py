@@ -9,11 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from privzo.analysis.plots import (
+    close_figure,
     plot_audits,
     plot_epsilon_steps,
     plot_gap,
     plot_resources,
     plot_scaling,
+    save_figure,
 )
 from privzo.analysis.runs import load_audits, load_runs
 from privzo.analysis.tables import (
@@ -26,9 +28,10 @@ from privzo.analysis.tables import (
     scaling_markdown,
     scaling_table,
 )
-from privzo.tracking import metric_history
+from privzo.tracking import Tracker, metric_history
 
 REPORT_FILE = "report.md"
+REPORT_ARTIFACT_DIR = "report"  # where a tracked report goes in the run's artifacts
 MAX_EPSILON_CURVES = 12  # more lines than this make the ε plot unreadable
 
 
@@ -39,34 +42,59 @@ def build_report(
     *,
     study: str | None = None,
     echo: Callable[[str], None] = print,
+    tracker: Tracker | None = None,
+    artifact_dir: str = REPORT_ARTIFACT_DIR,
 ) -> Path:
-    """Write runs.parquet, the tables (Parquet), the plots (PNG) and report.md; return its path."""
+    """Write runs.parquet, the tables (Parquet), the plots (PNG) and report.md; return its path.
+
+    With a ``tracker`` (the study's parent run) the report goes to it under ``artifact_dir``:
+    the files as artifacts, the tables through ``log_table`` and the plots through
+    ``log_figure``, so the MLflow UI shows them as tables and images.
+    """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     runs = load_runs(tracking_uri, experiment, study)
     scaling = scaling_table(runs)
     gap = privacy_gap_table(scaling)
     resources = resources_table(runs)
-    for name, table in (
-        ("runs", runs),
-        ("scaling", scaling),
-        ("privacy_gap", gap),
-        ("resources", resources),
-    ):
+    tables = {"scaling": scaling, "privacy_gap": gap, "resources": resources}
+    for name, table in {"runs": runs, **tables}.items():
         pq.write_table(table, output_dir / f"{name}.parquet")
-    plot_scaling(scaling, output_dir / "scaling.png")
-    plot_gap(gap, output_dir / "privacy_gap.png")
-    plot_resources(resources, output_dir / "resources.png")
-    plot_epsilon_steps(_epsilon_histories(tracking_uri, runs), output_dir / "epsilon_steps.png")
+    figures = {
+        "scaling.png": plot_scaling(scaling),
+        "privacy_gap.png": plot_gap(gap),
+        "resources.png": plot_resources(resources),
+        "epsilon_steps.png": plot_epsilon_steps(_epsilon_histories(tracking_uri, runs)),
+    }
+    for name, figure in figures.items():
+        save_figure(figure, output_dir / name)
+        if tracker is not None:
+            tracker.log_figure(figure, f"{artifact_dir}/{name}")
+        close_figure(figure)
     text = _markdown(experiment, study, runs, scaling, gap, resources)
     audits = load_audits(tracking_uri, experiment, study)
     if audits.num_rows:
         text += _audit_section(audits, output_dir)
     path = output_dir / REPORT_FILE
     path.write_text(text)
+    if tracker is not None:
+        tables["sampling"] = sampling_table(runs)
+        _log_report(tracker, output_dir, tables, artifact_dir)
     echo(scaling_markdown(scaling))
     echo(f"report: {path}")
     return path
+
+
+def _log_report(
+    tracker: Tracker, output_dir: Path, tables: dict[str, pa.Table], artifact_dir: str
+) -> None:
+    """The report's files (the PNGs went through ``log_figure``) and its tables as MLflow
+    tables, ``<artifact_dir>/<name>.json``."""
+    for path in sorted(output_dir.iterdir()):
+        if path.is_file() and path.suffix != ".png":
+            tracker.log_artifact(path, artifact_dir)
+    for name, table in tables.items():
+        tracker.log_table(table.to_pandas(), f"{artifact_dir}/{name}.json")
 
 
 def _epsilon_histories(tracking_uri: str, runs: pa.Table) -> dict[str, list[tuple[int, float]]]:
@@ -125,7 +153,9 @@ def _audit_section(audits: pa.Table, output_dir: Path) -> str:
     """The audited cells: their table (Parquet and Markdown) and plot."""
     table = audit_table(audits)
     pq.write_table(table, output_dir / "audits.parquet")
-    plot_audits(table, output_dir / "audits.png")
+    figure = plot_audits(table)
+    save_figure(figure, output_dir / "audits.png")
+    close_figure(figure)
     formats = {"epsilon_claimed": ".3f", "epsilon_lower_bound": ".3f", "tightness": ".2f"}
     return "\n".join(
         [

@@ -139,15 +139,20 @@ def scaling_markdown(scaling: pa.Table) -> str:
     if frame.empty:
         return "_no finished runs_\n"
     budgets = list(dict.fromkeys(frame["budget"]))
-    header = ["task", "model", "parameters", *budgets]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for (task, size, model), group in frame.groupby(["task", "model_parameters", "model"]):
         cells = dict(
             zip(group["budget"], zip(group["mean"], group["std"], strict=True), strict=True)
         )
         values = [_mean_std(*cells[b]) if b in cells else "-" for b in budgets]
-        lines.append("| " + " | ".join([task, model, f"{int(size):,}", *values]) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([task, model, f"{int(size):,}", *values])
+    return markdown(pd.DataFrame(rows, columns=["task", "model", "parameters", *budgets]))
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """``frame`` as a Markdown (pipe) table by pandas' ``to_markdown``, its cells as given:
+    numbers are formatted by the caller, so tabulate must not re-parse them."""
+    return frame.astype(str).to_markdown(index=False, disable_numparse=True) + "\n"
 
 
 # Columns every Markdown table formats the same way (122,304 parameters, as in the scaling table).
@@ -181,14 +186,11 @@ def frame_markdown(table: pa.Table, formats: dict[str, str] | None = None) -> st
     if frame.empty:
         return "_none_\n"
     formats = COLUMN_FORMATS | (formats or {})
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    for row in frame.itertuples(index=False):
-        cells = [
-            _cell(value, formats.get(column))
-            for column, value in zip(frame.columns, row, strict=True)
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = {
+        column: [_cell(value, formats.get(column)) for value in frame[column]]
+        for column in frame.columns
+    }
+    return markdown(pd.DataFrame(cells, columns=frame.columns))
 
 
 def _mean_std(mean: float, std: float) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.record import (
     CONFIG_FILE,
     PRIVACY_FILE,
@@ -25,7 +26,7 @@ from privzo.layouts.record import (
     check_output_dir,
     prepare_output_dir,
 )
-from privzo.models.loading import peek_kind, resolve_source
+from privzo.models.loading import peek_kind, pretrained_kwargs, resolve_source
 from privzo.privacy.plan import plan_privacy
 from privzo.tasks import load_splits, resolve_task_config
 from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
@@ -62,6 +63,13 @@ def run_distributed(
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
     _init_ray(config)
+    check_cluster_storage(
+        alive_nodes(),
+        ray_storage(config, output_dir),
+        config.tracking.uri or tracking_uri,
+        storage_setting="parallel.storage_path",
+        tracking=config.tracking.backend != "none",
+    )
     check_resources(config, _cluster_resources())
     tracker = _launch_tracker(
         config, plan.private, output_dir, tracking_root, tracking_uri, tags or {}
@@ -160,7 +168,7 @@ def check_fit(config: RunConfig, source: str) -> None:
 
     from privzo.planner import arch_from_config, plan
 
-    hf_config = AutoConfig.from_pretrained(source)
+    hf_config = AutoConfig.from_pretrained(source, **pretrained_kwargs(config.model))
     if hf_config.model_type != "opt":
         return  # the planner models OPT decoders only
     per_worker = max(1, config.optimizer.batch_size // parallel.workers)
@@ -250,7 +258,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     from privzo.distributed.worker import train_worker
 
     parallel = config.parallel
-    storage = Path(parallel.storage_path) if parallel.storage_path else output_dir / RAY_STATE_DIR
+    storage = ray_storage(config, output_dir)
     # a name of its own per launch: Ray Train resumes a run whose name it finds in storage, and
     # a new run must never continue an old one's checkpoints (their noise was already drawn)
     ray_run = ray_run_name(output_dir)
@@ -265,7 +273,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
         ),
         run_config=RayRunConfig(
             name=ray_run,
-            storage_path=str(storage.resolve()) if "://" not in str(storage) else str(storage),
+            storage_path=storage,
             failure_config=FailureConfig(max_failures=parallel.max_failures),
             # the newest checkpoint is what a restart resumes from; one more in case the newest
             # is incomplete when a worker dies (each holds the whole trajectory so far)
@@ -278,12 +286,22 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     try:
         result = trainer.fit()
     except Exception:
-        _keep_checkpointed_steps(storage / ray_run, output_dir)
+        _keep_checkpointed_steps(f"{storage.rstrip('/')}/{ray_run}", output_dir)
         raise
     value = result.return_value
     assert value is not None, "rank 0 returns the run's summary and trajectory"
-    _prune_checkpoints(storage / ray_run)
+    if "://" not in storage:  # remote storage is Ray's to manage
+        _prune_checkpoints(Path(storage) / ray_run)
     return value
+
+
+def ray_storage(config: RunConfig, output_dir: Path) -> str:
+    """Where Ray Train keeps the run's checkpoints: ``parallel.storage_path`` (a URI as given,
+    a path made absolute) or ``<output-dir>/ray``."""
+    path = config.parallel.storage_path
+    if path is not None and "://" in path:
+        return path
+    return str((Path(path).expanduser() if path else output_dir / RAY_STATE_DIR).resolve())
 
 
 def ray_run_name(output_dir: Path) -> str:
@@ -301,9 +319,17 @@ def _prune_checkpoints(checkpoints: Path) -> None:
         shutil.rmtree(stale)
 
 
-def _keep_checkpointed_steps(checkpoints: Path, output_dir: Path) -> None:
+def _keep_checkpointed_steps(run_path: str, output_dir: Path) -> None:
     """A failed run keeps the steps it made (as a single-process run does): the trajectory of
-    its latest checkpoint, if it reached one."""
-    states = sorted(checkpoints.glob("checkpoint_*/state.json")) if checkpoints.is_dir() else []
-    if states:
-        shutil.copyfile(states[-1].parent / TRAJECTORY_FILE, output_dir / TRAJECTORY_FILE)
+    the latest checkpoint Ray Train registered, read through ``Result.from_path`` so that
+    checkpoints in cloud storage are found as well as local ones."""
+    from ray.train import Result
+
+    try:
+        checkpoint = Result.from_path(run_path).checkpoint
+    except RuntimeError:  # no run directory or no checkpoint registered: no steps to keep
+        return
+    if checkpoint is None:
+        return
+    with checkpoint.as_directory() as directory:
+        shutil.copyfile(Path(directory) / TRAJECTORY_FILE, output_dir / TRAJECTORY_FILE)

@@ -54,6 +54,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         context.hooks = RunHooks(after_window=settings.get("after_window"))
     tracker = _rank_tracker(group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(context.tracking_tags())  # sizes and metric: known once the model is built
+    tracker.log_inputs(context.data_lineage())
     outcome = _train_and_evaluate(context, tracker, group)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
@@ -247,7 +248,11 @@ def _validation(context: RunContext, loop: TrainingLoop) -> dict[str, float]:
 
 def _meta(context: RunContext) -> TrajectoryMeta:
     return trajectory_meta(
-        context.config, context.loaded.device.type, context.perturber, context.base_fingerprint
+        context.config,
+        context.loaded.device.type,
+        context.perturber,
+        context.base_fingerprint,
+        context.loaded.revision,
     )
 
 

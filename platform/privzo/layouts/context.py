@@ -26,8 +26,9 @@ from privzo.models.loading import (
 )
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
-from privzo.tasks import Task, build_task, load_splits, resolve_task_config
+from privzo.tasks import Task, build_task, data_lineage, load_splits, resolve_task_config
 from privzo.tasks.data import Row
+from privzo.tracking import DatasetLineage
 from privzo.tracking.tags import config_tags, model_tags
 from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.integrity import weights_fingerprint
@@ -59,12 +60,19 @@ class RunContext:
         """Elements the run trains (a shard's full size, also under zero3's partitions)."""
         return sum(shard.size for shard in self.shards)
 
+    def data_lineage(self) -> list[DatasetLineage]:
+        """Where the task's rows came from, by public identifiers (``log_inputs``)."""
+        return data_lineage(resolve_task_config(self.config.task, self.loaded.kind))
+
     def tracking_tags(self) -> dict[str, str]:
         """The run's tags (``privzo.tracking.tags``), sizes and metric included."""
         return {
             **config_tags(self.config, self.plan.private),
             **model_tags(
-                self.task.metric, model_parameters(self.scoring_model), self.trainable_parameters
+                self.task.metric,
+                model_parameters(self.scoring_model),
+                self.trainable_parameters,
+                self.loaded.revision,
             ),
         }
 

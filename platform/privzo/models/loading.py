@@ -32,6 +32,7 @@ class LoadedModel:
     kind: str  # "causal" or "masked"
     source: str  # the directory or hub id the weights came from
     device: torch.device
+    revision: str | None = None  # the hub commit loaded (None for a local or built-in model)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -42,9 +43,25 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether ``model.name_or_path`` names a hub model (not a built-in or a local path)."""
+    return not is_builtin(name) and not Path(name).expanduser().exists()
+
+
+def pretrained_kwargs(config: ModelConfig) -> dict[str, str]:
+    """What every ``from_pretrained`` of the model's source takes besides the source: the
+    pinned ``revision`` where one is set."""
+    return {"revision": config.revision} if config.revision is not None else {}
+
+
 def resolve_source(config: ModelConfig, cache_dir: Path, progress: bool = True) -> str:
     """The directory or hub id to load from; builds built-in models into ``cache_dir``."""
     name = config.name_or_path
+    if config.revision is not None and not is_hub_id(name):
+        raise ConfigError(
+            f"model.revision={config.revision!r}: a revision pins a hub id, but "
+            f"model.name_or_path={name!r} is a built-in name or a local directory; unset it"
+        )
     if is_builtin(name):
         return str(materialize_builtin(name, cache_dir, progress=progress))
     path = Path(name).expanduser()
@@ -87,7 +104,7 @@ def check_model(config: ModelConfig) -> str:
 
 def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, **pretrained_kwargs(config))
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
@@ -109,8 +126,9 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     kind = resolve_kind(config, hf_config)
     try:
         auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
+        pinned = pretrained_kwargs(config)
         tokenizer = load_tokenizer(config, source)  # before the weights: its refusal is cheap
-        model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype])
+        model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype], **pinned)
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
@@ -118,7 +136,15 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
         ) from None
     model.to(device).eval()
     model.requires_grad_(False)
-    return LoadedModel(model, tokenizer, kind, source, device)
+    return LoadedModel(model, tokenizer, kind, source, device, loaded_commit(config, hf_config))
+
+
+def loaded_commit(config: ModelConfig, hf_config: PretrainedConfig) -> str | None:
+    """The hub commit the weights came from (transformers keeps it as the config's
+    ``_commit_hash``); None for a built-in or local model, which has no hub commit."""
+    if not is_hub_id(config.name_or_path):
+        return None
+    return getattr(hf_config, "_commit_hash", None) or config.revision
 
 
 def load_tokenizer(config: ModelConfig, source: str) -> PreTrainedTokenizerBase:
@@ -128,10 +154,11 @@ def load_tokenizer(config: ModelConfig, source: str) -> PreTrainedTokenizerBase:
     setting exists for token-for-token parity with code that used the slow one (MeZO's OPT
     runs), and transformers 5 ignores ``use_fast`` and loads the fast tokenizer silently.
     """
+    pinned = pretrained_kwargs(config)
     if config.tokenizer_use_fast:
-        return AutoTokenizer.from_pretrained(source, use_fast=True)
+        return AutoTokenizer.from_pretrained(source, use_fast=True, **pinned)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=False)
+        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=False, **pinned)
     except ValueError as error:  # transformers 4: a directory with no slow tokenizer files
         reason = str(error)
     else:

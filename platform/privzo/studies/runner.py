@@ -29,8 +29,10 @@ def run_synthetic(
     echo: Callable[[str], None] = print,
     **_: Any,  # the scaling study's options (cache_dir, max_cells) do not apply
 ) -> dict[str, Any]:
-    """The synthetic study as one MLflow run (config as params, table, figure and results as
-    artifacts); a finished study with the same config in ``output_dir`` is not run again."""
+    """The synthetic study as one MLflow run (config as params; the results and the Markdown
+    table as artifacts, the selected rows as an MLflow table, the figure as a logged figure,
+    which the MLflow UI shows); a finished study with the same config in ``output_dir`` is not
+    run again."""
     output_dir = Path(output_dir).resolve()
     config_text = yaml.safe_dump(study.model_dump(mode="json"), sort_keys=False)
     summary_path = output_dir / SYNTHETIC_SUMMARY_FILE
@@ -50,11 +52,11 @@ def run_synthetic(
     output_dir.mkdir(parents=True, exist_ok=True)
     with tracker:
         tracker.log_params(study.model_dump(mode="json"))
-        result = run_synthetic_study(study, output_dir, progress=progress)
+        result = run_synthetic_study(study, output_dir, progress=progress, tracker=tracker)
         tracker.log_metrics(
             {"noise_multiplier": result["noise_multiplier"], "seconds": result["seconds"]}, step=0
         )
-        for key in ("results_path", "table_path", "figure_path"):
+        for key in ("results_path", "table_path"):  # the figure went with log_figure
             tracker.log_artifact(Path(result[key]))
         summary = {
             "study": "synthetic-quadratic",

@@ -396,6 +396,13 @@ def _report(
 
     report_dir = output_dir / REPORT_DIR
     experiment = study.experiment or study.name
-    report = build_report(tracking_uri, experiment, report_dir, study=study.name, echo=echo)
-    tracker.log_artifact(report_dir, REPORT_DIR)
+    report = build_report(
+        tracking_uri,
+        experiment,
+        report_dir,
+        study=study.name,
+        echo=echo,
+        tracker=tracker,
+        artifact_dir=REPORT_DIR,
+    )
     return str(report)

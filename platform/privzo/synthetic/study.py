@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from privzo.privacy import calibrate_noise_multiplier
 from privzo.synthetic.algorithms import run_algorithm
 from privzo.synthetic.config import SyntheticStudyConfig
 from privzo.synthetic.quadratic import make_problem
+from privzo.tracking import Tracker
 
 __all__ = [
     "FIGURE_NAME",
@@ -36,6 +38,7 @@ __all__ = [
 RESULTS_NAME = "synthetic_results.parquet"
 TABLE_NAME = "synthetic_table.md"
 FIGURE_NAME = "synthetic_gradient_norm.png"
+BEST_TABLE_NAME = "synthetic_best.json"  # the selected rows, as an MLflow table
 
 
 def study_noise_multiplier(config: SyntheticStudyConfig) -> float:
@@ -162,25 +165,31 @@ def _markdown_table(best: pd.DataFrame, config: SyntheticStudyConfig, sigma: flo
         rows = best[best["pattern"] == pattern]
         lines += [f"## {pattern}", ""]
         header = ["d", "tr(A)/‖A‖", *config.algorithms]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for dimension, group in rows.groupby("dimension", sort=True):
-            cells = [str(dimension), readable(group["effective_rank"].iloc[0], 3)]
-            for algorithm in config.algorithms:
-                match = group[group["algorithm"] == algorithm]
-                if match.empty:
-                    cells.append("")
-                    continue
-                item = match.iloc[0]
-                cells.append(
-                    f"{_format_cell(item['mean'], item['std'])} "
-                    f"(η={item['learning_rate']:g}, C={item['clip_threshold']:g})"
-                )
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        table = [_dimension_row(group, config.algorithms) for _, group in rows.groupby("dimension")]
+        frame = pd.DataFrame(table, columns=header)
+        lines += [frame.to_markdown(index=False, disable_numparse=True), ""]
     return "\n".join(lines)
 
 
-def _plot(best: pd.DataFrame, config: SyntheticStudyConfig, path: Path) -> None:
+def _dimension_row(group: pd.DataFrame, algorithms: Sequence[str]) -> list[str]:
+    """One dimension's cells: d, the effective rank, then each algorithm's tuned result."""
+    cells = [str(group["dimension"].iloc[0]), readable(group["effective_rank"].iloc[0], 3)]
+    for algorithm in algorithms:
+        match = group[group["algorithm"] == algorithm]
+        if match.empty:
+            cells.append("")
+            continue
+        item = match.iloc[0]
+        cells.append(
+            f"{_format_cell(item['mean'], item['std'])} "
+            f"(η={item['learning_rate']:g}, C={item['clip_threshold']:g})"
+        )
+    return cells
+
+
+def _plot(
+    best: pd.DataFrame, config: SyntheticStudyConfig, path: Path, tracker: Tracker | None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
@@ -214,13 +223,19 @@ def _plot(best: pd.DataFrame, config: SyntheticStudyConfig, path: Path) -> None:
     )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    if tracker is not None:
+        tracker.log_figure(figure, path.name)
     plt.close(figure)
 
 
 def run_synthetic_study(
-    config: SyntheticStudyConfig, output_dir: Path, progress: bool = True
+    config: SyntheticStudyConfig,
+    output_dir: Path,
+    progress: bool = True,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
-    """Run the sweep and write the parquet of every run, the markdown table and the figure."""
+    """Run the sweep and write the parquet of every run, the markdown table and the figure;
+    with a ``tracker``, the selected rows go to it as a table and the figure as a figure."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -247,7 +262,9 @@ def run_synthetic_study(
     table_path = output_dir / TABLE_NAME
     table_path.write_text(_markdown_table(best, config, sigma))
     figure_path = output_dir / FIGURE_NAME
-    _plot(best, config, figure_path)
+    _plot(best, config, figure_path, tracker)
+    if tracker is not None:
+        tracker.log_table(best, BEST_TABLE_NAME)
     return {
         "noise_multiplier": sigma,
         "rows": best.to_dict(orient="records"),

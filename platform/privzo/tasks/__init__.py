@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from privzo.tasks.classification import (
 from privzo.tasks.data import SUFFIXES, UNREADABLE, Row, hash_order, load_hf_rows, read_rows
 from privzo.tasks.generation import GenerationTask, generation_row_reason
 from privzo.tasks.presets import PRESETS, HubSource, get_preset
+from privzo.tracking import DatasetLineage
 
 CUSTOM_TASK = "prompt-classification"
 TASK_NAMES = (CUSTOM_TASK, *PRESETS)
@@ -100,6 +102,7 @@ class TaskSplits:
 
 def load_splits(config: TaskConfig) -> TaskSplits:
     """Read, check and sample the train and held-out test rows (``config`` resolved)."""
+    check_revision(config)
     pool, test_pool = _read_pools(config)
     pool = _adapt_rows(pool, config)
     test_pool = _adapt_rows(test_pool, config) if test_pool is not None else None
@@ -167,9 +170,60 @@ def _read_data_dir(directory: Path) -> tuple[list[Row], list[Row]]:
 
 def _hub_source(config: TaskConfig) -> HubSource | None:
     if config.hf_dataset is not None:
-        return HubSource(config.hf_dataset, config.hf_subset)
+        return HubSource(config.hf_dataset, config.hf_subset, revision=config.revision)
     preset = get_preset(config.name)
-    return preset.source if preset else None
+    if preset is None or preset.source is None:
+        return None
+    return dataclasses.replace(preset.source, revision=config.revision)
+
+
+def _local_source(config: TaskConfig) -> bool:
+    """The rows come from privzo or local files, not from the hub."""
+    return any(
+        value is not None for value in (config.builtin_dataset, config.data_dir, config.train_path)
+    )
+
+
+def check_revision(config: TaskConfig) -> None:
+    """``task.revision`` pins a hub dataset; with local or built-in data it would pin nothing."""
+    if config.revision is not None and (_local_source(config) or _hub_source(config) is None):
+        raise ConfigError(
+            f"task.revision={config.revision!r}: a revision pins a hub dataset (task.hf_dataset "
+            "or a preset's hub source), but this task reads built-in or local data; unset it"
+        )
+
+
+def data_lineage(config: TaskConfig) -> list[DatasetLineage]:
+    """Where the run's rows came from, by public identifiers only (hub id, subset, split,
+    revision, or a file path): never a digest or profile of the rows themselves."""
+    if config.builtin_dataset is not None:
+        source = {"builtin_dataset": config.builtin_dataset}
+        return [DatasetLineage(config.builtin_dataset, "privzo", source, "train")]
+    if _local_source(config):
+        files = {"train": config.data_dir or config.train_path, "test": config.test_path}
+        return [
+            DatasetLineage(Path(path).name, "local", {"path": str(path)}, context)
+            for context, path in files.items()
+            if path is not None
+        ]
+    hub = _hub_source(config)
+    if hub is None:
+        return []
+    name = hub.dataset if hub.subset is None else f"{hub.dataset}/{hub.subset}"
+    return [
+        DatasetLineage(
+            name,
+            "hugging_face",
+            {
+                "path": hub.dataset,
+                "config_name": hub.subset,
+                "split": split,
+                "revision": hub.revision,
+            },
+            context,
+        )
+        for context, split in (("train", hub.train_split), ("test", hub.test_split))
+    ]
 
 
 def _adapt_rows(rows: list[Row], config: TaskConfig) -> list[Row]:
@@ -294,6 +348,8 @@ __all__ = [
     "Task",
     "TaskSplits",
     "build_task",
+    "check_revision",
+    "data_lineage",
     "load_splits",
     "resolve_task_config",
 ]

@@ -75,7 +75,8 @@ def load_hf_rows(source: HubSource) -> tuple[list[Row], list[Row]]:
     require_extra("datasets", f"loading the hub dataset {source.dataset!r}")
     import datasets
 
-    loaded = datasets.load_dataset(source.dataset, source.subset)
+    pinned = {"revision": source.revision} if source.revision is not None else {}
+    loaded = datasets.load_dataset(source.dataset, source.subset, **pinned)
     for split in (source.train_split, source.test_split):
         if split not in loaded:
             raise ConfigError(

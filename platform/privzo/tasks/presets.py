@@ -18,6 +18,7 @@ class HubSource:
     subset: str | None
     train_split: str = "train"
     test_split: str = "validation"
+    revision: str | None = None  # branch, tag or commit for load_dataset (task.revision)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from privzo.tracking.base import NoopTracker, RunStatus, Tracker, flatten_params
+from privzo.tracking.base import DatasetLineage, NoopTracker, RunStatus, Tracker, flatten_params
 from privzo.tracking.mlflow_tracker import (
     MlflowTracker,
     RunRecord,
@@ -21,6 +21,7 @@ from privzo.tracking.mlflow_tracker import (
     metric_history,
     open_client,
     read_run,
+    read_table,
     split_param,
 )
 from privzo.tracking.store import StoredRun, end_runs, find_runs, set_run_tags
@@ -63,6 +64,7 @@ def make_tracker(
 
 __all__ = [
     "TRACKERS",
+    "DatasetLineage",
     "MlflowTracker",
     "NoopTracker",
     "RunRecord",
@@ -83,6 +85,7 @@ __all__ = [
     "open_client",
     "probe_tracking_store",
     "read_run",
+    "read_table",
     "set_run_tags",
     "split_param",
 ]

@@ -7,10 +7,16 @@ Training and analysis code talk to a :class:`Tracker` only, so a run can go to M
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 """Terminal states a run can end in (the MLflow names, which other backends map onto)."""
@@ -35,6 +41,34 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
         else:
             flat[name] = str(value)
     return flat
+
+
+@dataclass(frozen=True)
+class DatasetLineage:
+    """Where a run's data came from, by public identifiers only: a hub id, subset, split and
+    revision, or a file path. Its digest is a hash of those identifiers, never of the rows (a
+    digest or profile of private data would be a release the accountant does not cover)."""
+
+    name: str
+    source_type: str  # "hugging_face", "local" or "privzo" (a built-in dataset)
+    source: Mapping[str, str | None]
+    context: str  # the split's role: "train" (private in a private run) or "test"
+
+    @property
+    def digest(self) -> str:
+        identifiers = json.dumps([self.source_type, dict(self.source)], sort_keys=True)
+        return hashlib.sha256(identifiers.encode()).hexdigest()[:16]
+
+
+def check_artifact_file(artifact_file: str, suffix: str) -> str:
+    """A relative artifact path ending in ``suffix``: what every backend accepts, checked the
+    same way by all of them (the no-op one included) so a bad name fails in tests too."""
+    path = Path(artifact_file)
+    if path.is_absolute() or ".." in path.parts or path.suffix != suffix:
+        raise ValueError(
+            f"artifact file must be a relative path ending in {suffix}: {artifact_file!r}"
+        )
+    return path.as_posix()
 
 
 class Tracker(abc.ABC):
@@ -92,6 +126,21 @@ class Tracker(abc.ABC):
     @abc.abstractmethod
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file (or a directory, recursively) into the run's artifact store."""
+
+    @abc.abstractmethod
+    def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
+        """Record a table as ``artifact_file`` (a ``.json`` path), which the backend's UI shows
+        as a table (MLflow: ``log_table``). Only public figures belong here, as in metrics."""
+
+    @abc.abstractmethod
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        """Record a matplotlib figure as the image ``artifact_file`` (``.png``), shown in the
+        backend's UI (MLflow: ``log_figure``). The caller still owns (and closes) the figure."""
+
+    @abc.abstractmethod
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
+        """Record where the run's data came from (MLflow: ``log_inputs``, the run's Datasets),
+        by the identifiers in each :class:`DatasetLineage` and its identifier digest only."""
 
     @abc.abstractmethod
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -163,6 +212,15 @@ class NoopTracker(Tracker):
         pass
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
+        check_artifact_file(artifact_file, ".json")
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        check_artifact_file(artifact_file, ".png")
+
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:

@@ -11,7 +11,9 @@ run owns its client and URI explicitly.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import posixpath
 import socket
 import tempfile
 import time
@@ -20,9 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-from privzo.tracking.base import RunStatus, Tracker, flatten_params
+from privzo.tracking.base import (
+    DatasetLineage,
+    RunStatus,
+    Tracker,
+    check_artifact_file,
+    flatten_params,
+)
 
 if TYPE_CHECKING:
+    import pandas as pd
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -33,6 +42,9 @@ PARAM_KEY_LIMIT = 250
 PART_MARKER = "/part"
 """Suffix of continuation keys for split params: ``key``, ``key/part2``, ``key/part3``, ..."""
 
+DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's tag for a dataset's role in a run
+FIGURE_DPI = 120
+"""Resolution of logged figures (the report's PNGs use the same)."""
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
 _METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
 _STATUSES: tuple[RunStatus, ...] = ("FINISHED", "FAILED", "KILLED")
@@ -365,6 +377,49 @@ class MlflowTracker(Tracker):
         else:
             raise FileNotFoundError(path)
 
+    def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
+        """``MlflowClient.log_table``: a ``{columns, data}`` JSON artifact the UI lists as a
+        table (and can compare across runs). Logging the same name again replaces the table:
+        MLflow itself would append the rows (a resumed search would list each trial twice), so
+        the second time the file is rewritten in MLflow's layout, whose table tag is set."""
+        client, run_id = self._require_active()
+        path = check_artifact_file(artifact_file, ".json")
+        folder = posixpath.dirname(path) or None
+        if path not in {info.path for info in client.list_artifacts(run_id, folder)}:
+            client.log_table(run_id, table, path)
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / posixpath.basename(path)
+            table.to_json(local, orient="split", index=False, date_format="iso")
+            client.log_artifact(run_id, str(local), artifact_path=folder)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        """``MlflowClient.log_figure``: the figure saved as a PNG artifact, at the report's dpi."""
+        client, run_id = self._require_active()
+        path = check_artifact_file(artifact_file, ".png")
+        client.log_figure(run_id, figure, path, save_kwargs={"dpi": FIGURE_DPI})
+
+    def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
+        """``MlflowClient.log_inputs`` with entities built here, so MLflow computes no digest or
+        schema from data: the digest is the lineage's hash of its public identifiers."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        client, run_id = self._require_active()
+        entries = [
+            DatasetInput(
+                Dataset(
+                    name=item.name,
+                    digest=item.digest,
+                    source_type=item.source_type,
+                    source=json.dumps(dict(item.source), sort_keys=True),
+                ),
+                tags=[InputTag(DATASET_CONTEXT_TAG, item.context)],
+            )
+            for item in datasets
+        ]
+        if entries:
+            client.log_inputs(run_id, datasets=entries)
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
@@ -448,6 +503,18 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of one metric of one run, by step then time."""
     return _history(open_client(uri), run_id, key)
+
+
+def read_table(uri: str, run_id: str, artifact_file: str) -> pd.DataFrame:
+    """A table logged with :meth:`MlflowTracker.log_table`, read back from the run's artifacts
+    (MLflow's ``load_table`` would go through the process-global tracking URI)."""
+    import pandas as pd
+
+    client = open_client(uri)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = client.download_artifacts(run_id, artifact_file, scratch)
+        data = json.loads(Path(local).read_text())
+    return pd.DataFrame(data["data"], columns=data["columns"])
 
 
 def _list_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:

@@ -25,6 +25,7 @@ CELL = "privzo.cell"
 SEED = "privzo.seed"
 AUDIT = "privzo.audit"  # 'true' on an audited run (trained with canaries) and on its audit
 AUDIT_VERDICT = "privzo.audit.verdict"  # on the audit (the audited run's MLflow child)
+MODEL_REVISION = "privzo.model_revision"  # the hub commit of the base model (hub ids only)
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
@@ -40,13 +41,22 @@ def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
     return tags
 
 
-def model_tags(metric: str, model_parameters: int, trainable_parameters: int) -> dict[str, str]:
-    """Tags known once the model and task are built (sizes, the task's metric)."""
-    return {
+def model_tags(
+    metric: str,
+    model_parameters: int,
+    trainable_parameters: int,
+    model_revision: str | None = None,
+) -> dict[str, str]:
+    """Tags known once the model and task are built (sizes, the task's metric, the hub commit
+    the base model was loaded at)."""
+    tags = {
         MODEL_PARAMETERS: str(model_parameters),
         METRIC: metric,
         TRAINABLE_PARAMETERS: str(trainable_parameters),
     }
+    if model_revision is not None:
+        tags[MODEL_REVISION] = model_revision
+    return tags
 
 
 def layout_tags(config: RunConfig) -> dict[str, str]:

@@ -13,6 +13,7 @@ from privzo.models.loading import (
     load_tokenizer,
     peek_kind,
     position_limit,
+    pretrained_kwargs,
     resolve_kind,
     resolve_source,
 )
@@ -188,7 +189,7 @@ def _check_task(base: RunConfig, cache_dir: Path) -> None:
 
     source = resolve_source(base.model, cache_dir, progress=False)
     try:
-        hf_config = AutoConfig.from_pretrained(source)
+        hf_config = AutoConfig.from_pretrained(source, **pretrained_kwargs(base.model))
         tokenizer = load_tokenizer(base.model, source)
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(

@@ -21,6 +21,7 @@ import yaml
 
 from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
+from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tuning.config import SearchConfig
@@ -32,6 +33,7 @@ STATE_FILE = "search_state.json"
 TRIALS_FILE = "trials.parquet"
 SUMMARY_FILE = "search_summary.json"
 SEARCH_CONFIG_FILE = "search_config.yaml"
+TRIALS_TABLE_ARTIFACT = "trials.json"  # the trials as an MLflow table (log_table), for the UI
 TUNE_DIR = "tune"
 TUNE_NAME = "search"
 
@@ -88,8 +90,9 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
-    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
     _start_ray(ray_address, num_cpus)
+    _check_cluster(plan, output_dir, tracking_uri)  # before the tracker writes a local store
+    tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
     _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
     if state is None:
@@ -159,6 +162,20 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
             runtime_env=ray_runtime_env({}),  # trials import this privzo, not a node's
             **cpus,
         )
+
+
+def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
+    """On a cluster of several nodes, trials run on every node: Tune's state and the trials'
+    run directories (under --output-dir) and the tracking store must be reachable from all."""
+    tracking = plan.base.tracking
+    check_cluster_storage(
+        alive_nodes(),
+        str(output_dir),
+        tracking.uri or tracking_uri,
+        storage_setting="--output-dir",
+        uri_allowed=False,
+        tracking=tracking.backend != "none",
+    )
 
 
 def _check_resources(search: SearchConfig) -> None:
@@ -322,7 +339,7 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     summary.update(plan.bounds(trials_run=summary["trials_run"]))
     summary["trials"] = rows
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    _log_parent(tracker, summary, output_dir)
+    log_search_parent(tracker, summary, output_dir)
     return summary
 
 
@@ -396,7 +413,11 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
     end_runs(uri, unfinished, "KILLED")
 
 
-def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
+def log_search_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
+    """The search's parent run: best-trial metrics and tags, the trials as an MLflow table
+    (``trials.json``, shown in the UI) and the search's files as artifacts."""
+    import pandas as pd
+
     best = next((row for row in summary["trials"] if row["trial_id"] == summary["best_trial"]), {})
     metrics = {
         "trials_run": summary["trials_run"],
@@ -416,6 +437,7 @@ def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> 
     if summary.get("guarantee"):
         tags["privzo.guarantee"] = summary["guarantee"]
     tracker.set_tags(tags)
+    tracker.log_table(pd.DataFrame(summary["trials"]), TRIALS_TABLE_ARTIFACT)
     for name in (TRIALS_FILE, SUMMARY_FILE, SEARCH_CONFIG_FILE):
         if (output_dir / name).is_file():
             tracker.log_artifact(output_dir / name)
@@ -423,11 +445,13 @@ def _log_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-search table: one line per trial, the best marked, then the guarantee."""
+    from tabulate import tabulate
+
     space = summary["space"]
     header = ["", "trial", *[key.split(".")[-1] for key in space], "σ", "ε", "score", "test", "MB"]
     header.append("time s")
     header.append("status")
-    lines = [header]
+    lines = [header]  # every cell already formatted: tabulate must not re-parse numbers
     for row in summary["trials"]:
         mark = "*" if row["trial_id"] == summary["best_trial"] else ""
         values = [_fmt(row.get(key)) for key in space]
@@ -445,11 +469,8 @@ def format_table(summary: dict[str, Any]) -> str:
                 row["status"],
             ]
         )
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    text = [
-        "  ".join(str(cell).rjust(width) for cell, width in zip(line, widths, strict=True))
-        for line in lines
-    ]
+    # the header goes in as a row: tabulate pads a header line by two more spaces a column
+    text = [tabulate(lines, tablefmt="plain", stralign="right", disable_numparse=True)]
     metric = summary.get("metric") or "metric"
     text.append(f"(score: selection score; test: {metric} on the test split, for reporting only)")
     if summary.get("guarantee"):

@@ -53,6 +53,8 @@ class TrajectoryMeta:
     directions_version: int = DIRECTIONS_VERSION
     # privzo.zo.integrity.weights_fingerprint of the base model (None: not taken, e.g. zero3)
     base_fingerprint: dict[str, list] | None = None
+    # the hub commit of the base model (None: a built-in or local model); replay loads it
+    model_revision: str | None = None
 
 
 def trajectory_meta(
@@ -60,10 +62,11 @@ def trajectory_meta(
     device_type: str,
     perturber: Perturber,
     base_fingerprint: dict[str, list] | None = None,
+    model_revision: str | None = None,
 ) -> TrajectoryMeta:
     """A run's replay metadata: its config's view and directions, how its perturber actually
-    moves the weights (``perturber.mode``, its generator) on ``device_type``, and the base
-    model's fingerprint."""
+    moves the weights (``perturber.mode``, its generator) on ``device_type``, the base
+    model's fingerprint and the hub commit it was loaded at."""
     return TrajectoryMeta(
         perturbation_scale=config.optimizer.perturbation_scale,
         direction=config.optimizer.direction,
@@ -76,6 +79,7 @@ def trajectory_meta(
         perturbation=perturber.mode,
         generator=perturber.sampler.generator,
         base_fingerprint=base_fingerprint,
+        model_revision=model_revision,
     )
 
 
