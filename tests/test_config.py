@@ -231,11 +231,15 @@ def test_nested_values_merge_into_their_section_key_by_key():
 
 @pytest.mark.parametrize("strategy", ["replica", "zero3"])
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adamw", "dpgd-0th"])
-def test_baselines_are_refused_under_a_distributed_strategy_at_load(algorithm, strategy):
-    """Their workers could not start: refused before Ray, a tracking run or a directory exist."""
+def test_baselines_are_refused_under_a_distributed_strategy_before_they_start(algorithm, strategy):
+    """Their workers could not start: refused (by the registry's capability check, which run
+    calls first) before Ray, a tracking run or a directory exist."""
+    from privzo.algorithms.registry import check_capabilities
+
     overrides = [f"optimizer.algorithm={algorithm}", f"parallel.strategy={strategy}"]
+    config = load_config(None, [*overrides, "parallel.workers=2"])
     with pytest.raises(ConfigError) as error:
-        load_config(None, [*overrides, "parallel.workers=2"])
+        check_capabilities(config)
     message = str(error.value)
     assert f"optimizer.algorithm={algorithm!r}" in message
     assert f"parallel.strategy={strategy!r}" in message
@@ -243,15 +247,11 @@ def test_baselines_are_refused_under_a_distributed_strategy_at_load(algorithm, s
 
 @pytest.mark.parametrize("algorithm", ["mezo", "dpzero", "dpzo-laplace"])
 def test_zeroth_order_algorithms_load_under_replica(algorithm):
+    from privzo.algorithms.registry import check_capabilities
+
     config = load_config(
         None,
         [f"optimizer.algorithm={algorithm}", "parallel.strategy=replica", "parallel.workers=2"],
     )
     assert config.parallel.strategy == "replica"
-
-
-def test_distributed_algorithms_are_those_with_an_all_reducing_estimator():
-    from privzo.config import DISTRIBUTED_ALGORITHMS
-    from privzo.zo.estimators import ESTIMATORS
-
-    assert set(DISTRIBUTED_ALGORITHMS) == set(ESTIMATORS)
+    check_capabilities(config)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from privzo.algorithms import TrainingLoop, make_loop, records_trajectory
-from privzo.baselines.dpgd import check_dpgd_size
+from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.registry import check_built, check_capabilities, make_loop, writes_trajectory
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
 from privzo.layouts.context import RunContext, RunHooks, build_context
@@ -92,6 +92,7 @@ def run(
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     """
     output_dir = Path(output_dir).resolve()
+    check_capabilities(config)  # the algorithm can run this layout, mechanism and view
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
@@ -117,7 +118,7 @@ def run(
         check_output_dir(output_dir, overwrite)
     probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
     context = build_context(config, cache_dir, progress, hooks or RunHooks())
-    check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
+    check_built(context)  # the algorithm's own checks (DPGD-0th's noise size): nothing written yet
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     if resume is None:
         prepare_output_dir(output_dir)
@@ -164,7 +165,7 @@ def can_resume(config: RunConfig, output_dir: Path) -> bool:
 
 
 def _find_resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
-    if config.parallel.strategy != "single" or not records_trajectory(config.optimizer.algorithm):
+    if config.parallel.strategy != "single" or not writes_trajectory(config):
         return None
     return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
 

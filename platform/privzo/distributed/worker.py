@@ -18,7 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from privzo.algorithms import TrainingLoop
+from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.registry import make_loop
+from privzo.algorithms.stepper import StepMeter
+from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.config import build_config
 from privzo.distributed.checkpoint import (
     RunState,
@@ -154,14 +157,16 @@ def _worker_loop(
         group,
     )
     estimator = distribute_estimator(estimator_for(config, plan), group)
-    loop = TrainingLoop(
-        context,
-        tracker,
-        memory,
-        sampler=sampler,
-        estimator=estimator,
-        forward_on_empty=config.parallel.strategy == "zero3",
-    )
+
+    def stepper(context: RunContext, meter: StepMeter) -> ZerothOrderStepper:
+        """The rank's share of each batch, all-reduced; under zero3 every rank runs every
+        forward, even on an empty share (they are collectives)."""
+        forward_on_empty = config.parallel.strategy == "zero3"
+        return ZerothOrderStepper(
+            context, meter, sampler=sampler, estimator=estimator, forward_on_empty=forward_on_empty
+        )
+
+    loop = make_loop(context, tracker, memory, stepper)
     loop.on_window = _Reporter(loop, group, recorder)
     return loop
 
