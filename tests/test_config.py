@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_sentiment_jsonl
 from privzo.config import (
     MAX_CLIP,
     MAX_STEPS,
@@ -136,6 +137,30 @@ def test_shipped_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+RUNS = sorted((CONFIG_ROOT / "runs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.name)
+def test_every_shipped_run_config_can_start(path, tmp_path):
+    """Preflight passes (capabilities, layout, data, σ for (ε, δ), the planner's fit on the
+    configured GPUs), so the run starts; nothing is written. A cluster config's data directory
+    is the cluster's (``privzo data prepare``): it is stood in for by SST-2-shaped rows here."""
+    from privzo.preflight import preflight
+
+    config = load_config(path)
+    if config.task.data_dir is not None:
+        for split, count in (("train", 2000), ("test", 1000)):
+            write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
+        config = load_config(path, [f"task.data_dir={tmp_path}"])
+    checked = preflight(config, output_dir=tmp_path / "run")
+    if checked.privacy.private:
+        assert checked.privacy.epsilon <= config.privacy.epsilon * (1 + 1e-6)
+    if config.parallel.use_gpu:  # the cluster configs: the planner says they fit
+        assert checked.memory is not None and checked.memory.fits
+        assert checked.memory.strategy in (config.parallel.strategy, "replica")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from privzo.algorithms.loop import TrainingLoop
-from privzo.algorithms.registry import check_built, check_capabilities, make_loop, writes_trajectory
+from privzo.algorithms.registry import check_built, make_loop, writes_trajectory
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
-from privzo.layouts.context import RunContext, RunHooks, build_context
+from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.record import (
     CONFIG_FILE,
     MODEL_DIR,
@@ -39,9 +39,10 @@ from privzo.layouts.resume import (
 )
 from privzo.memory import PeakMemory
 from privzo.models.loading import model_parameters, save_weights
+from privzo.preflight import preflight
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
-from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
+from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory_meta
 
@@ -92,7 +93,13 @@ def run(
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     """
     output_dir = Path(output_dir).resolve()
-    check_capabilities(config)  # the algorithm can run this layout, mechanism and view
+    resume = None if overwrite else _resume_point(config, output_dir)
+    checked = preflight(  # everything that can refuse the run, before any weights load
+        config,
+        output_dir=output_dir if resume is None else None,  # a resumed run goes on there
+        overwrite=overwrite,
+        tracking_uri=tracking_uri,
+    )
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
@@ -112,12 +119,10 @@ def run(
             tracking_uri=tracking_uri,
             tags=tags,
             after_window=hooks.after_window if hooks is not None else None,
+            plan=checked.privacy,
         )
-    resume = None if overwrite else _resume_point(config, output_dir)
-    if resume is None:
-        check_output_dir(output_dir, overwrite)
-    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
-    context = build_context(config, cache_dir, progress, hooks or RunHooks())
+    planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
+    context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
     check_built(context)  # the algorithm's own checks (DPGD-0th's noise size): nothing written yet
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     if resume is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from privzo.algorithms.registry import check_capabilities
 from privzo.config import RunConfig, dump_config, load_config, with_values
 from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 from privzo.studies.config import ScalingStudyConfig
@@ -81,7 +82,9 @@ def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
         # A non-private baseline needs no secret Poisson batches, and with them its score moved
         # run to run (four runs of one study: MeZO 0.610 to 0.806); a seeded shuffle repeats.
         values["privacy.sampler"] = NON_PRIVATE_SAMPLER
-    return with_values(load_config(files), values, f"study cell {cell.name}")
+    config = with_values(load_config(files), values, f"study cell {cell.name}")
+    check_capabilities(config)  # what the algorithm cannot do is refused with the study
+    return config
 
 
 @dataclass
