@@ -2,13 +2,14 @@
 
 ``preflight(config, ...)`` runs, in order: the schema (pydantic, already at load), the
 algorithm × layout × mechanism × view capabilities from the algorithm registry, the layout's
-own options, the files (model directory or hub id, dataset files) and the training rows, the
-privacy plan (σ calibrated to (ε, δ), or a fixed σ checked against it), a distributed layout's
-batch, the planner's memory verdict where it can be given without weights, the output
-directory and the tracking store. It loads no weights and writes nothing. ``run()`` and the
-distributed launch call it first; ``privzo check CONFIG`` prints what it found
-(``Preflight.describe``). A config that passes it starts (the Ray cluster's size, and a
-built-in model's build, are checked when the run starts).
+own options, the output directory and the tracking store (cheap, so first), the files (model
+directory or hub id, dataset files) and the training rows, the privacy plan (σ calibrated to
+(ε, δ), or a fixed σ checked against it), a distributed layout's batch, the directions'
+generator, and the planner's memory verdict where it can be given without weights. It loads
+no weights and writes nothing. ``run()`` calls it first (and hands a distributed run its plan);
+``privzo check CONFIG`` prints what it found (``Preflight.describe``). A config that passes it
+starts (the Ray cluster's size, and a built-in model's fit on GPUs, are checked when the run
+starts).
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def preflight(
     distributed = config.parallel.strategy != "single"
     if distributed:
         check_layout(config)
+    if output_dir is not None:  # the cheap refusals first: σ's calibration can take seconds
+        check_output_dir(Path(output_dir), overwrite)
+    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
     task_config = resolve_task_config(config.task, peek_kind(config.model))  # model dir or id
     splits = load_splits(task_config)  # dataset files
     privacy = plan_privacy(config, len(splits.train))
@@ -119,9 +123,6 @@ def preflight(
     memory = memory_plan(config)
     if memory is not None and distributed and config.parallel.use_gpu:
         check_verdict(config, memory)
-    if output_dir is not None:
-        check_output_dir(Path(output_dir), overwrite)
-    probe_tracking_store(config.tracking.backend, config.tracking.uri or tracking_uri)
     return Preflight(config, algorithm, task_config, splits, privacy, memory)
 
 
