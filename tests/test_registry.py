@@ -55,3 +55,22 @@ def test_distributed_layouts_run_only_steppers_with_an_all_reducing_estimator():
 def test_an_unknown_algorithm_is_named_with_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"'sgd' is unknown; allowed: \['mezo'"):
         get_algorithm("sgd")
+
+
+def test_the_layout_literal_names_the_layout_objects():
+    from privzo.layouts.layout import LAYOUTS
+
+    assert list(LAYOUTS) == list(get_args(LayoutName))
+
+
+def test_each_layout_says_which_ranks_report_evaluate_and_run_empty_forwards():
+    """The worker's rank checks, as the layouts answer them (ranks 0 and 1 of two)."""
+    from privzo.layouts.layout import get_layout
+
+    replica, zero3 = get_layout("replica"), get_layout("zero3")
+    assert [replica.reports(rank) for rank in (0, 1)] == [True, False]
+    assert [zero3.reports(rank) for rank in (0, 1)] == [True, False]
+    assert [replica.evaluates(rank) for rank in (0, 1)] == [True, False]
+    assert [zero3.evaluates(rank) for rank in (0, 1)] == [True, True]  # collective forwards
+    assert (replica.forward_on_empty, zero3.forward_on_empty) == (False, True)
+    assert get_layout("single").reports(0) and get_layout("single").evaluates(0)
