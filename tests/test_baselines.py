@@ -10,15 +10,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from privzo.algorithms.stepper import StepMeter
 from privzo.baselines.dpgd import clip_coefficients, direction_norm
-from privzo.baselines.first_order import FirstOrderLoop, zero_nonfinite_grad_samples
-from privzo.baselines.loop import trainable_parameters
+from privzo.baselines.first_order import (
+    FirstOrderStepper,
+    trainable_parameters,
+    zero_nonfinite_grad_samples,
+)
 from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import load_model
 from privzo.run import build_context, plan_privacy, run
 from privzo.tasks.classification import differentiable_scoring
-from privzo.tracking import NoopTracker, read_run
+from privzo.tracking import read_run
 from privzo.zo.directions import step_seed
 from privzo.zo.step import estimate_differences
 
@@ -157,7 +161,7 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
     for parameter in parameters:
         parameter.requires_grad_(False)
 
-    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    loop = FirstOrderStepper(context, StepMeter(PeakMemory()))
     loop.start()
     try:
         loop._per_example_loss(indices).mean().backward()
@@ -190,7 +194,7 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
         "tracking.backend=none",
     )
     context = build_context(config, cache_dir, progress=False)
-    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    loop = FirstOrderStepper(context, StepMeter(PeakMemory()))
     parameters = trainable_parameters(context)
     before = torch.cat([p.detach().flatten().clone() for p in parameters])
     loop.start()
@@ -210,10 +214,6 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        (["optimizer.algorithm=dpsgd", "model.trainable=prefix"], "model.trainable"),
-        (["optimizer.algorithm=adamw", "privacy.noise_multiplier=1.0"], "privacy.noise_multiplier"),
-        (["optimizer.algorithm=dpsgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
-        (["optimizer.algorithm=adamw", "privacy.mechanism=gaussian"], "privacy.mechanism"),
         (["optimizer.algorithm=dpsgd", "privacy.sampler=shuffle"], "privacy.sampler"),
         (["optimizer.physical_batch_size=0"], "physical_batch_size"),
     ],
@@ -221,6 +221,22 @@ def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
 def test_bad_baseline_settings_fail_at_load(overrides, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["optimizer.algorithm=dpsgd", "model.trainable=prefix"], "model.trainable"),
+        (["optimizer.algorithm=adamw", "privacy.noise_multiplier=1.0"], "privacy.noise_multiplier"),
+        (["optimizer.algorithm=dpsgd", "privacy.mechanism=laplace"], "privacy.mechanism"),
+        (["optimizer.algorithm=adamw", "privacy.mechanism=gaussian"], "privacy.mechanism"),
+    ],
+)
+def test_what_a_baseline_cannot_do_is_refused_by_its_registry_entry(overrides, field):
+    from privzo.algorithms.registry import check_capabilities
+
+    with pytest.raises(ConfigError, match=field):
+        check_capabilities(load_config(None, overrides))
 
 
 # --- DPGD-0th ------------------------------------------------------------------------------
@@ -325,7 +341,7 @@ def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_fil
         "tracking.backend=none",
     )
     context = build_context(config, cache_dir, progress=False)
-    loop = FirstOrderLoop(context, NoopTracker(), PeakMemory())
+    loop = FirstOrderStepper(context, StepMeter(PeakMemory()))
     parameters = trainable_parameters(context)
     loop.start()
     try:
@@ -346,7 +362,7 @@ def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_fil
 
 def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, cache_dir):
     """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ)."""
-    from privzo.baselines.dpgd import DpgdLoop
+    from privzo.baselines.dpgd import DpgdStepper
 
     config = _config(
         *sentiment_files,
@@ -356,7 +372,7 @@ def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, 
         "tracking.backend=none",
     )
     context = build_context(config, cache_dir, progress=False)
-    loop = DpgdLoop(context, NoopTracker(), PeakMemory())
+    loop = DpgdStepper(context, StepMeter(PeakMemory()))
     loop.start()
     loop._generator = torch.Generator().manual_seed(7)  # a known draw, to recompute it here
     before = [shard.tensor.detach().clone() for shard in context.shards]

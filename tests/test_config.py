@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_sentiment_jsonl
 from privzo.config import (
     MAX_CLIP,
     MAX_STEPS,
@@ -139,6 +140,30 @@ def test_shipped_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+RUNS = sorted((CONFIG_ROOT / "runs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.name)
+def test_every_shipped_run_config_can_start(path, tmp_path):
+    """Preflight passes (capabilities, layout, data, σ for (ε, δ), the planner's fit on the
+    configured GPUs), so the run starts; nothing is written. A cluster config's data directory
+    is the cluster's (``privzo data prepare``): it is stood in for by SST-2-shaped rows here."""
+    from privzo.preflight import preflight
+
+    config = load_config(path)
+    if config.task.data_dir is not None:
+        for split, count in (("train", 2000), ("test", 1000)):
+            write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
+        config = load_config(path, [f"task.data_dir={tmp_path}"])
+    checked = preflight(config, output_dir=tmp_path / "run")
+    if checked.privacy.private:
+        assert checked.privacy.epsilon <= config.privacy.epsilon * (1 + 1e-6)
+    if config.parallel.use_gpu:  # the cluster configs: the planner says they fit
+        assert checked.memory is not None and checked.memory.fits
+        assert checked.memory.strategy in (config.parallel.strategy, "replica")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
@@ -292,11 +317,15 @@ def test_nested_values_merge_into_their_section_key_by_key():
 
 @pytest.mark.parametrize("strategy", ["replica", "zero3"])
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adamw", "dpgd-0th"])
-def test_baselines_are_refused_under_a_distributed_strategy_at_load(algorithm, strategy):
-    """Their workers could not start: refused before Ray, a tracking run or a directory exist."""
+def test_baselines_are_refused_under_a_distributed_strategy_before_they_start(algorithm, strategy):
+    """Their workers could not start: refused (by the registry's capability check, which run
+    calls first) before Ray, a tracking run or a directory exist."""
+    from privzo.algorithms.registry import check_capabilities
+
     overrides = [f"optimizer.algorithm={algorithm}", f"parallel.strategy={strategy}"]
+    config = load_config(None, [*overrides, "parallel.workers=2"])
     with pytest.raises(ConfigError) as error:
-        load_config(None, [*overrides, "parallel.workers=2"])
+        check_capabilities(config)
     message = str(error.value)
     assert f"optimizer.algorithm={algorithm!r}" in message
     assert f"parallel.strategy={strategy!r}" in message
@@ -304,15 +333,11 @@ def test_baselines_are_refused_under_a_distributed_strategy_at_load(algorithm, s
 
 @pytest.mark.parametrize("algorithm", ["mezo", "dpzero", "dpzo-laplace"])
 def test_zeroth_order_algorithms_load_under_replica(algorithm):
+    from privzo.algorithms.registry import check_capabilities
+
     config = load_config(
         None,
         [f"optimizer.algorithm={algorithm}", "parallel.strategy=replica", "parallel.workers=2"],
     )
     assert config.parallel.strategy == "replica"
-
-
-def test_distributed_algorithms_are_those_with_an_all_reducing_estimator():
-    from privzo.config import DISTRIBUTED_ALGORITHMS
-    from privzo.zo.estimators import ESTIMATORS
-
-    assert set(DISTRIBUTED_ALGORITHMS) == set(ESTIMATORS)
+    check_capabilities(config)

@@ -57,8 +57,7 @@ def test_the_distributed_estimator_keeps_the_lmo_noise_parameters():
         "uniform_high": 1.25,
     }
     single = make_estimator(
-        "dpzero",
-        mechanism="lmo",
+        "lmo",
         clip=1.0,
         noise_multiplier=2.0,
         expected_batch_size=4,
@@ -78,11 +77,9 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
     group = WorkerGroup.current()
     differences = torch.arange(10, dtype=torch.float32) / 3 - 1  # the global batch
     local = differences[rank::2]
-    mean = distribute_estimator(make_estimator("mezo"), group).estimate(local)
+    mean = distribute_estimator(make_estimator(), group).estimate(local)
     private = distribute_estimator(
-        make_estimator(
-            "dpzero", mechanism="gaussian", clip=1.0, noise_multiplier=2.0, expected_batch_size=5
-        ),
+        make_estimator("gaussian", clip=1.0, noise_multiplier=2.0, expected_batch_size=5),
         group,
     )
     # zero differences: g is pure noise / 5, so Var(5g) = (σC)² if the noise is drawn once
@@ -106,7 +103,7 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
 def test_distributed_mean_is_the_single_process_mean(two_ranks):
     differences = torch.arange(10, dtype=torch.float32) / 3 - 1
-    single = make_estimator("mezo").estimate(differences)
+    single = make_estimator().estimate(differences)
     for rank in (0, 1):
         mean, count, _noise, _bytes, _received = two_ranks[rank]
         assert count == 10

@@ -41,6 +41,7 @@ LAYERS = {
     "privzo.synthetic": 2,  # the algorithms on synthetic quadratics
     # 3: the run pipeline, and what reads a run's records
     "privzo.run": 3,
+    "privzo.preflight": 3,  # every check before weights load; run() calls it first
     "privzo.replay": 3,
     "privzo.analysis": 3,
     # 4: searches and studies, made of runs

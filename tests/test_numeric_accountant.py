@@ -216,16 +216,25 @@ def test_lmo_variance_is_infinite_with_an_exponential_part_and_finite_without():
         (["privacy.lmo.uniform_high=0.1"], "uniform_high"),
         (["privacy.lmo.gamma_shape=0"], "gamma_shape"),
         (["privacy.lmo.gamma_shape=0.01"], "gamma_shape"),  # R underflows to 0: ZeroDivisionError
-        (["optimizer.algorithm=mezo", "privacy.mechanism=lmo"], "privacy.mechanism"),
-        (
-            ["optimizer.algorithm=dpgd-0th", "privacy.mechanism=lmo", "privacy.accountant=numeric"],
-            "privacy.mechanism",
-        ),
     ],
 )
 def test_bad_mechanism_settings_fail_at_load(overrides, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optimizer.algorithm=mezo", "privacy.mechanism=lmo"],
+        ["optimizer.algorithm=dpgd-0th", "privacy.mechanism=lmo", "privacy.accountant=numeric"],
+    ],
+)
+def test_a_mechanism_the_algorithm_does_not_add_is_refused_by_its_registry_entry(overrides):
+    from privzo.algorithms.registry import check_capabilities
+
+    with pytest.raises(ConfigError, match=r"privacy\.mechanism"):
+        check_capabilities(load_config(None, overrides))
 
 
 def test_lmo_run_records_its_mechanism_parameters_and_epsilon(tmp_path, sentiment_files, cache_dir):

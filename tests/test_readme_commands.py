@@ -98,6 +98,7 @@ def _run_record(words: list[str], cwd: Path, stdout: str) -> None:
 
 
 CHECKS = {
+    "privzo check": _printed("privzo check: the run can start", "σ = ", "ε target 4"),
     "privzo run": _run_record,
     "privzo replay": _wrote("config.json"),
     "privzo models init": _wrote("config.json", "model.safetensors", "tokenizer.json"),

@@ -399,18 +399,19 @@ def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, sentiment_file
 def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, cache_dir):
     """ZeRO-3 ranks join both forwards even when their Poisson share is empty; the input is the
     task's public example, never a private record (here: records wiped, a step still runs)."""
+    from privzo.algorithms.stepper import StepMeter
+    from privzo.algorithms.zeroth_order import ZerothOrderStepper
     from privzo.memory import PeakMemory
-    from privzo.run import TrainingLoop, build_context
-    from privzo.tracking import NoopTracker
+    from privzo.run import build_context
 
     config = _config(*sentiment_files, "tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
     context.train.input_ids.clear()  # nothing private left to read
     sampler = PoissonSampler(64, 1e-12)  # an empty batch (probability 1 - 6.4e-11)
-    loop = TrainingLoop(
-        context, NoopTracker(), PeakMemory(), sampler=sampler, forward_on_empty=True
+    stepper = ZerothOrderStepper(
+        context, StepMeter(PeakMemory()), sampler=sampler, forward_on_empty=True
     )
-    record = loop.step(0)
-    assert loop.empty_batches == 1 and record.nonfinite == 0
+    outcome = stepper.step(0)
+    assert outcome.empty and outcome.record is not None and outcome.record.nonfinite == 0
     example = context.task.public_example()
     assert len(example) == 1 and "film" not in context.loaded.tokenizer.decode(example.input_ids[0])

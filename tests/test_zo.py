@@ -215,24 +215,22 @@ def test_nonfinite_differences_are_counted_and_contribute_zero():
 
 def test_private_noise_differs_between_runs_with_the_same_inputs():
     differences = torch.tensor([0.3, -0.2, 0.1])
-    first = make_estimator("dpzero", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
-    second = make_estimator("dpzero", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
+    first = make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
+    second = make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=3)
     draws_first = [first.estimate(differences).projected_gradient for _ in range(5)]
     draws_second = [second.estimate(differences).projected_gradient for _ in range(5)]
     assert len(set(draws_first) | set(draws_second)) == 10
 
 
 def test_private_estimate_divides_by_the_expected_batch_size():
-    estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=1e-12, expected_batch_size=8)
+    estimator = make_estimator("gaussian", clip=1.0, noise_multiplier=1e-12, expected_batch_size=8)
     estimate = estimator.estimate(torch.tensor([0.5, 2.0, -0.25]))
     assert estimate.projected_gradient == pytest.approx((0.5 + 1.0 - 0.25) / 8, abs=1e-9)
     assert estimator.estimate(torch.zeros(0)).batch_size == 0
 
 
 def test_laplace_estimator_noise_scale():
-    estimator = make_estimator(
-        "dpzo-laplace", clip=2.0, noise_multiplier=1.5, expected_batch_size=1
-    )
+    estimator = make_estimator("laplace", clip=2.0, noise_multiplier=1.5, expected_batch_size=1)
     draws = torch.tensor(
         [estimator.estimate(torch.zeros(0)).projected_gradient for _ in range(20000)]
     )
@@ -240,9 +238,9 @@ def test_laplace_estimator_noise_scale():
     assert float(draws.abs().mean()) == pytest.approx(3.0, rel=0.05)
 
 
-def test_unknown_algorithm_is_rejected():
-    with pytest.raises(ValueError, match="allowed"):
-        make_estimator("sgd")
+def test_unknown_mechanism_is_rejected():
+    with pytest.raises(ValueError, match="mechanism='sgd' is unknown; allowed"):
+        make_estimator("sgd", clip=1.0, noise_multiplier=1.0, expected_batch_size=1)
 
 
 @pytest.mark.parametrize("generator", GENERATORS)
@@ -253,7 +251,7 @@ def test_trajectory_replay_reproduces_the_weights_bit_for_bit(tmp_path, generato
         1e-3, "gaussian", "cpu", "full", {}, 0, "quadratic", "float32", "inplace", generator
     )
     recorder = TrajectoryRecorder(meta, release_batch_size=False)
-    estimator = make_estimator("dpzero", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
+    estimator = make_estimator("gaussian", clip=1.0, noise_multiplier=0.5, expected_batch_size=1)
     for step in range(30):
         recorder.append(
             zo_step(

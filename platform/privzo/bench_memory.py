@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from privzo.config import FIRST_ORDER_ALGORITHMS
+from privzo.algorithms.registry import get_algorithm
 
 BENCH_SHAPE = dict(hidden_size=256, num_hidden_layers=4, ffn_dim=1024, num_attention_heads=4)
 BATCH_SIZE, WORDS_PER_EXAMPLE = 16, 60
@@ -113,9 +113,10 @@ def _case_overrides(
         "eval_before=false",
         "tracking.backend=none",
     ]
-    if algorithm in FIRST_ORDER_ALGORITHMS:  # the zeroth-order steps score whole batches
+    entry = get_algorithm(algorithm)
+    if entry.family == "first-order":  # the zeroth-order steps score whole batches
         overrides.append(f"optimizer.physical_batch_size={BATCH_SIZE}")
-    if algorithm in ("dpzero", "dpsgd", "dpgd-0th"):
+    if entry.private:
         overrides += ["privacy.noise_multiplier=1.0", "privacy.epsilon=1e6"]
         overrides += ["privacy.accountant=rdp"]
     else:
@@ -143,7 +144,6 @@ def measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str
 def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str, Any]:
     import opacus  # noqa: F401  # every process holds the same libraries before measuring
 
-    from privzo.baselines.loop import BaselineLoop
     from privzo.config import load_config
     from privzo.memory import PeakMemory
     from privzo.run import build_context, make_loop
@@ -161,12 +161,10 @@ def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[st
     forward_s, forward_mb = _timed(forward, memory, repeats)
     tracker = NoopTracker(uri=None, experiment="bench", output_root=Path("."), run_name="bench")
     loop = make_loop(context, tracker, memory)
-    if isinstance(loop, BaselineLoop):
-        loop.start()
+    loop.stepper.start()  # its training state (optimizer, hooks, noise buffer) is measured
     steps = iter(range(repeats + 1))
     step_s, step_mb = _timed(lambda: loop.step(next(steps)), memory, repeats)
-    if isinstance(loop, BaselineLoop):
-        loop.finish()
+    loop.stepper.finish()
     return {
         "trainable_parameters": sum(shard.size for shard in context.shards),
         "sequence_length": int(batch.input_ids.shape[1]),

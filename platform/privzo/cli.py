@@ -135,6 +135,28 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_command(args: argparse.Namespace) -> int:
+    """What ``privzo run`` would do with this config, or why it would refuse (exit 2)."""
+    from privzo.config import load_config
+    from privzo.preflight import preflight
+
+    _quiet_libraries(args)
+    extra_files = [item for item in args.overrides if "=" not in item]
+    overrides = [item for item in args.overrides if "=" in item]
+    config = load_config([args.config, *extra_files], overrides)
+    checked = preflight(
+        config,
+        output_dir=args.output_dir,
+        overwrite=args.overwrite,
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+    )
+    if args.json:
+        print(json.dumps({"privzo_check": checked.to_json()}, default=str))
+    else:
+        print("\n".join(["privzo check: the run can start", *checked.describe()]))
+    return 0
+
+
 def _interrupted_line(output_dir: Path) -> str:
     return (
         f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
@@ -572,6 +594,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_dir(run)
     _add_verbose(run)
     run.set_defaults(handler=_run_command)
+
+    check = commands.add_parser(
+        "check",
+        help="what a run of CONFIG would do (σ, ε, steps, layout, memory), or why it cannot start",
+        description="Run every check `privzo run` makes before it loads weights (preflight) "
+        "and print what the run would do; exit 0, or 2 with the reason. Loads no weights and "
+        "writes nothing.",
+    )
+    check.add_argument("config", type=Path, help="a run config (YAML), e.g. configs/runs/*.yaml")
+    check.add_argument(
+        "overrides", nargs="*", help="more config files to merge, then key.sub=value overrides"
+    )
+    check.add_argument(
+        "--output-dir", type=Path, help="also check this run directory is free (see --overwrite)"
+    )
+    check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
+    check.add_argument("--json", action="store_true", help='one JSON line, {"privzo_check": ...}')
+    _add_verbose(check)
+    check.set_defaults(handler=_check_command)
 
     tune = commands.add_parser(
         "tune", help="a Ray Tune search under a fixed privacy budget (resumes in the same dir)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import string
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -22,22 +22,22 @@ from pydantic import (
     model_validator,
 )
 
-ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th")
-PRIVATE_ALGORITHMS = ("dpzero", "dpzo-laplace", "dpsgd", "dpgd-0th")
-# The mechanism each private algorithm uses unless privacy.mechanism picks another.
-ALGORITHM_MECHANISM = {
+# Names a config may choose. What each algorithm is (family, mechanisms, layouts, views, its
+# stepper) is registered in privzo.algorithms.registry, beneath which this module sits; a test
+# (tests/test_registry.py) ties these Literals to the registries.
+AlgorithmName = Literal["mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th"]
+MechanismName = Literal["gaussian", "laplace", "lmo"]
+LayoutName = Literal["single", "replica", "zero3"]
+ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+# The one algorithm fact the schema needs at load: the default mechanism of each private
+# algorithm (absent: not private), which decides the privacy rules below. The registry's
+# entries say the same (its ``private`` and first mechanism; tied by tests/test_registry.py).
+ALGORITHM_MECHANISM: dict[str, str] = {
     "dpzero": "gaussian",
     "dpzo-laplace": "laplace",
     "dpsgd": "gaussian",
     "dpgd-0th": "gaussian",
 }
-# First-order baselines (privzo.baselines): back-propagation, no trajectory.
-FIRST_ORDER_ALGORITHMS = ("dpsgd", "adamw")
-# Algorithms the Ray Train layouts (replica, zero3) run: their workers drive the zeroth-order loop
-# with an all-reducing scalar estimator (privzo.zo.estimators.ESTIMATORS), which the baselines lack.
-DISTRIBUTED_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")
-# Algorithms that add d-dimensional Gaussian noise: no other mechanism is implemented for them.
-VECTOR_NOISE_ALGORITHMS = ("dpsgd", "dpgd-0th")
 # Which accountants can bound which scalar mechanism (privzo.privacy.accounting.ACCOUNTANTS).
 MECHANISM_ACCOUNTANTS = {
     "gaussian": ("pld", "rdp", "numeric"),
@@ -285,7 +285,7 @@ class OptimizerConfig(_Section):
 
     @property
     def is_private(self) -> bool:
-        return self.algorithm in PRIVATE_ALGORITHMS
+        return self.algorithm in ALGORITHM_MECHANISM
 
     @property
     def first_order_physical_batch_size(self) -> int:
@@ -343,7 +343,7 @@ class PrivacyConfig(_Section):
     accountant: Literal["pld", "rdp", "pure", "numeric"] = "pld"
     sampler: Literal["poisson", "shuffle"] = "poisson"
     adjacency: Literal["add-remove"] = "add-remove"
-    mechanism: Literal["gaussian", "laplace", "lmo"] | None = Field(
+    mechanism: MechanismName | None = Field(
         None,
         description="The scalar noise of a zeroth-order private run; null = the algorithm's "
         "(dpzero: gaussian, dpzo-laplace: laplace). 'lmo' needs accountant 'numeric'.",
@@ -364,7 +364,7 @@ class PrivacyConfig(_Section):
 class ParallelConfig(_Section):
     """How a run is laid out: one process, Ray Train replicas, or DeepSpeed ZeRO-3 ranks."""
 
-    strategy: Literal["single", "replica", "zero3"] = "single"
+    strategy: LayoutName = "single"
     workers: int = Field(1, ge=1)
     use_gpu: bool = False
     max_failures: int = Field(0, ge=0, description="Worker failures Ray Train recovers from.")
@@ -421,8 +421,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _private_settings_consistent(self) -> RunConfig:
-        _check_baseline_settings(self)
-        _check_distributed_algorithm(self)
+        _check_zero3_forwards(self)
         if not self.optimizer.is_private:
             return self
         mechanism = self.mechanism
@@ -485,49 +484,16 @@ def _check_test_split_is_not_private(config: RunConfig) -> None:
     )
 
 
-def _check_baseline_settings(config: RunConfig) -> None:
-    """Rules of the baselines and the mechanism registry (the per-accountant rules follow)."""
-    algorithm, privacy = config.optimizer.algorithm, config.privacy
-    if not config.optimizer.is_private and privacy.mechanism is not None:
-        raise ValueError(
-            f"privacy.mechanism={privacy.mechanism!r} with optimizer.algorithm={algorithm!r}: a "
-            "non-private algorithm adds no noise; remove privacy.mechanism (null)"
-        )
-    if algorithm == "adamw" and privacy.noise_multiplier is not None:
-        raise ValueError(
-            f"privacy.noise_multiplier={privacy.noise_multiplier} with optimizer.algorithm="
-            "'adamw': the non-private baseline adds no noise; use 'dpsgd' or remove it"
-        )
-    if algorithm in FIRST_ORDER_ALGORITHMS and config.model.trainable == "prefix":
-        raise ValueError(
-            f"model.trainable='prefix' with optimizer.algorithm={algorithm!r}: the first-order "
-            "baselines support the views 'full', 'lora' and 'bitfit'"
-        )
-    mechanism = config.mechanism
-    if algorithm in VECTOR_NOISE_ALGORITHMS and mechanism != "gaussian":
-        raise ValueError(
-            f"privacy.mechanism={mechanism!r} with optimizer.algorithm={algorithm!r}: its "
-            "d-dimensional noise is Gaussian; allowed: 'gaussian' (or null)"
-        )
-
-
-def _check_distributed_algorithm(config: RunConfig) -> None:
-    """Refuse at load, before Ray, a tracking run or an output directory exist, an algorithm
-    whose workers could not start under a distributed strategy."""
-    algorithm, strategy = config.optimizer.algorithm, config.parallel.strategy
-    if strategy == "zero3" and config.optimizer.physical_batch_size is not None:
+def _check_zero3_forwards(config: RunConfig) -> None:
+    """Refuse at load micro-batches under zero3. (Which algorithms a layout runs is the
+    registry's to say: ``privzo.algorithms.registry.check_capabilities``, run by preflight.)"""
+    if config.parallel.strategy == "zero3" and config.optimizer.physical_batch_size is not None:
         # every ZeRO-3 forward gathers the weights collectively, so all ranks must make the
         # same number of forwards; micro-batches of Poisson batches of different sizes do not
         raise ValueError(
             f"optimizer.physical_batch_size={config.optimizer.physical_batch_size} with "
             "parallel.strategy='zero3': ranks would make different numbers of forwards, and "
             "each ZeRO-3 forward is a collective; allowed: null (or strategy 'single'/'replica')"
-        )
-    if strategy != "single" and algorithm not in DISTRIBUTED_ALGORITHMS:
-        raise ValueError(
-            f"optimizer.algorithm={algorithm!r} with parallel.strategy={strategy!r}: the "
-            f"distributed strategies run only {list(DISTRIBUTED_ALGORITHMS)}; use strategy "
-            "'single' for this baseline"
         )
 
 

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from privzo.algorithms import TrainingLoop, make_loop, records_trajectory
-from privzo.baselines.dpgd import check_dpgd_size
+from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.registry import check_built, make_loop, writes_trajectory
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
-from privzo.layouts.context import RunContext, RunHooks, build_context, direction_sampler
+from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.record import (
     CONFIG_FILE,
     MODEL_DIR,
@@ -40,11 +40,11 @@ from privzo.layouts.resume import (
     write_json_atomically,
 )
 from privzo.memory import PeakMemory
-from privzo.models.loading import check_model, model_parameters, save_weights
+from privzo.models.loading import model_parameters, save_weights
+from privzo.preflight import preflight
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy, privacy_record
-from privzo.tasks import load_splits, resolve_task_config
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
-from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
+from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory_meta
 
@@ -65,7 +65,6 @@ __all__ = [
     "build_context",
     "can_resume",
     "check_output_dir",
-    "check_run",
     "make_loop",
     "mechanism_parameters",
     "model_parameters",
@@ -97,6 +96,14 @@ def run(
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     """
     output_dir = Path(output_dir).resolve()
+    resume = None if overwrite else _resume_point(config, output_dir)
+    checked = preflight(  # everything that can refuse the run, before any weights load
+        config,
+        output_dir=output_dir if resume is None else None,  # a resumed run goes on there
+        overwrite=overwrite,
+        tracking_uri=tracking_uri,
+        tracking_root=tracking_root or output_dir.parent,
+    )
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
@@ -116,17 +123,11 @@ def run(
             tracking_uri=tracking_uri,
             tags=tags,
             after_window=hooks.after_window if hooks is not None else None,
+            plan=checked.privacy,
         )
-    resume = None if overwrite else _resume_point(config, output_dir)
-    if resume is None:
-        check_output_dir(output_dir, overwrite)
-    probe_tracking_store(
-        config.tracking.backend,
-        config.tracking.uri or tracking_uri,
-        (tracking_root or output_dir.parent).resolve(),
-    )
-    context = build_context(config, cache_dir, progress, hooks or RunHooks())
-    check_dpgd_size(context)  # its d-dim noise must fit: refuse before anything is written
+    planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
+    context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
+    check_built(context)  # the algorithm's own checks (DPGD-0th's noise size): nothing written yet
     tracker = _connect_tracker(context, output_dir, tracking_root, tracking_uri, tags)
     if resume is None:
         prepare_output_dir(output_dir)
@@ -144,19 +145,6 @@ def run(
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
     return summary
-
-
-def check_run(config: RunConfig) -> None:
-    """What a run checks before it loads weights, without loading them or writing anything: the
-    model's source, the task and its data, the privacy plan (the budget reachable), the
-    directions and the layout. A study checks every cell with it before the first trains."""
-    task_config = resolve_task_config(config.task, check_model(config.model))
-    plan_privacy(config, len(load_splits(task_config).train))
-    direction_sampler(config)
-    if config.parallel.strategy != "single":
-        from privzo.distributed.launch import check_layout
-
-        check_layout(config)
 
 
 def _connect_tracker(
@@ -187,7 +175,7 @@ def can_resume(config: RunConfig, output_dir: Path) -> bool:
 
 
 def _find_resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
-    if config.parallel.strategy != "single" or not records_trajectory(config.optimizer.algorithm):
+    if config.parallel.strategy != "single" or not writes_trajectory(config):
         return None
     return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
 

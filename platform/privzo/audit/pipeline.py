@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from privzo.algorithms.registry import get_algorithm
 from privzo.audit.canaries import CanaryInjection, tokenizer_words
 from privzo.audit.config import (
     ALL_SCORES,
@@ -34,7 +35,7 @@ from privzo.audit.scores import (
     match_scores,
     replay_differences,
 )
-from privzo.config import FIRST_ORDER_ALGORITHMS, ConfigError, RunConfig, TaskConfig
+from privzo.config import ConfigError, RunConfig, TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
@@ -44,7 +45,6 @@ from privzo.tracking.tags import AUDIT
 AUDIT_FILE = "audit.json"
 RUN_DIR = "run"
 VIOLATED_EXIT_CODE = 4
-ZEROTH_ORDER_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")  # they write a trajectory
 # A match is exact or not whatever the canary's label: standardising per label would only mix
 # the two labels' exact matches with the other label's near misses.
 UNCENTRED_SCORES = ("white-box-match",)
@@ -53,7 +53,8 @@ PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
     """The scores to use, and a note when the algorithm allows only the black-box one."""
-    white_box = config.optimizer.algorithm in ZEROTH_ORDER_ALGORITHMS
+    algorithm = get_algorithm(config.optimizer.algorithm)
+    white_box = algorithm.writes_trajectory  # a trajectory of seeds and scalars to replay
     if audit.scores is not None:
         wanted = [name for name in audit.scores if name in WHITE_BOX_SCORES]
         if wanted and not white_box:
@@ -64,7 +65,7 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
         return list(dict.fromkeys(audit.scores)), None
     if white_box:
         return list(ALL_SCORES), None
-    kind = "first-order" if config.optimizer.algorithm in FIRST_ORDER_ALGORITHMS else "vector"
+    kind = "first-order" if algorithm.family == "first-order" else "vector"
     note = (
         f"{config.optimizer.algorithm} is a {kind} algorithm: no trajectory of seeds and "
         "scalars to replay, so it is audited black-box only (loss under the base model minus "

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from privzo.baselines.loop import BaselineLoop, BaselineStep
+from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
 from privzo.config import ConfigError
-from privzo.memory import PeakMemory
 from privzo.privacy.mechanisms import secret_torch_generator
+from privzo.privacy.plan import make_sampler
 from privzo.tasks.micro_batches import losses_in_micro_batches
-from privzo.tracking import Tracker
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator
+from privzo.zo.schedules import make_schedule
 from privzo.zo.step import estimate_differences
 from privzo.zo.sweeps import ParameterShard, iter_direction_blocks
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 def check_dpgd_size(context: RunContext) -> None:
     """Refuse (before training) a model whose d-dimensional noise exceeds the configured cap."""
     optimizer = context.config.optimizer
-    if optimizer.algorithm != "dpgd-0th":
-        return
     parameters = sum(shard.size for shard in context.shards)
     if parameters > optimizer.dpgd_max_parameters:
         raise ConfigError(
@@ -72,13 +70,17 @@ def clip_coefficients(differences: torch.Tensor, vector_norm: float, clip: float
     return differences.double() * factors
 
 
-class DpgdLoop(BaselineLoop):
+class DpgdStepper(Stepper):
     """Zeroth-order differences, per-example vector clipping, d-dimensional Gaussian noise."""
 
-    def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
-        super().__init__(context, tracker, memory)
-        plan = context.plan
+    def __init__(self, context: RunContext, meter: StepMeter) -> None:
+        super().__init__(context, meter)
+        config, plan = context.config, context.plan
         assert plan.private and plan.noise_multiplier is not None
+        self.sampler = make_sampler(config, plan, len(context.train))
+        self.schedule = make_schedule(
+            config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
+        )
         self.clip = context.config.privacy.clip
         self.noise_std = plan.noise_multiplier * self.clip
         self.expected_batch_size = plan.expected_batch_size
@@ -95,7 +97,11 @@ class DpgdLoop(BaselineLoop):
         self._noise = None
         self._generator = None
 
-    def step(self, step: int) -> BaselineStep:
+    def step(self, step: int) -> StepOutcome:
+        with self.meter.measure():
+            return self._step(step)
+
+    def _step(self, step: int) -> StepOutcome:
         context, config = self.context, self.context.config
         seed = step_seed(config.seed, step)
         perturber = context.perturber
@@ -124,7 +130,7 @@ class DpgdLoop(BaselineLoop):
         signal = float(coefficients.sum()) / self.expected_batch_size
         perturber.update(seed, -learning_rate * signal * scale)  # restores θ and steps along z
         self._add_noise(-learning_rate / self.expected_batch_size)
-        return BaselineStep(learning_rate, mean_loss, empty=not len(indices))
+        return StepOutcome(learning_rate, mean_loss, empty=not len(indices))
 
     @torch.no_grad()
     def _add_noise(self, coefficient: float) -> None:

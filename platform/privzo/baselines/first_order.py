@@ -30,22 +30,41 @@ import numpy as np
 import torch
 from torch import nn
 
-from privzo.baselines.loop import BaselineLoop, BaselineStep, trainable_parameters
-from privzo.memory import PeakMemory
+from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
 from privzo.privacy.mechanisms import secret_torch_generator
+from privzo.privacy.plan import make_sampler
 from privzo.privacy.sampling import Sampler
 from privzo.tasks.classification import differentiable_scoring
-from privzo.tracking import Tracker
+from privzo.zo.schedules import make_schedule
 
 if TYPE_CHECKING:
     from privzo.layouts.context import RunContext
 
 
-class FirstOrderLoop(BaselineLoop):
+def trainable_parameters(context: RunContext) -> list[torch.nn.Parameter]:
+    """The view's trainable ``nn.Parameter`` objects (the shards hold flat views of them)."""
+    pointers = {shard.tensor.data_ptr() for shard in context.shards}
+    found, seen = [], set()
+    for parameter in context.model.parameters():
+        pointer = parameter.data_ptr()
+        if pointer in pointers and pointer not in seen:
+            found.append(parameter)
+            seen.add(pointer)
+    assert len(found) == len(pointers), "every trainable shard is a parameter of the model"
+    return found
+
+
+class FirstOrderStepper(Stepper):
     """Back-propagation steps on the view's trainable tensors (private with Opacus or not)."""
 
-    def __init__(self, context: RunContext, tracker: Tracker, memory: PeakMemory) -> None:
-        super().__init__(context, tracker, memory)
+    def __init__(self, context: RunContext, meter: StepMeter) -> None:
+        super().__init__(context, meter)
+        config, plan = context.config, context.plan
+        self.sampler = make_sampler(config, plan, len(context.train))
+        self.schedule = make_schedule(
+            config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
+        )
+        self.private = plan.private
         self.physical_batch_size = context.config.optimizer.first_order_physical_batch_size
         self.parameters = trainable_parameters(context)
         self._cleanup = contextlib.ExitStack()
@@ -114,7 +133,11 @@ class FirstOrderLoop(BaselineLoop):
 
     # --- steps -----------------------------------------------------------------------------
 
-    def step(self, step: int) -> BaselineStep:
+    def step(self, step: int) -> StepOutcome:
+        with self.meter.measure():
+            return self._step(step)
+
+    def _step(self, step: int) -> StepOutcome:
         learning_rate = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
@@ -123,7 +146,7 @@ class FirstOrderLoop(BaselineLoop):
         else:
             losses, empty = self._plain_step()
         mean_loss = float(np.mean(losses)) if losses else math.nan
-        return BaselineStep(learning_rate, mean_loss, empty)
+        return StepOutcome(learning_rate, mean_loss, empty)
 
     def _plain_step(self) -> tuple[list[float], bool]:
         """Mean loss over the realised batch, accumulated over physical batches."""

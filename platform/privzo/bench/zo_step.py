@@ -187,7 +187,8 @@ def _privzo_step(
     batch_size: int,
 ) -> Callable[[], Any]:
     options = {"clip": 1.0, "noise_multiplier": 1.0, "expected_batch_size": batch_size}
-    estimator = make_estimator(algorithm, **(options if algorithm == "dpzero" else {}))
+    private = algorithm == "dpzero"
+    estimator = make_estimator("gaussian" if private else None, **(options if private else {}))
     steps = iter(range(10**9))
     return lambda: zo_step(
         step=0,

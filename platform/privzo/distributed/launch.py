@@ -1,7 +1,9 @@
 """Start a distributed run on Ray Train and write its records like a single-process run.
 
-Everything that can be wrong with the layout is checked before any worker starts: more workers
-than the cluster's CPUs (or GPUs), an expected batch smaller than the number of workers (some
+Everything that can be wrong with the layout is checked before any worker starts (the checks
+below are called by preflight, ``privzo.preflight``, except the cluster's size and a built-in
+model's fit, checked here once Ray is up): more workers than the cluster's CPUs (or GPUs), an
+expected batch smaller than the number of workers (some
 workers would almost always idle, and a private run's partitions could not all be sampled), a
 model the planner says cannot fit the strategy, and options the strategy does not support.
 """
@@ -23,13 +25,11 @@ from privzo.layouts.record import (
     RAY_STATE_DIR,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
-    check_output_dir,
     prepare_output_dir,
 )
-from privzo.models.loading import peek_kind, pretrained_kwargs, resolve_source
-from privzo.privacy.plan import plan_privacy
-from privzo.tasks import load_splits, resolve_task_config
-from privzo.tracking import Tracker, connect_tracker, make_tracker, probe_tracking_store
+from privzo.models.loading import pretrained_kwargs, resolve_source
+from privzo.privacy.plan import PrivacyPlan
+from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.tracking.tags import config_tags, layout_tags
 
 
@@ -44,22 +44,13 @@ def run_distributed(
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
     after_window: Callable[..., None] | None = None,
+    plan: PrivacyPlan,
 ) -> dict[str, Any]:
     """What ``privzo.run.run`` dispatches to for ``parallel.strategy`` 'replica' or 'zero3'
-    (the same records).
+    (the same records), once its preflight (``privzo.preflight``) passed with ``plan``.
 
     ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
     """
-    check_output_dir(output_dir, overwrite)
-    check_layout(config)
-    probe_tracking_store(
-        config.tracking.backend,
-        config.tracking.uri or tracking_uri,
-        (tracking_root or output_dir.parent).resolve(),
-    )
-    splits = load_splits(resolve_task_config(config.task, peek_kind(config.model)))
-    plan = plan_privacy(config, len(splits.train))
-    check_batch(config, plan.expected_batch_size)
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
     _init_ray(config)
@@ -181,6 +172,12 @@ def check_fit(config: RunConfig, source: str) -> None:
         dtype=config.model.dtype,
         batch_size=forward_batch,
     )
+    check_verdict(config, verdict)
+
+
+def check_verdict(config: RunConfig, verdict: Any) -> None:
+    """Refuse what the planner's verdict (``privzo.planner.Plan``) says cannot fit."""
+    parallel = config.parallel
     if parallel.strategy == "replica" and verdict.strategy != "replica":
         raise ConfigError(
             f"parallel.strategy='replica': {config.model.name_or_path} does not fit whole in one "

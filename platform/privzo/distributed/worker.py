@@ -19,7 +19,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from privzo.algorithms import TrainingLoop
+from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.registry import make_loop
+from privzo.algorithms.stepper import StepMeter
+from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.config import build_config
 from privzo.distributed.checkpoint import (
     RunState,
@@ -29,10 +32,10 @@ from privzo.distributed.checkpoint import (
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
 from privzo.distributed.sampling import worker_sampler
-from privzo.layouts.context import RunContext, RunHooks, build_context
+from privzo.layouts.context import RunContext, RunHooks
+from privzo.layouts.layout import Layout, get_layout
 from privzo.layouts.record import final_metrics, summary_record
 from privzo.memory import PeakMemory
-from privzo.models.loading import save_weights
 from privzo.privacy.plan import privacy_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import NoopTracker, Tracker, make_tracker
@@ -49,20 +52,21 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     quiet_worker_console()
     config = build_config(settings["config"], source="parallel worker")
     group = WorkerGroup.current()
-    context, keep_alive = _build(config, Path(settings["cache_dir"]))
-    if group.rank == 0:  # the caller's hook acts where the run reports, as its tracker does
+    layout = get_layout(config.parallel.strategy)
+    context, keep_alive = layout.build(config, Path(settings["cache_dir"]))
+    if layout.reports(group.rank):  # the caller's hook acts where the run reports, as its tracker
         context.hooks = RunHooks(after_window=settings.get("after_window"))
-    tracker = _rank_tracker(group, settings["tracking"], config.releases_diagnostics)
+    tracker = _rank_tracker(layout, group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(context.tracking_tags())  # sizes and metric: known once the model is built
     tracker.log_inputs(context.data_lineage())
-    outcome = _train_and_evaluate(context, tracker, group)
+    outcome = _train_and_evaluate(context, tracker, group, layout)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
     held = group.all_gather_float(_local_parameter_bytes(context))
     if config.save_model:
-        _save_model(context, group, Path(settings["output_dir"]))
+        layout.save_model(context, group, Path(settings["output_dir"]) / "model")
     del keep_alive
-    if group.rank != 0:
+    if not layout.reports(group.rank):
         return None
     summary = _rank0_summary(outcome, tracker, group, peaks)
     summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
@@ -101,17 +105,19 @@ class _Outcome:
     started: float
 
 
-def _train_and_evaluate(context: RunContext, tracker: Tracker, group: WorkerGroup) -> _Outcome:
-    """Evaluate, train (resuming from a checkpoint if there is one), evaluate again. Under
-    zero3 every rank evaluates (forwards are collective); replicas leave it to rank 0."""
+def _train_and_evaluate(
+    context: RunContext, tracker: Tracker, group: WorkerGroup, layout: Layout
+) -> _Outcome:
+    """Evaluate, train (resuming from a checkpoint if there is one), evaluate again, on the
+    ranks the layout says evaluate."""
     config = context.config
     memory = PeakMemory(context.loaded.device)
-    evaluate_here = group.rank == 0 or config.parallel.strategy == "zero3"
+    evaluate_here = layout.evaluates(group.rank)
     started = time.perf_counter()
     before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
     private = context.plan.private
     recorder = TrajectoryRecorder(_meta(context), release_batch_size=not private)
-    loop = _worker_loop(context, tracker, memory, group, recorder)
+    loop = _worker_loop(context, tracker, memory, group, recorder, layout)
     start = _resume(loop, recorder)
     if before is not None and start == 0:
         tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
@@ -134,18 +140,11 @@ def _rank0_summary(
     return summary
 
 
-def _build(config: Any, cache_dir: Path) -> tuple[RunContext, Any]:
-    """The rank's context, and an object that must outlive training (DeepSpeed's config)."""
-    if config.parallel.strategy == "zero3":
-        from privzo.distributed.zero3 import build_zero3_context
-
-        return build_zero3_context(config, cache_dir)
-    return build_context(config, cache_dir, progress=False), None
-
-
-def _rank_tracker(group: WorkerGroup, tracking: dict[str, Any], release_timing: bool) -> Tracker:
-    """Rank 0 logs into the run the launcher created; the other ranks log nowhere."""
-    if group.rank != 0 or tracking["backend"] == "none":
+def _rank_tracker(
+    layout: Layout, group: WorkerGroup, tracking: dict[str, Any], release_timing: bool
+) -> Tracker:
+    """The reporting rank logs into the run the launcher created; the other ranks nowhere."""
+    if not layout.reports(group.rank) or tracking["backend"] == "none":
         tracker: Tracker = NoopTracker()
         tracker.start()
         return tracker
@@ -167,6 +166,7 @@ def _worker_loop(
     memory: PeakMemory,
     group: WorkerGroup,
     recorder: TrajectoryRecorder,
+    layout: Layout,
 ) -> TrainingLoop:
     config, plan = context.config, context.plan
     sampler = worker_sampler(
@@ -178,15 +178,20 @@ def _worker_loop(
         group,
     )
     estimator = distribute_estimator(estimator_for(config, plan), group)
-    loop = TrainingLoop(
-        context,
-        tracker,
-        memory,
-        sampler=sampler,
-        estimator=estimator,
-        forward_on_empty=config.parallel.strategy == "zero3",
-    )
-    loop.on_window = _Reporter(loop, group, recorder)
+
+    def stepper(context: RunContext, meter: StepMeter) -> ZerothOrderStepper:
+        """The rank's share of each batch, all-reduced (forwards on an empty share as the
+        layout says: ZeRO-3's forwards are collectives)."""
+        return ZerothOrderStepper(
+            context,
+            meter,
+            sampler=sampler,
+            estimator=estimator,
+            forward_on_empty=layout.forward_on_empty,
+        )
+
+    loop = make_loop(context, tracker, memory, stepper)
+    loop.on_window = _Reporter(loop, group, recorder, layout)
     return loop
 
 
@@ -194,8 +199,14 @@ class _Reporter:
     """After each window: ``ray.train.report`` on every rank (a barrier), with rank 0's
     checkpoint attached, before the window's metrics are logged anywhere."""
 
-    def __init__(self, loop: TrainingLoop, group: WorkerGroup, recorder: TrajectoryRecorder):
-        self.loop, self.group, self.recorder = loop, group, recorder
+    def __init__(
+        self,
+        loop: TrainingLoop,
+        group: WorkerGroup,
+        recorder: TrajectoryRecorder,
+        layout: Layout,
+    ):
+        self.loop, self.group, self.recorder, self.layout = loop, group, recorder, layout
 
     def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
         import ray.train
@@ -203,7 +214,7 @@ class _Reporter:
         payload = {**metrics, "steps_done": steps_done}
         if self.loop.log_diagnostics:  # a window's peak memory follows its (private) batch sizes
             payload["peak_memory_mb"] = self.loop.step_peak_mb
-        if self.group.rank != 0:
+        if not self.layout.reports(self.group.rank):
             ray.train.report(payload)
             return
         ledger = self.loop.ledger
@@ -254,15 +265,6 @@ def _meta(context: RunContext) -> TrajectoryMeta:
         context.base_fingerprint,
         context.loaded.revision,
     )
-
-
-def _save_model(context: RunContext, group: WorkerGroup, output_dir: Path) -> None:
-    if context.config.parallel.strategy == "zero3":
-        from privzo.distributed.zero3 import save_gathered
-
-        save_gathered(context, group, output_dir / "model")
-    elif group.rank == 0:
-        save_weights(context.model, context.loaded.tokenizer, output_dir / "model")
 
 
 def _layout_summary(

@@ -26,7 +26,14 @@ from privzo.models.loading import (
 )
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
-from privzo.tasks import Task, build_task, data_lineage, load_splits, resolve_task_config
+from privzo.tasks import (
+    Task,
+    TaskSplits,
+    build_task,
+    data_lineage,
+    load_splits,
+    resolve_task_config,
+)
 from privzo.tasks.data import Row
 from privzo.tracking import DatasetLineage
 from privzo.tracking.tags import config_tags, model_tags
@@ -77,18 +84,36 @@ class RunContext:
         }
 
 
+@dataclass(frozen=True)
+class PlannedData:
+    """The resolved task config, its rows and the privacy plan for them, as preflight found
+    them: reused by ``build_context`` so nothing is read or calibrated twice."""
+
+    task_config: TaskConfig
+    splits: TaskSplits
+    plan: PrivacyPlan
+
+
 def build_context(
-    config: RunConfig, cache_dir: Path, progress: bool, hooks: RunHooks | None = None
+    config: RunConfig,
+    cache_dir: Path,
+    progress: bool,
+    hooks: RunHooks | None = None,
+    planned: PlannedData | None = None,
 ) -> RunContext:
     """Load the task and the whole model (single or replica layout), plan privacy, apply the
     PEFT view and make its perturber. ``hooks.training_rows`` may change the training rows
     first (before the privacy plan, which depends on their number, and before any model
-    loads)."""
-    task_config = resolve_task_config(config.task, peek_kind(config.model))
-    splits = load_splits(task_config)
-    if hooks is not None and hooks.training_rows is not None:
-        splits.train = hooks.training_rows(task_config, splits.train)
-    plan = plan_privacy(config, len(splits.train))
+    loads); without it, ``planned`` (preflight's) supplies the rows and the plan."""
+    changes_rows = hooks is not None and hooks.training_rows is not None
+    if planned is not None and not changes_rows:
+        task_config, splits, plan = planned.task_config, planned.splits, planned.plan
+    else:
+        task_config = resolve_task_config(config.task, peek_kind(config.model))
+        splits = load_splits(task_config)
+        if hooks is not None and hooks.training_rows is not None:
+            splits.train = hooks.training_rows(task_config, splits.train)
+        plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     loaded = load_model(config.model, cache_dir, progress=progress)
     fingerprint = weights_fingerprint(loaded.model.named_parameters())  # the base, for replay

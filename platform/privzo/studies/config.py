@@ -28,10 +28,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from privzo.algorithms.registry import names
 from privzo.audit.config import AuditConfig
 from privzo.config import (
-    ALGORITHMS,
-    PRIVATE_ALGORITHMS,
     ConfigError,
     Section,
     apply_overrides,
@@ -108,15 +107,15 @@ class ScalingStudyConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudyConfig:
+        private, non_private = names(private=True), names(private=False)
         for algorithm in self.private_algorithms:
-            if algorithm not in PRIVATE_ALGORITHMS:
+            if algorithm not in private:
                 raise ValueError(
                     f"private_algorithms: {algorithm!r} is not a private algorithm; "
-                    f"allowed: {list(PRIVATE_ALGORITHMS)}"
+                    f"allowed: {private}"
                 )
         for algorithm in self.non_private_algorithms:
-            if algorithm not in ALGORITHMS or algorithm in PRIVATE_ALGORITHMS:
-                non_private = [name for name in ALGORITHMS if name not in PRIVATE_ALGORITHMS]
+            if algorithm not in non_private:
                 raise ValueError(
                     f"non_private_algorithms: {algorithm!r} is not a non-private algorithm; "
                     f"allowed: {non_private}"

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from privzo.algorithms.registry import check_capabilities
 from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, check_run, run
+from privzo.preflight import preflight
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
 from privzo.studies.audits import (
     AUDITS_DIR,
     audit_cell_names,
@@ -88,7 +90,9 @@ def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
         # A non-private baseline needs no secret Poisson batches, and with them its score moved
         # run to run (four runs of one study: MeZO 0.610 to 0.806); a seeded shuffle repeats.
         values["privacy.sampler"] = NON_PRIVATE_SAMPLER
-    return with_values(load_config(files), values, f"study cell {cell.name}")
+    config = with_values(load_config(files), values, f"study cell {cell.name}")
+    check_capabilities(config)  # what the algorithm cannot do is refused with the study
+    return config
 
 
 @dataclass
@@ -216,7 +220,7 @@ def check_cells(study: ScalingStudyConfig, cells: list[Cell]) -> dict[str, RunCo
     configs = {cell.name: cell_config(study, cell) for cell in cells}
     for index, cell in enumerate(cells, start=1):
         try:
-            check_run(configs[cell.name])
+            preflight(configs[cell.name])  # the run's own checks, no directory or store
         except (ValueError, OSError) as error:  # ConfigError, and a file that cannot be read
             raise ConfigError(f"study cell {index}/{len(cells)} {cell.name}: {error}") from None
     return configs

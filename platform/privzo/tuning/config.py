@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from privzo.algorithms.registry import check_capabilities
 from privzo.config import (
     RunConfig,
     Section,
@@ -265,4 +266,6 @@ def base_run_config(search: SearchConfig, values: dict[str, Any] | None = None) 
     if search.experiment:
         dotted["tracking.experiment"] = search.experiment
     source = " + ".join(search.base) + (f" with {values}" if values else "")
-    return with_values(load_config(search.base), dotted, source)
+    config = with_values(load_config(search.base), dotted, source)
+    check_capabilities(config)  # what the algorithm cannot do is refused with the search
+    return config

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from privzo.config import ALGORITHM_MECHANISM
 from privzo.privacy.mechanisms import get_mechanism
 
 if TYPE_CHECKING:
@@ -104,26 +103,21 @@ class PrivateEstimator(GradientEstimator):
 
 
 def make_estimator(
-    algorithm: str,
-    *,
     mechanism: str | None = None,
+    *,
     clip: float | None = None,
     noise_multiplier: float | None = None,
     expected_batch_size: float | None = None,
     noise_parameters: dict | None = None,
 ) -> GradientEstimator:
-    """The estimator registered for ``algorithm`` ('mezo', 'dpzero', 'dpzo-laplace')."""
-    if algorithm not in ESTIMATORS:
-        raise ValueError(f"algorithm={algorithm!r} is unknown; allowed: {sorted(ESTIMATORS)}")
-    if ESTIMATORS[algorithm] is MeanEstimator:
+    """MeZO's mean (no ``mechanism``: not private), or the private estimator that adds
+    ``mechanism``'s noise (a name of ``privzo.privacy.mechanisms``) to the clipped sum."""
+    if mechanism is None:
         return MeanEstimator()
-    assert clip is not None and noise_multiplier is not None and expected_batch_size is not None
+    if clip is None or noise_multiplier is None or expected_batch_size is None:
+        raise ValueError("a private estimator needs clip, noise_multiplier and expected_batch_size")
     return PrivateEstimator(
-        mechanism or ALGORITHM_MECHANISM[algorithm],
-        clip,
-        noise_multiplier,
-        expected_batch_size,
-        noise_parameters,
+        mechanism, clip, noise_multiplier, expected_batch_size, noise_parameters
     )
 
 
@@ -131,17 +125,9 @@ def estimator_for(config: RunConfig, plan: PrivacyPlan) -> GradientEstimator:
     """The single-process estimator a run's config and privacy plan call for (a distributed
     layout wraps it with ``privzo.distributed.estimators.distribute_estimator``)."""
     return make_estimator(
-        config.optimizer.algorithm,
-        mechanism=plan.mechanism,
+        plan.mechanism if plan.private else None,
         clip=config.privacy.clip,
         noise_multiplier=plan.noise_multiplier,
         expected_batch_size=plan.expected_batch_size,
         noise_parameters=plan.noise_parameters,
     )
-
-
-ESTIMATORS: dict[str, type[GradientEstimator]] = {
-    "mezo": MeanEstimator,
-    "dpzero": PrivateEstimator,
-    "dpzo-laplace": PrivateEstimator,
-}

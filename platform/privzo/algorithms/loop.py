@@ -1,0 +1,196 @@
+"""The one training loop: every algorithm's steps run in its windows.
+
+Windows of ``tracking.log_every`` steps; each window's privacy cost is booked in the ledger
+before it runs (so no step can overspend), its ε comes from a curve computed off the training
+thread, and its metrics are logged after it, public ones always, data-dependent ones only where
+the run releases diagnostics. The algorithm supplies a stepper (``privzo.algorithms.stepper``);
+a Ray Train rank drives the same loop with a stepper that samples its share and all-reduces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
+from privzo.layouts.context import RunContext
+from privzo.memory import PeakMemory
+from privzo.privacy.curve import EpsilonCurve
+from privzo.privacy.plan import make_epsilon_curve, make_ledger
+from privzo.tracking import Tracker
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
+
+StepperFactory = Callable[[RunContext, StepMeter], Stepper]
+
+
+class TrainingLoop:
+    """Windows, privacy booking, hooks and metrics around an algorithm's stepper; holds the
+    figures the run's record reads (``privzo.layouts.record``)."""
+
+    def __init__(
+        self,
+        context: RunContext,
+        tracker: Tracker,
+        memory: PeakMemory,
+        make_stepper: StepperFactory,
+        *,
+        on_window: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        """``on_window`` (called with the steps done and the window's metrics, before they are
+        logged) lets a distributed worker report and checkpoint, and a single run save its
+        resume point."""
+        self.context = context
+        self.tracker = tracker
+        self.memory = memory
+        self.meter = StepMeter(memory)
+        self.stepper = make_stepper(context, self.meter)
+        self.on_window = on_window
+        self.ledger = make_ledger(context.config, context.plan)
+        self.private = context.plan.private
+        self.peak_mb = 0.0  # of the whole run: steps and evaluations
+        self.empty_batches = 0
+        self.resumed_steps = 0  # replayed from an earlier attempt (``restore``)
+        self.windows_done = 0  # steps done at the end of the last finished window
+
+    @property
+    def records_trajectory(self) -> bool:
+        return self.stepper.records_trajectory
+
+    @property
+    def step_times(self) -> list[float]:
+        return self.meter.step_times
+
+    @property
+    def step_peak_mb(self) -> float:
+        return self.meter.step_peak_mb
+
+    @property
+    def nonfinite(self) -> int:
+        return self.stepper.nonfinite
+
+    @property
+    def log_diagnostics(self) -> bool:
+        """Whether data-dependent diagnostics may be logged (see ``_window_metrics``)."""
+        return self.context.config.releases_diagnostics
+
+    def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
+        """All steps from ``start`` (> 0: resumed after that many, already in ``recorder`` and
+        the ledger), between the stepper's ``start`` and ``finish``."""
+        config = self.context.config
+        steps, window_size = config.optimizer.steps, config.tracking.log_every
+        algorithm = config.optimizer.algorithm
+        bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
+        ends = [min(first + window_size, steps) for first in range(start, steps, window_size)]
+        curve = make_epsilon_curve(self.context.plan, ends)
+        self.stepper.start()
+        try:
+            self._run_windows(recorder, bar, curve, start)
+        finally:  # stopped or not, every finished window's ε is logged (its value is public)
+            self.stepper.finish()
+            if curve is not None:
+                self._add_epsilons(curve.take_through(self.windows_done), {}, -1)
+            bar.close()
+
+    def _run_windows(
+        self, recorder: TrajectoryRecorder, bar: tqdm, curve: EpsilonCurve | None, start: int
+    ) -> None:
+        config = self.context.config
+        steps, window_size = config.optimizer.steps, config.tracking.log_every
+        self.windows_done = start
+        for first in range(start, steps, window_size):
+            window_steps = range(first, min(first + window_size, steps))
+            if self.ledger is not None:  # authorized up front: no ε evaluation here
+                self.ledger.book(len(window_steps))
+            window = []
+            for step in window_steps:
+                outcome = self.step(step)
+                if outcome.record is not None:
+                    recorder.append(outcome.record)
+                window.append(outcome)
+                bar.update(1)
+            end = window_steps[-1] + 1
+            self.stepper.end_window(end)
+            metrics = self._window_metrics(window)
+            if curve is not None:
+                self._add_epsilons(curve.take_ready(), metrics, end)
+            if self.on_window is not None:  # checkpoint before logging: no released window is lost
+                self.on_window(end, metrics)
+            self.tracker.log_metrics(metrics, step=end)
+            # released: a stop from here on still logs this window's ε (see ``run``), even
+            # when the curve's thread had not computed it yet when the metrics went out
+            self.windows_done = end
+            hooks = self.context.hooks
+            if hooks is not None and hooks.after_window is not None:
+                hooks.after_window(self.context, end, metrics)
+            bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+
+    def step(self, step: int) -> StepOutcome:
+        outcome = self.stepper.step(step)
+        self.peak_mb = max(self.peak_mb, self.meter.step_peak_mb)
+        self.empty_batches += int(outcome.empty)
+        return outcome
+
+    def _add_epsilons(
+        self, epsilons: list[tuple[int, float]], metrics: dict[str, float], end: int
+    ) -> None:
+        """The ε curve's values: this window's into ``metrics``, earlier windows' (computed
+        while later steps ran) logged now at their own steps."""
+        for step_count, epsilon in epsilons:
+            if step_count == end:
+                metrics["epsilon_spent"] = epsilon
+            else:
+                self.tracker.log_metrics({"epsilon_spent": epsilon}, step=step_count)
+
+    def restore(
+        self,
+        recorder: TrajectoryRecorder,
+        table: pa.Table,
+        meta: TrajectoryMeta,
+        ledger_state: dict[str, Any] | None = None,
+    ) -> int:
+        """Continue an earlier attempt from its trajectory: the stepper rebuilds its state
+        (θ, the public sampler's position), the rows go back in ``recorder`` and each of them
+        is booked once in the ledger. Returns the steps done (where ``run`` starts).
+
+        ``ledger_state`` (the attempt's ``BudgetLedger.state_dict``) is restored through the
+        accountant's state API, which refuses another budget or accountant setting; rows run
+        after it was saved (a stop inside a window) are booked on top. Without it, every row
+        is booked afresh."""
+        if self.ledger is not None and ledger_state is not None:
+            self.ledger.load_state_dict(ledger_state)
+        accounted = self.ledger.accountant.steps if self.ledger is not None else 0
+        if accounted > table.num_rows:
+            raise ValueError(
+                f"the privacy state books {accounted} steps but the trajectory holds "
+                f"{table.num_rows}: the files are not of one attempt"
+            )
+        self.stepper.restore(table, meta)
+        recorder.append_rows(table)
+        done = self.resumed_steps = table.num_rows
+        if self.ledger is not None and done > accounted:
+            self.ledger.book(done - accounted)
+        return done
+
+    def _window_metrics(self, window: list[StepOutcome]) -> dict[str, float]:
+        """Public metrics always; diagnostics only where they release nothing private.
+
+        In a private run the training loss, the step time (an empty Poisson batch skips both
+        forwards, so per-window time reveals batch sizes) and the non-finite count all depend on
+        the private data and are not covered by the accountant.
+        """
+        metrics: dict[str, Any] = {"learning_rate": window[-1].learning_rate}
+        metrics.update(self.stepper.public_metrics(window))
+        if self.log_diagnostics:
+            metrics["step_time_s"] = sum(self.step_times[-len(window) :]) / len(window)
+            metrics[self.stepper.nonfinite_metric] = float(self.nonfinite)
+            losses = [o.mean_loss for o in window if not math.isnan(o.mean_loss)]
+            if losses:
+                metrics["train_loss"] = sum(losses) / len(losses)
+        return metrics
+
+
+_SHOWN = ("epsilon_spent", "train_loss", "step_time_s")

@@ -1,0 +1,226 @@
+"""The algorithm registry: what each training algorithm is, and how to build its stepper.
+
+Architecture. The run pipeline never asks for an algorithm by name in code: it looks up the
+entry of ``optimizer.algorithm`` here and reads what it needs from it:
+
+- **family**: zeroth-order (two forwards, one released scalar per step) or first-order
+  (back-propagation);
+- **private**: whether the run calibrates σ and books ε (``privacy.*`` applies);
+- **mechanisms**: the noise it can add (the first is its default, as
+  ``privzo.config.ALGORITHM_MECHANISM`` states at load); none for a non-private algorithm;
+- **layouts**: the process layouts that can run it (``single``, ``replica``, ``zero3``): the
+  distributed ones need a scalar, all-reducing estimator, which only the zeroth-order steppers
+  have;
+- **views**: the trainable views (``model.trainable``) its stepper handles;
+- **writes_trajectory**: whether each step is a (seed, scalar) row from which replay and a
+  resumed run rebuild θ; an algorithm without one saves its weights instead;
+- **checks**: its own refusals, of the config (before anything loads) and of the built model
+  (before anything is written);
+- **stepper**: the factory of its ``privzo.algorithms.stepper.Stepper``, which the one
+  ``TrainingLoop`` drives.
+
+Adding an algorithm is one module (its stepper) and one entry below, plus its name in the config
+Literal ``privzo.config.AlgorithmName``; ``tests/test_registry.py`` ties the Literal to the keys.
+``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.stepper import StepMeter, Stepper
+from privzo.algorithms.zeroth_order import ZerothOrderStepper
+from privzo.baselines.dpgd import DpgdStepper, check_dpgd_size
+from privzo.baselines.first_order import FirstOrderStepper
+from privzo.config import ALGORITHMS, ConfigError, RunConfig
+from privzo.layouts.context import RunContext
+from privzo.memory import PeakMemory
+from privzo.tracking import Tracker
+
+Family = Literal["zeroth-order", "first-order"]
+
+ALL_LAYOUTS = ("single", "replica", "zero3")
+ALL_VIEWS = ("full", "bitfit", "lora", "prefix")
+SCALAR_MECHANISMS = ("gaussian", "laplace", "lmo")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registered algorithm (see the module docstring for each field's meaning)."""
+
+    name: str
+    family: Family
+    private: bool
+    mechanisms: tuple[str, ...]  # the first is the default; () when not private
+    layouts: tuple[str, ...]
+    views: tuple[str, ...]
+    writes_trajectory: bool
+    stepper: Callable[[RunContext, StepMeter], Stepper]
+    noise: str  # what it adds, in words (named in refusals)
+    check_config: Callable[[RunConfig], None] | None = None
+    check_context: Callable[[RunContext], None] | None = None
+
+    @property
+    def default_mechanism(self) -> str | None:
+        return self.mechanisms[0] if self.mechanisms else None
+
+
+def _no_noise_multiplier(config: RunConfig) -> None:
+    if config.privacy.noise_multiplier is not None:
+        raise ConfigError(
+            f"privacy.noise_multiplier={config.privacy.noise_multiplier} with optimizer."
+            "algorithm='adamw': the non-private baseline adds no noise; use 'dpsgd' or remove it"
+        )
+
+
+_FIRST_ORDER_VIEWS = ("full", "lora", "bitfit")
+
+REGISTRY: dict[str, Algorithm] = {
+    entry.name: entry
+    for entry in (
+        Algorithm(
+            "mezo",
+            "zeroth-order",
+            private=False,
+            mechanisms=(),
+            layouts=ALL_LAYOUTS,
+            views=ALL_VIEWS,
+            writes_trajectory=True,
+            stepper=ZerothOrderStepper,
+            noise="no noise (the mean of the loss differences)",
+        ),
+        Algorithm(
+            "dpzero",
+            "zeroth-order",
+            private=True,
+            mechanisms=("gaussian", "laplace", "lmo"),
+            layouts=ALL_LAYOUTS,
+            views=ALL_VIEWS,
+            writes_trajectory=True,
+            stepper=ZerothOrderStepper,
+            noise="scalar noise to the clipped sum of loss differences",
+        ),
+        Algorithm(
+            "dpzo-laplace",
+            "zeroth-order",
+            private=True,
+            mechanisms=("laplace", "gaussian", "lmo"),
+            layouts=ALL_LAYOUTS,
+            views=ALL_VIEWS,
+            writes_trajectory=True,
+            stepper=ZerothOrderStepper,
+            noise="scalar noise to the clipped sum of loss differences",
+        ),
+        Algorithm(
+            "dpsgd",
+            "first-order",
+            private=True,
+            mechanisms=("gaussian",),
+            layouts=("single",),
+            views=_FIRST_ORDER_VIEWS,
+            writes_trajectory=False,
+            stepper=FirstOrderStepper,
+            noise="d-dimensional Gaussian noise (Opacus)",
+        ),
+        Algorithm(
+            "adamw",
+            "first-order",
+            private=False,
+            mechanisms=(),
+            layouts=("single",),
+            views=_FIRST_ORDER_VIEWS,
+            writes_trajectory=False,
+            stepper=FirstOrderStepper,
+            noise="no noise",
+            check_config=_no_noise_multiplier,
+        ),
+        Algorithm(
+            "dpgd-0th",
+            "zeroth-order",
+            private=True,
+            mechanisms=("gaussian",),
+            layouts=("single",),
+            views=ALL_VIEWS,
+            writes_trajectory=False,
+            stepper=DpgdStepper,
+            noise="d-dimensional Gaussian noise",
+            check_context=check_dpgd_size,
+        ),
+    )
+}
+assert tuple(REGISTRY) == ALGORITHMS, "the registry and privzo.config.AlgorithmName differ"
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in REGISTRY:
+        raise ConfigError(f"optimizer.algorithm={name!r} is unknown; allowed: {list(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def names(**wanted: object) -> list[str]:
+    """The registered names whose entries have every ``field=value`` given (e.g.
+    ``names(private=True)``, ``names(family="first-order")``)."""
+    return [
+        name
+        for name, entry in REGISTRY.items()
+        if all(getattr(entry, field) == value for field, value in wanted.items())
+    ]
+
+
+def check_capabilities(config: RunConfig) -> None:
+    """Refuse, before anything loads, an algorithm asked for what it cannot do: a layout it
+    has no workers for, a mechanism it does not add, a view its stepper does not handle."""
+    algorithm = get_algorithm(config.optimizer.algorithm)
+    name, privacy = algorithm.name, config.privacy
+    if not algorithm.private and privacy.mechanism is not None:
+        raise ConfigError(
+            f"privacy.mechanism={privacy.mechanism!r} with optimizer.algorithm={name!r}: a "
+            "non-private algorithm adds no noise; remove privacy.mechanism (null)"
+        )
+    if algorithm.private and config.mechanism not in algorithm.mechanisms:
+        raise ConfigError(
+            f"privacy.mechanism={config.mechanism!r} with optimizer.algorithm={name!r}: it adds "
+            f"{algorithm.noise}; allowed: {list(algorithm.mechanisms)} (or null)"
+        )
+    if config.model.trainable not in algorithm.views:
+        raise ConfigError(
+            f"model.trainable={config.model.trainable!r} with optimizer.algorithm={name!r}: "
+            f"its steps support the views {list(algorithm.views)}"
+        )
+    strategy = config.parallel.strategy
+    if strategy not in algorithm.layouts:
+        runs = names(layouts=ALL_LAYOUTS)
+        raise ConfigError(
+            f"optimizer.algorithm={name!r} with parallel.strategy={strategy!r}: the "
+            f"distributed strategies run only {runs}; use strategy "
+            f"{' or '.join(map(repr, algorithm.layouts))} for this algorithm"
+        )
+    if algorithm.check_config is not None:
+        algorithm.check_config(config)
+
+
+def check_built(context: RunContext) -> None:
+    """The algorithm's own checks of the built model (e.g. DPGD-0th's noise size), before
+    anything is written."""
+    check = get_algorithm(context.config.optimizer.algorithm).check_context
+    if check is not None:
+        check(context)
+
+
+def writes_trajectory(config: RunConfig) -> bool:
+    return get_algorithm(config.optimizer.algorithm).writes_trajectory
+
+
+def make_loop(
+    context: RunContext,
+    tracker: Tracker,
+    memory: PeakMemory,
+    make_stepper: StepperFactory | None = None,
+) -> TrainingLoop:
+    """The one training loop driving the algorithm's registered stepper (``make_stepper``
+    replaces it: a distributed rank's zeroth-order stepper with its sampler and estimator)."""
+    algorithm = get_algorithm(context.config.optimizer.algorithm)
+    return TrainingLoop(context, tracker, memory, make_stepper or algorithm.stepper)

@@ -1,0 +1,80 @@
+"""The process layouts (``single``, ``replica``, ``zero3``) chosen by name: what differs by rank.
+
+A layout answers, for one rank of a run, the questions the Ray Train worker used to answer with
+``if rank`` / ``if strategy`` branches: how the rank builds its model and data (whole, or a
+ZeRO-3 partition), whether it runs a forward on an empty share of a batch, whether it evaluates,
+whether it reports (logs, runs the caller's hooks, checkpoints, returns the summary), and how
+the fine-tuned weights are saved. ``parallel.strategy`` names the layout (``get_layout``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from privzo.config import RunConfig
+from privzo.layouts.context import RunContext, build_context
+from privzo.models.loading import save_weights
+
+if TYPE_CHECKING:
+    from privzo.distributed.collectives import WorkerGroup
+
+
+class Layout:
+    """Whole model on every rank; rank 0 reports and evaluates (``single`` has only rank 0)."""
+
+    name = "single"
+    forward_on_empty = False  # a rank with an empty share of a batch skips both forwards
+
+    def build(self, config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
+        """The rank's context, and an object that must outlive training (DeepSpeed's config)."""
+        return build_context(config, cache_dir, progress=False), None
+
+    def reports(self, rank: int) -> bool:
+        """Whether this rank logs, runs the caller's hooks, checkpoints and returns the summary."""
+        return rank == 0
+
+    def evaluates(self, rank: int) -> bool:
+        """Whether this rank evaluates the model (the others wait)."""
+        return rank == 0
+
+    def save_model(self, context: RunContext, group: WorkerGroup, directory: Path) -> None:
+        if self.reports(group.rank):
+            save_weights(context.model, context.loaded.tokenizer, directory)
+
+
+class ReplicaLayout(Layout):
+    """A whole replica per rank; each rank samples its share of a batch and all-reduces."""
+
+    name = "replica"
+
+
+class Zero3Layout(Layout):
+    """DeepSpeed ZeRO-3: each rank holds a partition, and every forward is a collective, so
+    every rank runs every forward (an empty share on the public example) and evaluates."""
+
+    name = "zero3"
+    forward_on_empty = True
+
+    def build(self, config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
+        from privzo.distributed.zero3 import build_zero3_context
+
+        return build_zero3_context(config, cache_dir)
+
+    def evaluates(self, rank: int) -> bool:
+        return True  # its forwards gather weights collectively
+
+    def save_model(self, context: RunContext, group: WorkerGroup, directory: Path) -> None:
+        from privzo.distributed.zero3 import save_gathered
+
+        save_gathered(context, group, directory)  # a collective, then rank 0 writes
+
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout for layout in (Layout(), ReplicaLayout(), Zero3Layout())
+}
+
+
+def get_layout(name: str) -> Layout:
+    """The layout ``parallel.strategy`` names."""
+    return LAYOUTS[name]

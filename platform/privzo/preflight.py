@@ -1,0 +1,190 @@
+"""Preflight: everything that can refuse a run, checked in one place before any weights load.
+
+``preflight(config, ...)`` runs, in order: the schema (pydantic, already at load), the
+algorithm × layout × mechanism × view capabilities from the algorithm registry, the layout's
+own options, the output directory and the tracking store (cheap, so first), the files (model
+directory or hub id, dataset files) and the training rows, the privacy plan (σ calibrated to
+(ε, δ), or a fixed σ checked against it), a distributed layout's batch, the directions'
+generator, and the planner's memory verdict where it can be given without weights. It loads
+no weights and writes nothing. ``run()`` calls it first (and hands a distributed run its plan);
+``privzo check CONFIG`` prints what it found (``Preflight.describe``). A config that passes it
+starts (the Ray cluster's size, and a built-in model's fit on GPUs, are checked when the run
+starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privzo.algorithms.registry import Algorithm, check_capabilities, get_algorithm
+from privzo.config import ConfigError, RunConfig, TaskConfig
+from privzo.distributed.launch import check_batch, check_layout, check_verdict
+from privzo.layouts.context import direction_sampler
+from privzo.layouts.record import check_output_dir
+from privzo.models.builtin import is_builtin
+from privzo.models.loading import check_model, is_hub_id, peek_kind
+from privzo.planner import Plan, arch_from_config, plan, resolve_arch
+from privzo.privacy.plan import PrivacyPlan, plan_privacy
+from privzo.tasks import TaskSplits, load_splits, resolve_task_config
+from privzo.tracking import probe_tracking_store
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What a run of ``config`` will do, found without loading weights."""
+
+    config: RunConfig
+    algorithm: Algorithm
+    task_config: TaskConfig
+    splits: TaskSplits
+    privacy: PrivacyPlan
+    memory: Plan | None  # the planner's verdict, where it applies (OPT shapes known up front)
+
+    def describe(self) -> list[str]:
+        """Lines for ``privzo check``: algorithm, layout, mechanism, σ, (ε, δ), steps, q,
+        batch and memory plan."""
+        config, algorithm, privacy = self.config, self.algorithm, self.privacy
+        parallel = config.parallel
+        lines = [
+            f"algorithm   {algorithm.name} ({algorithm.family}, "
+            f"{'private' if algorithm.private else 'not private'}, "
+            f"{'writes a trajectory' if algorithm.writes_trajectory else 'saves its weights'})",
+            f"layout      {parallel.strategy}, {parallel.workers} worker(s)"
+            f"{' on GPUs' if parallel.use_gpu else ''}",
+            f"model       {config.model.name_or_path} ({config.model.trainable} view, "
+            f"{config.model.dtype})",
+            f"data        {len(self.splits.train)} training, {len(self.splits.test)} test examples"
+            f" ({config.task.name})",
+            f"steps       {config.optimizer.steps}, batch {config.optimizer.batch_size}, "
+            f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
+        ]
+        if privacy.private:
+            lines += [
+                f"mechanism   {privacy.mechanism}, accountant {privacy.accountant}, "
+                f"clip {config.privacy.clip:g}",
+                f"noise       σ = {privacy.noise_multiplier:.6g}"
+                f"{' (fixed)' if config.privacy.noise_multiplier else ' (calibrated)'}",
+                f"privacy     ε target {config.privacy.epsilon:g}, spends ε = "
+                f"{privacy.epsilon:.6g} at δ = {privacy.delta:g}",
+            ]
+        else:
+            lines.append("privacy     none (a non-private run: no noise, no ε)")
+        lines.append(f"memory      {_describe_memory(self.memory, config)}")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        privacy = self.privacy
+        return {
+            "algorithm": self.algorithm.name,
+            "family": self.algorithm.family,
+            "private": privacy.private,
+            "strategy": self.config.parallel.strategy,
+            "workers": self.config.parallel.workers,
+            "training_examples": len(self.splits.train),
+            "steps": self.config.optimizer.steps,
+            "batch_size": self.config.optimizer.batch_size,
+            "sample_rate": privacy.sample_rate,
+            "mechanism": privacy.mechanism,
+            "accountant": privacy.accountant,
+            "noise_multiplier": privacy.noise_multiplier,
+            "epsilon_target": self.config.privacy.epsilon if privacy.private else None,
+            "epsilon": privacy.epsilon,
+            "delta": privacy.delta,
+            "memory_plan": self.memory.to_json() if self.memory is not None else None,
+        }
+
+
+def preflight(
+    config: RunConfig,
+    *,
+    output_dir: Path | None = None,
+    overwrite: bool = False,
+    tracking_uri: str | None = None,
+    tracking_root: Path | None = None,
+) -> Preflight:
+    """Every check a run makes before it loads weights; raises ``ConfigError`` with the field,
+    the value and what is allowed. ``output_dir`` None skips the directory check (a resumed run
+    goes on in its own directory); ``tracking_uri`` is the caller's when the config sets none, and
+    ``tracking_root`` holds the default store (None with neither: the store is not probed, as for
+    a study's cells, whose store the study opens itself)."""
+    check_capabilities(config)
+    algorithm = get_algorithm(config.optimizer.algorithm)
+    distributed = config.parallel.strategy != "single"
+    if distributed:
+        check_layout(config)
+    if output_dir is not None:  # the cheap refusals first: σ's calibration can take seconds
+        check_output_dir(Path(output_dir), overwrite)
+    uri = config.tracking.uri or tracking_uri
+    if uri is not None or tracking_root is not None:
+        root = Path(tracking_root or ".").resolve()
+        probe_tracking_store(config.tracking.backend, uri, root)
+    task_config = resolve_task_config(config.task, model_kind(config))  # model dir or id
+    splits = load_splits(task_config)  # dataset files
+    privacy = plan_privacy(config, len(splits.train))
+    if distributed:
+        check_batch(config, privacy.expected_batch_size)
+    direction_sampler(config)  # a missing Triton for the fused CUDA kernels is refused now
+    memory = memory_plan(config)
+    if memory is not None and distributed and config.parallel.use_gpu:
+        check_verdict(config, memory)
+    return Preflight(config, algorithm, task_config, splits, privacy, memory)
+
+
+def memory_plan(config: RunConfig) -> Plan | None:
+    """The planner's verdict (``privzo.planner``) for this model on ``parallel.workers`` GPUs
+    of ``parallel.gpu_memory_gb``, where the model's OPT shape is known without its weights: a
+    hub name the planner knows (facebook/opt-*) or a local directory's config.json. None for
+    built-in models (their tokenizer's vocabulary is made when they are built) and other
+    architectures."""
+    name = config.model.name_or_path
+    if is_builtin(name):
+        return None
+    try:
+        _, arch = resolve_arch(name)
+    except ValueError:
+        directory = Path(name).expanduser()
+        if not (directory / "config.json").is_file():
+            return None
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(directory)
+        if hf_config.model_type != "opt":
+            return None
+        arch = arch_from_config(hf_config)
+    parallel = config.parallel
+    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
+    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
+    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
+    return plan(
+        arch,
+        gpus=parallel.workers,
+        gpu_memory_gb=parallel.gpu_memory_gb,
+        dtype=config.model.dtype,
+        batch_size=forward_batch,
+    )
+
+
+def _describe_memory(memory: Plan | None, config: RunConfig) -> str:
+    if memory is None:
+        return "no plan (the planner models OPT shapes given by hub name or config.json)"
+    gib = 2**30
+    verdict = "fits" if memory.fits else "does NOT fit"
+    return (
+        f"{memory.parameters:,} parameters; {memory.strategy} on {memory.gpus} GPU(s) of "
+        f"{config.parallel.gpu_memory_gb:g} GiB: {memory.bytes_per_gpu / gib:.2f} GiB per GPU "
+        f"({verdict}; planner estimate)"
+    )
+
+
+__all__ = ["ConfigError", "Preflight", "memory_plan", "preflight"]
+
+
+def model_kind(config: RunConfig) -> str:
+    """The model's kind, its source checked without weights: a built-in name or a local
+    directory always; a hub id's config is read only when ``model.kind`` is auto, so a cluster
+    config is checked offline as well (the hub is reached when the run loads it)."""
+    if is_hub_id(config.model.name_or_path):
+        return peek_kind(config.model)
+    return check_model(config.model)

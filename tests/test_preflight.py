@@ -1,0 +1,144 @@
+"""Preflight: every algorithm × layout × mechanism either passes it (and, in one process, runs
+two steps on the tiny model) or is refused by it with a clear error, nothing written."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from privzo.cli import main
+from privzo.config import ALGORITHMS, ConfigError, LayoutName, MechanismName, load_config
+from privzo.preflight import preflight
+from privzo.run import run
+
+MECHANISMS = [None, *get_args(MechanismName)]
+LAYOUTS = list(get_args(LayoutName))
+PRIVATE = {"dpzero", "dpzo-laplace", "dpsgd", "dpgd-0th"}  # the spec, written out
+VECTOR_NOISE = {"dpsgd", "dpgd-0th"}  # d-dimensional Gaussian noise only
+SINGLE_ONLY = {"dpsgd", "adamw", "dpgd-0th"}  # no all-reducing scalar estimator
+
+
+def _refusal(algorithm: str, layout: str, mechanism: str | None) -> str | None:
+    """The field a correct preflight names when it refuses this combination, else None."""
+    if mechanism is not None and algorithm not in PRIVATE:
+        return "privacy.mechanism"
+    if mechanism in ("laplace", "lmo") and algorithm in VECTOR_NOISE:
+        return "privacy.mechanism"
+    if layout != "single" and algorithm in SINGLE_ONLY:
+        return "parallel.strategy"
+    return None
+
+
+def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str | None):
+    overrides = [
+        "model.name_or_path=tiny-opt",
+        f"task.train_path={train}",
+        f"task.test_path={test}",
+        f"optimizer.algorithm={algorithm}",
+        "optimizer.steps=2",
+        "optimizer.batch_size=8",
+        "optimizer.learning_rate=1e-3",
+        "tracking.log_every=1",
+        "tracking.backend=none",
+        "privacy.epsilon=3",
+        "eval_before=false",
+        f"parallel.strategy={layout}",
+    ]
+    if layout != "single":
+        overrides.append("parallel.workers=2")
+    if mechanism is not None:
+        overrides.append(f"privacy.mechanism={mechanism}")
+    if mechanism == "lmo":
+        overrides.append("privacy.accountant=numeric")  # the one that accounts lmo
+    return load_config(None, overrides)
+
+
+COMBINATIONS = list(itertools.product(ALGORITHMS, LAYOUTS, MECHANISMS))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "layout", "mechanism"),
+    COMBINATIONS,
+    ids=[f"{a}-{lay}-{m or 'default'}" for a, lay, m in COMBINATIONS],
+)
+def test_each_combination_runs_or_is_refused_before_anything(
+    tmp_path, sentiment_files, cache_dir, algorithm, layout, mechanism
+):
+    config = _config(*sentiment_files, algorithm, layout, mechanism)
+    output = tmp_path / "run"
+    field = _refusal(algorithm, layout, mechanism)
+    if field is not None:
+        with pytest.raises(ConfigError) as refused:
+            preflight(config, output_dir=output)
+        message = str(refused.value)
+        assert re.search(rf"{re.escape(field)}=", message), message
+        assert f"optimizer.algorithm={algorithm!r}" in message
+        with pytest.raises(ConfigError):
+            run(config, output, cache_dir=cache_dir, progress=False)
+        assert not output.exists()  # nothing written, not even the directory
+        return
+    checked = preflight(config, output_dir=output)
+    assert checked.privacy.private == (algorithm in PRIVATE)
+    assert checked.privacy.mechanism == (config.mechanism if algorithm in PRIVATE else None)
+    assert not output.exists()
+    if layout != "single":
+        return  # the distributed runs themselves are the marked tests' (tests/test_distributed)
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert summary["steps"] == 2 and summary["algorithm"] == algorithm
+    if algorithm in PRIVATE:
+        assert summary["mechanism"] == config.mechanism
+        assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-6)
+
+
+def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentiment_files, capsys):
+    train, test = sentiment_files
+    output = tmp_path / "run"
+    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpzero.yaml"
+    overrides = [f"task.train_path={train}", f"task.test_path={test}", "tracking.backend=none"]
+    code = main(["check", str(config), *overrides, "--output-dir", str(output)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    loaded = load_config(config, overrides)
+    expected = preflight(loaded)
+    assert f"σ = {expected.privacy.noise_multiplier:.6g} (calibrated)" in printed
+    assert f"spends ε = {expected.privacy.epsilon:.6g} at δ = 1e-05" in printed
+    assert "layout      single, 1 worker(s)" in printed
+    assert f"steps       {loaded.optimizer.steps}" in printed
+    assert "memory      no plan" in printed  # a built-in model: the planner needs its shape
+    assert not output.exists()
+
+
+def test_check_refuses_with_the_reason_and_exit_code_2(tmp_path, sentiment_files, capsys):
+    train, test = sentiment_files
+    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpsgd.yaml"
+    overrides = [
+        f"task.train_path={train}",
+        f"task.test_path={test}",
+        "parallel.strategy=replica",
+        "parallel.workers=2",
+    ]
+    code = main(["check", str(config), *overrides])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert "privzo: error: optimizer.algorithm='dpsgd' with parallel.strategy='replica'" in error
+
+
+def test_check_prints_the_planners_memory_plan_of_a_cluster_config(tmp_path, capsys):
+    """facebook/opt-13b: its shape is known by name, so the plan needs no weights (the data
+    directory is the cluster's: stood in for by rows of the same shape)."""
+    from conftest import write_sentiment_jsonl
+
+    for split, count in (("train", 2000), ("test", 1000)):
+        write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
+    config = Path(__file__).parents[1] / "configs" / "runs" / "opt-13b-dpzero-replica.yaml"
+    code = main(["check", str(config), f"task.data_dir={tmp_path}", "tracking.backend=none"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    plan = preflight(load_config(config, [f"task.data_dir={tmp_path}"])).memory
+    assert plan is not None and plan.strategy == "replica" and plan.fits
+    assert f"{plan.parameters:,} parameters; replica on 8 GPU(s) of 80 GiB" in printed
+    assert f"{plan.bytes_per_gpu / 2**30:.2f} GiB per GPU (fits; planner estimate)" in printed
