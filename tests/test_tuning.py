@@ -19,6 +19,7 @@ from privzo.tuning.privacy import (
     TrialEvent,
     composition_epsilon,
     draw_geometric_count,
+    epsilon_of_curve,
     rdp_curve,
     repeat_and_select_epsilon,
     worst_curve,
@@ -35,11 +36,13 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
     # more steps at the same (ε, δ) need more noise ...
     assert by_steps[30].noise_multiplier > by_steps[10].noise_multiplier
     for event in plan.events:  # ... and every trial spends the target, to accountant tolerance
+        assert event.noise_grid == 1024  # discrete noise, accounted as such
         epsilon = compute_epsilon(
             noise_multiplier=event.noise_multiplier,
             sample_rate=event.sample_rate,
             steps=event.steps,
             delta=1e-5,
+            noise_parameters={"grid": event.noise_grid},
         )
         assert epsilon == pytest.approx(2.0, rel=2e-3)
         assert event.score_releases == 1
@@ -267,3 +270,21 @@ def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
     summary = {"space": [], "trials": rows, "best_trial": "t0", "metric": "accuracy"}
     lines = format_table(summary).splitlines()
     assert "2.000  2.000" in lines[1] and "2.000  1.999" in lines[2]
+
+
+def test_a_gridded_trial_is_accounted_at_its_noise_to_sensitivity_ratio():
+    """Δ = ⌈K/σ⌉ grid units of sensitivity: the event's ratio is K/Δ ≤ σ, never σ itself."""
+    gridded = TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.3, noise_grid=1024)
+    continuous = TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.3)
+    assert gridded.effective_noise_multiplier == 1024 / 788 < 1.3
+    assert epsilon_of_curve(worst_curve([gridded]), 1e-5) > epsilon_of_curve(
+        worst_curve([continuous]), 1e-5
+    )
+
+
+def test_tunes_timing_fields_are_withheld_from_a_result():
+    from privzo.tuning.withhold import TIMING_FIELDS, withhold_timing
+
+    result = {field: 1.5 for field in TIMING_FIELDS} | {"selection_score": 0.7, "step": 10}
+    result["training_iteration"] = 2
+    assert withhold_timing(result) == {"selection_score": 0.7, "step": 10, "training_iteration": 2}
