@@ -188,14 +188,13 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
     process = tune_processes(search, output, cache_dir, tmp_path / "tune.log")
     returncode, log = process.wait(timeout=1800)
     assert returncode == 0, log[-3000:]
-    records = [
-        p for p in (output / "tune").rglob("*") if p.is_file() and p.suffix in (".json", ".csv")
-    ]
-    results = [p for p in records if p.name in ("result.json", "progress.csv")]
-    assert len(results) == 2, records
+    tune_dir = output / "tune"
+    results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
+    states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
+    assert len(results) == 2 and len(states) == 1, list(tune_dir.rglob("*"))
     reported = "\n".join(path.read_text() for path in results)
     assert "selection_score" in reported and "training_iteration" in reported
-    for path in records:
+    for path in [*results, *states]:
         text = path.read_text(errors="replace")
         for field in TIMING_FIELDS:
             assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
