@@ -108,7 +108,8 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
 
     # every trial spends the same ε although steps differ; σ differs where steps differ
     for row in trials.itertuples():
-        assert row.epsilon == pytest.approx(2.0, rel=2e-3)
+        # on the grid Δ = ⌈K/σ⌉ moves in steps of ~σ/K, so ε lands up to ~1.5σ/K below target
+        assert 2.0 * (1 - 5e-3) <= row.epsilon <= 2.0
         expected = compute_epsilon(
             noise_multiplier=row.noise_multiplier,
             sample_rate=row.sample_rate,
@@ -171,7 +172,7 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     assert summary["best_trial"] not in (export / "summary.json").read_text()
     # a fixed trial count: the export is covered by the search's composition bound
     assert exported_summary["epsilon"] == summary["end_to_end_epsilon"]
-    assert exported_summary["epsilon_per_trial"] == pytest.approx(2.0, rel=2e-3)
+    assert exported_summary["epsilon_per_trial"] == pytest.approx(2.0, rel=5e-3)
     again = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
     assert again.returncode == 2 and b"is not empty" in again.stderr
 

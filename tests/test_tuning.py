@@ -44,7 +44,8 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
             delta=1e-5,
             noise_parameters={"grid": event.noise_grid},
         )
-        assert epsilon == pytest.approx(2.0, rel=2e-3)
+        # on the grid Δ = ⌈K/σ⌉ moves in steps of ~σ/K, so ε lands up to ~1.5σ/K below target
+        assert 2.0 - 5e-3 * 2.0 <= epsilon <= 2.0
         assert event.score_releases == 1
     bounds = plan.bounds(trials_run=4)
     assert bounds["end_to_end_epsilon"] >= bounds["per_trial_epsilon"]
