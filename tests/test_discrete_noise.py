@@ -244,3 +244,16 @@ def test_the_privacy_command_calibrates_for_the_discrete_mechanism(capsys):
         main(["privacy", "epsilon", "--noise-multiplier", "1", *common, "--noise-grid", "8"]) == 2
     )
     assert "grid=8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mechanism", "accountant"), [("gaussian", "pld"), ("laplace", "pure")])
+def test_a_discrete_accountant_state_keeps_its_grid(mechanism, accountant):
+    from privzo.privacy.accounting import accountant_from_state
+
+    gridded = make_accountant(accountant, mechanism, 1.3, 0.02, noise_parameters=GRID)
+    gridded.step(5)
+    state = json.loads(json.dumps(gridded.state_dict()))
+    assert state["noise_parameters"] == GRID
+    assert accountant_from_state(state).epsilon(1e-5) == gridded.epsilon(1e-5)
+    with pytest.raises(ValueError, match="noise_parameters"):
+        make_accountant(accountant, mechanism, 1.3, 0.02).load_state_dict(state)

@@ -496,6 +496,15 @@ class PureLaplaceAccountant(Accountant):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"noise_parameters": self.noise_parameters}
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("noise_parameters") != self.noise_parameters:
+            raise ValueError(
+                f"accountant state has noise_parameters={state.get('noise_parameters')!r} but "
+                f"this accountant has {self.noise_parameters!r}; build it with "
+                "accountant_from_state"
+            )
+        super().load_state_dict(state)
+
     @staticmethod
     def step_epsilon(noise_multiplier: float, sample_rate: float, grid: int | None = None) -> float:
         if grid is None:
