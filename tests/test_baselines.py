@@ -73,7 +73,10 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
     assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
     # the same (ε, δ, q, T) planned for dpzero gives the same σ
     dpzero = _config(
-        *sentiment_files, "optimizer.algorithm=dpzero", f"privacy.accountant={accountant}"
+        *sentiment_files,
+        "optimizer.algorithm=dpzero",
+        f"privacy.accountant={accountant}",
+        "privacy.noise_grid=null",  # the continuous Gaussian, as Opacus' noise
     )
     assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
     assert json.loads((output / "summary.json").read_text()) == summary
@@ -253,7 +256,12 @@ def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_f
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert summary["algorithm"] == "dpgd-0th" and summary["steps"] == 6
     assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
-    dpzero = _config(*sentiment_files, "optimizer.algorithm=dpzero", "privacy.accountant=rdp")
+    dpzero = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpzero",
+        "privacy.accountant=rdp",
+        "privacy.noise_grid=null",  # the continuous Gaussian, which dpgd-0th's d-dim noise is
+    )
     assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
     assert not (output / "trajectory.parquet").exists()
     trained = load_file(output / "model" / "model.safetensors")
@@ -387,3 +395,44 @@ def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, 
         assert shard.tensor.dtype == torch.bfloat16 and torch.equal(shard.tensor, expected)
         offset += old.numel()
     loop.finish()
+
+
+def test_dpsgd_draws_and_adds_its_noise_in_fp32_for_a_half_precision_model(
+    sentiment_files, cache_dir
+):
+    """A bf16 model's noisy gradient is round_bf16(S + ξ) with the secure-mode ξ summed in
+    fp32 (Opacus alone sums ξ's four draws into bf16 and adds bf16 noise to a bf16 sum)."""
+    config = _config(
+        *sentiment_files,
+        "optimizer.algorithm=dpsgd",
+        "model.trainable=bitfit",
+        "model.dtype=bfloat16",
+        "privacy.noise_multiplier=2.0",
+        "privacy.clip=0.5",
+        "privacy.accountant=rdp",
+        "tracking.backend=none",
+    )
+    context = build_context(config, cache_dir, progress=False)
+    loop = FirstOrderStepper(context, StepMeter(PeakMemory()))
+    parameters = trainable_parameters(context)
+    loop.start()
+    try:
+        optimizer = loop.optimizer
+        assert optimizer.secure_mode
+        sums = [torch.rand_like(p, dtype=torch.float32).to(torch.bfloat16) for p in parameters]
+        for parameter, clipped_sum in zip(parameters, sums, strict=True):
+            parameter.summed_grad = clipped_sum.clone()
+        optimizer.generator = torch.Generator().manual_seed(11)  # a known draw, recomputed here
+        optimizer.add_noise()
+        replay = torch.Generator().manual_seed(11)
+        std = 2.0 * 0.5
+        for parameter, clipped_sum in zip(parameters, sums, strict=True):
+            torch.normal(0.0, std, size=(1, 1), generator=replay)  # Opacus' discarded draw
+            noise = sum(
+                torch.normal(0.0, std, size=parameter.shape, generator=replay) for _ in range(4)
+            )
+            expected = (clipped_sum.float() + noise / 2).to(torch.bfloat16)
+            assert parameter.grad.dtype == torch.bfloat16
+            assert torch.equal(parameter.grad, expected)
+    finally:
+        loop.finish()

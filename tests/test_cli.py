@@ -8,7 +8,16 @@ import pytest
 
 from privzo.cli import main
 
-KEYS = {"noise_multiplier", "epsilon", "delta", "sample_rate", "steps", "mechanism", "accountant"}
+KEYS = {
+    "noise_multiplier",
+    "epsilon",
+    "delta",
+    "sample_rate",
+    "steps",
+    "mechanism",
+    "accountant",
+    "noise_grid",
+}
 
 
 def _json(capsys, args: list[str]) -> dict:

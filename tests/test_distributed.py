@@ -151,6 +151,7 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tm
         sample_rate=8 / 64,
         steps=12,
         delta=1e-5,
+        noise_parameters=single["mechanism_parameters"],  # the discrete noise's grid
     )
     assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
     for name in ("one", "two"):  # both layouts record the same ledger state
@@ -181,7 +182,11 @@ def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, c
     assert summary["steps"] == 24
     assert summary["empty_batches"] > 0  # rank 0's local batch was empty at least once
     expected = compute_epsilon(
-        noise_multiplier=summary["noise_multiplier"], sample_rate=2 / 64, steps=24, delta=1e-5
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=2 / 64,
+        steps=24,
+        delta=1e-5,
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
 
@@ -350,7 +355,11 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
     for column in ("seed", "projected_gradient", "learning_rate", "direction_scale"):
         assert list(prefix[column]) == list(kept[column]), column  # kept, not redone
     expected = compute_epsilon(
-        noise_multiplier=summary["noise_multiplier"], sample_rate=8 / 64, steps=steps, delta=1e-5
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=8 / 64,
+        steps=steps,
+        delta=1e-5,
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
     # 16 windows checkpointed over two attempts; Ray keeps only the newest two

@@ -387,6 +387,7 @@ def test_accountant_state_dict_round_trip_through_json():
         "sample_rate": 0.02,
         "steps": 25,
         "value_discretization_interval": 1e-4,
+        "noise_parameters": None,
     }
     restored = accountant_from_state(state)
     assert restored.steps == 25

@@ -80,6 +80,7 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
         sample_rate=summary["sample_rate"],
         steps=STEPS,
         delta=summary["delta"],
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)  # 12 steps, booked once
     privacy = json.loads((output / "privacy.json").read_text())

@@ -50,7 +50,9 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
         sample_rate=8 / 64,
         steps=12,
         delta=1e-5,
+        noise_parameters=summary["mechanism_parameters"],
     )
+    assert summary["mechanism_parameters"] == {"grid": 1024}  # discrete noise by default
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
     for figure in RESOURCE_FIGURES:  # they follow the sampled records: withheld
         assert summary[figure] is None, figure

@@ -20,6 +20,7 @@ from privzo.tuning.privacy import (
     TrialEvent,
     composition_epsilon,
     draw_geometric_count,
+    epsilon_of_curve,
     rdp_curve,
     repeat_and_select_epsilon,
     worst_curve,
@@ -36,13 +37,16 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
     # more steps at the same (ε, δ) need more noise ...
     assert by_steps[30].noise_multiplier > by_steps[10].noise_multiplier
     for event in plan.events:  # ... and every trial spends the target, to accountant tolerance
+        assert event.noise_grid == 1024  # discrete noise, accounted as such
         epsilon = compute_epsilon(
             noise_multiplier=event.noise_multiplier,
             sample_rate=event.sample_rate,
             steps=event.steps,
             delta=1e-5,
+            noise_parameters={"grid": event.noise_grid},
         )
-        assert epsilon == pytest.approx(2.0, rel=2e-3)
+        # on the grid Δ = ⌈K/σ⌉ moves in steps of ~σ/K, so ε lands up to ~1.5σ/K below target
+        assert 2.0 - 5e-3 * 2.0 <= epsilon <= 2.0
         assert event.score_releases == 1
     bounds = plan.bounds(trials_run=4)
     assert bounds["end_to_end_epsilon"] >= bounds["per_trial_epsilon"]
@@ -302,3 +306,21 @@ def test_the_search_parent_logs_its_trials_as_an_mlflow_table(tmp_path):
     record = read_run(tracker.uri, tracker.run_id)
     assert record["tags"]["privzo.best_run_id"] == "abc"
     assert TRIALS_TABLE_ARTIFACT in record["artifacts"]
+
+
+def test_a_gridded_trial_is_accounted_at_its_noise_to_sensitivity_ratio():
+    """Δ = ⌈K/σ⌉ grid units of sensitivity: the event's ratio is K/Δ ≤ σ, never σ itself."""
+    gridded = TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.3, noise_grid=1024)
+    continuous = TrialEvent(steps=100, sample_rate=0.05, noise_multiplier=1.3)
+    assert gridded.effective_noise_multiplier == 1024 / 788 < 1.3
+    assert epsilon_of_curve(worst_curve([gridded]), 1e-5) > epsilon_of_curve(
+        worst_curve([continuous]), 1e-5
+    )
+
+
+def test_tunes_timing_fields_are_withheld_from_a_result():
+    from privzo.tuning.withhold import TIMING_FIELDS, withhold_timing
+
+    result = {field: 1.5 for field in TIMING_FIELDS} | {"selection_score": 0.7, "step": 10}
+    result["training_iteration"] = 2
+    assert withhold_timing(result) == {"selection_score": 0.7, "step": 10, "training_iteration": 2}

@@ -230,7 +230,17 @@ def _privacy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--mechanism", choices=("gaussian", "laplace"), default="gaussian")
     parser.add_argument("--accountant", choices=("pld", "rdp", "pure", "numeric"), default="pld")
+    parser.add_argument(
+        "--noise-grid",
+        type=int,
+        help="grid points per σC of discrete noise (a zeroth-order run's privacy.noise_grid, "
+        "1024 by default there); omitted: the continuous mechanism",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _noise_parameters(args: argparse.Namespace) -> dict[str, int] | None:
+    return None if args.noise_grid is None else {"grid": args.noise_grid}
 
 
 def _sample_rate(args: argparse.Namespace) -> float:
@@ -257,6 +267,7 @@ def _privacy_report(args: argparse.Namespace, noise_multiplier: float, epsilon: 
         "steps": args.steps,
         "mechanism": args.mechanism,
         "accountant": args.accountant,
+        "noise_grid": args.noise_grid,
     }
     if args.json:
         print(json.dumps(record))
@@ -264,9 +275,15 @@ def _privacy_report(args: argparse.Namespace, noise_multiplier: float, epsilon: 
         print(
             f"noise multiplier σ = {noise_multiplier:.6g} (noise scale σ·C)\n"
             f"ε = {epsilon:.6g} at δ = {args.delta:g} after {args.steps} steps, sample rate "
-            f"{record['sample_rate']:.6g} ({args.mechanism}, {args.accountant} accountant)"
+            f"{record['sample_rate']:.6g} ({_mechanism_label(args)}, {args.accountant} accountant)"
         )
     return 0
+
+
+def _mechanism_label(args: argparse.Namespace) -> str:
+    if args.noise_grid is None:
+        return args.mechanism
+    return f"discrete {args.mechanism} on a grid of {args.noise_grid} per σC"
 
 
 def _calibrate_command(args: argparse.Namespace) -> int:
@@ -278,6 +295,7 @@ def _calibrate_command(args: argparse.Namespace) -> int:
         delta=args.delta,
         mechanism=args.mechanism,
         accountant=args.accountant,
+        noise_parameters=_noise_parameters(args),
     )
     noise_multiplier = calibrate_noise_multiplier(epsilon=args.epsilon, **common)
     epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
@@ -294,6 +312,7 @@ def _epsilon_command(args: argparse.Namespace) -> int:
         delta=args.delta,
         mechanism=args.mechanism,
         accountant=args.accountant,
+        noise_parameters=_noise_parameters(args),
     )
     return _privacy_report(args, args.noise_multiplier, epsilon)
 

@@ -44,6 +44,13 @@ MECHANISM_ACCOUNTANTS = {
     "laplace": ("pld", "pure", "numeric"),
     "lmo": ("numeric",),
 }
+# Algorithms whose noise is one scalar per step, drawn on privacy.noise_grid (gaussian, laplace).
+SCALAR_NOISE_ALGORITHMS = ("dpzero", "dpzo-laplace")
+GRIDDED_MECHANISMS = ("gaussian", "laplace")
+# Accountants that bound the discrete (gridded) mechanisms: dp_accounting's discrete PLDs and
+# the pure ε-DP of the discrete Laplace.
+GRID_ACCOUNTANTS = ("pld", "pure")
+DEFAULT_NOISE_GRID = 1024
 
 
 class ConfigError(ValueError):
@@ -349,6 +356,15 @@ class PrivacyConfig(_Section):
         "(dpzero: gaussian, dpzo-laplace: laplace). 'lmo' needs accountant 'numeric'.",
     )
     lmo: LmoConfig = Field(default_factory=LmoConfig)
+    noise_grid: int | None = Field(
+        DEFAULT_NOISE_GRID,
+        ge=16,
+        le=2**20,
+        description="Grid points per noise scale σC of a zeroth-order run's gaussian or laplace "
+        "noise: γ·k with γ = σC/noise_grid and k an exact discrete Gaussian / Laplace drawn with "
+        "integer arithmetic (safe from floating-point attacks) and accounted as such. null = "
+        "numpy's float sampler and the continuous accountants (not safe from those attacks).",
+    )
 
     @field_validator("clip")
     @classmethod
@@ -449,6 +465,14 @@ class RunConfig(_Section):
                 f"privacy.accountant={self.privacy.accountant!r} cannot account the "
                 f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
             )
+        if self.noise_grid is not None and self.privacy.accountant not in GRID_ACCOUNTANTS:
+            raise ValueError(
+                f"privacy.accountant={self.privacy.accountant!r} with privacy.noise_grid="
+                f"{self.noise_grid}: it accounts only the continuous {mechanism} mechanism, and "
+                f"the run draws discrete noise on a grid; allowed: {list(GRID_ACCOUNTANTS)}, or "
+                "privacy.noise_grid=null for the float sampler (not safe from floating-point "
+                "attacks)"
+            )
         _check_test_split_is_not_private(self)
         return self
 
@@ -458,6 +482,15 @@ class RunConfig(_Section):
         validation metrics) may be released: always for a non-private run, for a private one
         only with ``tracking.log_private_diagnostics`` (outside its guarantee)."""
         return not self.optimizer.is_private or self.tracking.log_private_diagnostics
+
+    @property
+    def noise_grid(self) -> int | None:
+        """The grid of this run's scalar noise (None: continuous, or no scalar noise)."""
+        if self.optimizer.algorithm not in SCALAR_NOISE_ALGORITHMS:
+            return None
+        if self.mechanism not in GRIDDED_MECHANISMS:
+            return None
+        return self.privacy.noise_grid
 
     @property
     def mechanism(self) -> str | None:

@@ -97,7 +97,7 @@ class FirstOrderStepper(Stepper):
         grad_samples = GradSampleModule(model, loss_reduction="mean")
         self._cleanup.callback(grad_samples.remove_hooks)
         self._cleanup.enter_context(parameter_layers_in_training_mode(model))
-        self.optimizer = DPOptimizer(
+        self.optimizer = fp32_noise_optimizer(DPOptimizer)(
             self.optimizer,
             noise_multiplier=plan.noise_multiplier,
             max_grad_norm=config.privacy.clip,
@@ -254,6 +254,41 @@ class LogicalBatches(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return self.steps
+
+
+def fp32_noise_optimizer(dp_optimizer: type) -> type:
+    """Opacus' DPOptimizer with its noise drawn and added in fp32 whatever the weights' dtype.
+
+    Opacus draws the noise like the summed per-example gradients: for a bf16 model its secure
+    sum of four draws accumulates in bf16 and is added to a bf16 sum, so the noise itself is
+    rounded to bf16 (8 bits of mantissa) before it hides anything. Here the noise is drawn and
+    summed in fp32 by Opacus' secure-mode recipe (one draw thrown away, then four draws per
+    coordinate, summed and halved: arXiv 2107.10138), added to the clipped sum in fp32, and
+    only the noisy gradient is rounded, once, to the weights' dtype.
+    """
+
+    class Fp32NoiseDPOptimizer(dp_optimizer):  # type: ignore[misc, valid-type]
+        def add_noise(self) -> None:
+            std = self.noise_multiplier * self.max_grad_norm
+            for parameter in self.params:
+                clipped = parameter.summed_grad.float()
+                noise = secure_gaussian_noise(std, clipped, self.generator)
+                parameter.grad = (clipped + noise).to(parameter.dtype).view_as(parameter)
+
+    return Fp32NoiseDPOptimizer
+
+
+def secure_gaussian_noise(
+    std: float, reference: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """fp32 N(0, std²) noise shaped like ``reference``, as a halved sum of four draws (after one
+    discarded draw), which Opacus' secure mode uses against floating-point attacks on a draw."""
+    options = {"device": reference.device, "generator": generator}
+    torch.normal(0.0, std, size=(1, 1), **options)  # discarded, as in Opacus
+    total = torch.zeros(reference.shape, dtype=torch.float32, device=reference.device)
+    for _ in range(4):
+        total += torch.normal(0.0, std, size=reference.shape, **options)
+    return total / 2
 
 
 def _update_rule(config: Any) -> type[torch.optim.Optimizer]:

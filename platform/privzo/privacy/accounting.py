@@ -16,6 +16,13 @@ Accountants (``ACCOUNTANTS``):
   cached RDP vector.
 - ``pure``: pure ε-DP of the Laplace mechanism, ε = T·log(1 + p(e^{1/σ} − 1)) (amplification by
   subsampling, then basic composition); loose, but valid at δ = 0.
+
+Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanisms``): the noise
+is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
+rounded to the grid with sensitivity Δ = ⌈K/σ⌉ grid units. ``pld`` then composes
+dp_accounting's discrete Gaussian / discrete Laplace PLDs at (K, Δ) and ``pure`` uses the
+discrete Laplace's Δ/K per step; ``rdp`` and ``numeric`` bound only continuous noise and refuse
+a grid. Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or slightly above the continuous one.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dp_accounting.pld import privacy_loss_distribution as dp_pld_dist
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp_impl
 from scipy import optimize, stats
 
+from privzo.privacy.discrete import check_grid, grid_sensitivity
 from privzo.privacy.sampling import check_count, check_sample_rate
 
 __all__ = [
@@ -184,6 +192,7 @@ class Accountant(ABC):
     name: ClassVar[str]
     mechanisms: ClassVar[tuple[str, ...]]
     allows_zero_delta: ClassVar[bool] = False
+    supports_grid: ClassVar[bool] = False  # bounds the discrete (gridded) mechanisms
 
     def __init__(self, mechanism: str, noise_multiplier: float, sample_rate: float) -> None:
         self._mechanism = type(self).check_mechanism(mechanism)
@@ -225,6 +234,20 @@ class Accountant(ABC):
     @classmethod
     def check_delta(cls, delta: float) -> float:
         return check_delta(delta, allow_zero=cls.allows_zero_delta)
+
+    @classmethod
+    def grid_of(cls, noise_parameters: dict[str, Any] | None) -> int | None:
+        """The grid K of discrete noise in ``noise_parameters`` (None: continuous), refused by
+        an accountant that bounds only continuous noise."""
+        grid = check_grid((noise_parameters or {}).get("grid"))
+        if grid is not None and not cls.supports_grid:
+            able = [name for name, acc in ACCOUNTANTS.items() if acc.supports_grid]
+            raise ValueError(
+                f"accountant={cls.name!r} bounds only continuous noise, and this noise is "
+                f"discrete (grid={grid}); accountants for discrete noise: {able} (or draw "
+                "continuous noise: privacy.noise_grid=null)"
+            )
+        return grid
 
     def step(self, num_steps: int = 1) -> int:
         """Record ``num_steps`` more steps; returns the new total."""
@@ -301,15 +324,18 @@ class PldAccountant(Accountant):
 
     name: ClassVar[str] = "pld"
     mechanisms: ClassVar[tuple[str, ...]] = ("gaussian", "laplace")
+    supports_grid: ClassVar[bool] = True
 
     def __init__(
         self,
         mechanism: str,
         noise_multiplier: float,
         sample_rate: float,
+        noise_parameters: dict[str, Any] | None = None,
         value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
     ) -> None:
         super().__init__(mechanism, noise_multiplier, sample_rate)
+        self._grid = type(self).grid_of(noise_parameters)
         if noise_multiplier < MIN_NOISE_MULTIPLIER:
             raise ValueError(
                 f"noise_multiplier={noise_multiplier} is below {MIN_NOISE_MULTIPLIER}: the PLD "
@@ -321,10 +347,23 @@ class PldAccountant(Accountant):
         )
         self._one_step: Any = None
 
+    @property
+    def noise_parameters(self) -> dict[str, Any] | None:
+        return None if self._grid is None else {"grid": self._grid}
+
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"value_discretization_interval": self._interval}
+        return super().state_dict() | {
+            "value_discretization_interval": self._interval,
+            "noise_parameters": self.noise_parameters,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("noise_parameters") != self.noise_parameters:
+            raise ValueError(
+                f"accountant state has noise_parameters={state.get('noise_parameters')!r} but "
+                f"this accountant has {self.noise_parameters!r}; build it with "
+                "accountant_from_state"
+            )
         saved = state.get("value_discretization_interval", PLD_VALUE_DISCRETIZATION)
         if saved != self._interval:
             raise ValueError(
@@ -336,7 +375,11 @@ class PldAccountant(Accountant):
     def _one_step_pld(self) -> Any:
         if self._one_step is None:
             self._one_step = _one_step_pld(
-                self._mechanism, self._noise_multiplier, self._sample_rate, self._interval
+                self._mechanism,
+                self._noise_multiplier,
+                self._sample_rate,
+                self._interval,
+                self._grid,
             )
         return self._one_step
 
@@ -346,14 +389,29 @@ class PldAccountant(Accountant):
 
     @classmethod
     def calibrate(
-        cls, *, epsilon: float, delta: float, sample_rate: float, steps: int, mechanism: str
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        steps: int,
+        mechanism: str,
+        noise_parameters: dict[str, Any] | None = None,
     ) -> float:
+        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
+        if cls.grid_of(noise_parameters) is not None:
+            problem = (cls, mechanism, delta, sample_rate, steps, noise_parameters)
+            return calibrate_by_probes(
+                AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION * _COARSE_FACTOR),
+                AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION),
+                epsilon,
+                hint,
+            )
         problem = (mechanism, delta, sample_rate, steps)
         fine = _Evaluator(_pld_factory(PLD_VALUE_DISCRETIZATION), cls.name, *problem)
         coarse = _Evaluator(
             _pld_factory(PLD_VALUE_DISCRETIZATION * _COARSE_FACTOR), cls.name, *problem
         )
-        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
         return _calibrate_numeric(fine, coarse, epsilon, hint)
 
 
@@ -367,8 +425,15 @@ class RdpAccountant(Accountant):
     name: ClassVar[str] = "rdp"
     mechanisms: ClassVar[tuple[str, ...]] = ("gaussian",)
 
-    def __init__(self, mechanism: str, noise_multiplier: float, sample_rate: float) -> None:
+    def __init__(
+        self,
+        mechanism: str,
+        noise_multiplier: float,
+        sample_rate: float,
+        noise_parameters: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(mechanism, noise_multiplier, sample_rate)
+        type(self).grid_of(noise_parameters)  # refuses discrete noise
         self._orders: np.ndarray | None = None
         self._one_step_rdp: np.ndarray | None = None
 
@@ -385,8 +450,16 @@ class RdpAccountant(Accountant):
 
     @classmethod
     def calibrate(
-        cls, *, epsilon: float, delta: float, sample_rate: float, steps: int, mechanism: str
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        steps: int,
+        mechanism: str,
+        noise_parameters: dict[str, Any] | None = None,
     ) -> float:
+        cls.grid_of(noise_parameters)  # refuses discrete noise
         fine = _Evaluator(dp_rdp.RdpAccountant, cls.name, mechanism, delta, sample_rate, steps)
         hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
         return _calibrate_numeric(fine, None, epsilon, hint)
@@ -397,24 +470,68 @@ class PureLaplaceAccountant(Accountant):
 
     One Laplace step with b = σ·C is (1/σ)-DP; Poisson subsampling at rate p makes it
     log(1 + p(e^{1/σ} − 1))-DP; T steps add up. δ plays no role (any δ ≥ 0 is accepted).
+    The discrete Laplace of scale K on the grid γ = σC/K with sensitivity Δ = ⌈K/σ⌉ grid units
+    is (Δ/K)-DP, so 1/σ becomes Δ/K.
     """
 
     name: ClassVar[str] = "pure"
     mechanisms: ClassVar[tuple[str, ...]] = ("laplace",)
     allows_zero_delta: ClassVar[bool] = True
+    supports_grid: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        mechanism: str,
+        noise_multiplier: float,
+        sample_rate: float,
+        noise_parameters: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(mechanism, noise_multiplier, sample_rate)
+        self._grid = type(self).grid_of(noise_parameters)
+
+    @property
+    def noise_parameters(self) -> dict[str, Any] | None:
+        return None if self._grid is None else {"grid": self._grid}
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"noise_parameters": self.noise_parameters}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("noise_parameters") != self.noise_parameters:
+            raise ValueError(
+                f"accountant state has noise_parameters={state.get('noise_parameters')!r} but "
+                f"this accountant has {self.noise_parameters!r}; build it with "
+                "accountant_from_state"
+            )
+        super().load_state_dict(state)
 
     @staticmethod
-    def step_epsilon(noise_multiplier: float, sample_rate: float) -> float:
-        return math.log1p(sample_rate * math.expm1(1.0 / noise_multiplier))
+    def step_epsilon(noise_multiplier: float, sample_rate: float, grid: int | None = None) -> float:
+        if grid is None:
+            per_step = 1.0 / noise_multiplier
+        else:
+            per_step = grid_sensitivity(grid, noise_multiplier) / grid
+        return math.log1p(sample_rate * math.expm1(per_step))
 
     def _compute_epsilon(self, steps: int, delta: float) -> float:
-        return steps * self.step_epsilon(self._noise_multiplier, self._sample_rate)
+        return steps * self.step_epsilon(self._noise_multiplier, self._sample_rate, self._grid)
 
     @classmethod
     def calibrate(
-        cls, *, epsilon: float, delta: float, sample_rate: float, steps: int, mechanism: str
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        steps: int,
+        mechanism: str,
+        noise_parameters: dict[str, Any] | None = None,
     ) -> float:
         sigma = _pure_laplace_sigma(epsilon, sample_rate, steps)
+        grid = cls.grid_of(noise_parameters)
+        if grid is not None and math.isfinite(sigma):
+            sigma = _pure_grid_sigma(sigma, grid)
+            assert not steps * cls.step_epsilon(sigma, sample_rate, grid) > epsilon
         _check_attainable(sigma, epsilon, delta, sample_rate, steps, mechanism, cls.name)
         return sigma
 
@@ -532,8 +649,13 @@ def calibrate_noise_multiplier(
 # --- calibration internals ---------------------------------------------------------------------
 
 
-def _one_step_pld(mechanism: str, sigma: float, sample_rate: float, interval: float) -> Any:
-    """The one-step PLD exactly as ``dp_accounting.pld.PLDAccountant`` builds it."""
+def _one_step_pld(
+    mechanism: str, sigma: float, sample_rate: float, interval: float, grid: int | None = None
+) -> Any:
+    """The one-step PLD exactly as ``dp_accounting.pld.PLDAccountant`` builds it; with a grid,
+    the discrete mechanism's (noise K, sensitivity Δ = ⌈K/σ⌉ in grid units)."""
+    if grid is not None:
+        return _one_step_discrete_pld(mechanism, sigma, sample_rate, interval, grid)
     if mechanism == "gaussian":
         return dp_pld_dist.from_gaussian_mechanism(
             standard_deviation=sigma,
@@ -543,6 +665,32 @@ def _one_step_pld(mechanism: str, sigma: float, sample_rate: float, interval: fl
         )
     return dp_pld_dist.from_laplace_mechanism(
         parameter=sigma, value_discretization_interval=interval, sampling_prob=sample_rate
+    )
+
+
+def _one_step_discrete_pld(
+    mechanism: str, sigma: float, sample_rate: float, interval: float, grid: int
+) -> Any:
+    """dp_accounting's discrete Gaussian N_Z(0, K²) / discrete Laplace P(k) ∝ e^{−|k|/K} PLD,
+    by pessimistic connect-the-dots as its continuous ones (privacy buckets read 1.6 % more ε).
+
+    The discrete Gaussian's PLD truncates the noise where its mass beyond is below 1e-30
+    (dp_accounting's default), which changes δ by about that per step."""
+    sensitivity = grid_sensitivity(grid, sigma)
+    if mechanism == "gaussian":
+        return dp_pld_dist.from_discrete_gaussian_mechanism(
+            sigma=grid,
+            sensitivity=sensitivity,
+            value_discretization_interval=interval,
+            sampling_prob=sample_rate,
+            use_connect_dots=True,
+        )
+    return dp_pld_dist.from_discrete_laplace_mechanism(
+        parameter=1.0 / grid,
+        sensitivity=sensitivity,
+        value_discretization_interval=interval,
+        sampling_prob=sample_rate,
+        use_connect_dots=True,
     )
 
 
@@ -558,6 +706,18 @@ def _pure_laplace_sigma(epsilon: float, sample_rate: float, steps: int) -> float
         math.isfinite(sigma)
         and steps * PureLaplaceAccountant.step_epsilon(sigma, sample_rate) > epsilon
     ):
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
+
+
+def _pure_grid_sigma(continuous: float, grid: int) -> float:
+    """The smallest σ whose grid sensitivity Δ = ⌈K/σ⌉ keeps Δ/K ≤ 1/``continuous`` (∞ if
+    none: the noise would be coarser than the grid)."""
+    most = math.floor(grid / continuous)
+    if most < 1:
+        return math.inf
+    sigma = grid / most
+    while grid_sensitivity(grid, sigma) > most:
         sigma = math.nextafter(sigma, math.inf)
     return sigma
 
@@ -647,6 +807,60 @@ def _calibrate_numeric(
         tol=(hi - lo) if tight else CALIBRATION_RTOL * lo,
     )
     return float(sigma)
+
+
+class AccountantEvaluator:
+    """ε(σ) of one calibration problem from fresh accountants of one class (memoized), with the
+    attributes ``bracket_sigma``'s error messages read."""
+
+    def __init__(
+        self,
+        accountant: type[Accountant],
+        mechanism: str,
+        delta: float,
+        sample_rate: float,
+        steps: int,
+        noise_parameters: dict[str, Any] | None,
+        interval: float,
+    ) -> None:
+        self.accountant, self.label = accountant, accountant.name
+        self.mechanism, self.delta, self.sample_rate, self.steps = (
+            mechanism,
+            delta,
+            sample_rate,
+            steps,
+        )
+        self.noise_parameters, self.interval = noise_parameters, interval
+        self.memo: dict[float, float] = {}
+
+    def __call__(self, sigma: float) -> float:
+        if sigma not in self.memo:
+            accountant = self.accountant(
+                self.mechanism,
+                sigma,
+                self.sample_rate,
+                self.noise_parameters,
+                value_discretization_interval=self.interval,
+            )
+            self.memo[sigma] = accountant.epsilon_at(self.steps, self.delta)
+        return self.memo[sigma]
+
+
+def calibrate_by_probes(
+    coarse: AccountantEvaluator, fine: AccountantEvaluator, epsilon: float, hint: float
+) -> float:
+    """Secant probes on the coarse evaluator, then on the fine one, then bisection to
+    ``CALIBRATION_RTOL``; returns the upper end, whose ε is within the target. (ε(σ) of discrete
+    noise is a step function of σ through Δ = ⌈K/σ⌉; bisection needs only monotonicity.)"""
+    _, guess, slope = bracket_sigma(coarse, epsilon, hint, -1.5, rtol=CALIBRATION_RTOL / 10)  # type: ignore[arg-type]
+    lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)  # type: ignore[arg-type]
+    while hi - lo > CALIBRATION_RTOL * lo:
+        middle = math.sqrt(lo * hi)
+        if fine(middle) > epsilon:
+            lo = middle
+        else:
+            hi = middle
+    return hi
 
 
 def bracket_sigma(

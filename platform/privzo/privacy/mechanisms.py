@@ -1,5 +1,11 @@
 """One-dimensional noise mechanisms whose noise nobody can reproduce.
 
+Gaussian and Laplace noise are drawn on a grid by default: with ``grid`` = K, the noise of scale
+σC is γ·k with γ = σC/K and k an exact discrete Gaussian N_Z(0, K²) or discrete Laplace of scale
+K (``privzo.privacy.discrete``), so floating-point artefacts of a sampler cannot reveal the
+un-noised value (Mironov, 2012). ``grid=None`` keeps numpy's float samplers; it is chosen only
+explicitly (``privacy.noise_grid: null``) and LMO, which has no discrete sampler here, uses them.
+
 DPZero / DP-ZO privatize a single scalar per step, so a mechanism here draws one value at a time.
 The noise must be unpredictable to anyone holding the run's logs: perturbation seeds and data
 seeds are public, so the noise comes from a ``SecretGenerator`` seeded from the operating
@@ -17,6 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from privzo.config import LMO_MIN_GAMMA_SHAPE
+from privzo.privacy.discrete import (
+    check_grid,
+    discrete_gaussian,
+    discrete_laplace,
+    grid_sensitivity,
+)
 
 __all__ = [
     "MECHANISMS",
@@ -26,6 +38,7 @@ __all__ = [
     "Mechanism",
     "SecretGenerator",
     "get_mechanism",
+    "grid_sensitivity",
 ]
 
 
@@ -79,16 +92,32 @@ def _check_scale(scale: float) -> float:
 
 
 class Mechanism(ABC):
-    """A 1-D additive noise mechanism; each instance owns its own secret generator."""
+    """A 1-D additive noise mechanism; each instance owns its own secret generator.
+
+    ``grid`` (K points per noise scale) selects the discrete sampler where the mechanism has
+    one; ``sample_units`` then draws the integer k of the noise γ·k.
+    """
 
     name: ClassVar[str]
+    has_grid: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, grid: int | None = None) -> None:
         self._generator = SecretGenerator()
+        if grid is not None and not self.has_grid:
+            raise ValueError(f"mechanism {self.name!r} has no discrete sampler; use grid=None")
+        self.grid = check_grid(grid)
 
     def sample(self, scale: float) -> float:
-        """Draw one noise value at ``scale`` (σ·C for noise multiplier σ and clip C)."""
-        return self._draw(_check_scale(scale))
+        """Draw one noise value at ``scale`` (σ·C for noise multiplier σ and clip C): γ·k on
+        the grid γ = scale/K when the mechanism has one, a float draw otherwise."""
+        scale = _check_scale(scale)
+        if self.grid is not None:
+            return scale / self.grid * self.sample_units()
+        return self._draw(scale)
+
+    def sample_units(self) -> int:
+        """The integer k of one gridded draw (noise γ·k at scale Kγ)."""
+        raise NotImplementedError(f"{self.name} has no grid")
 
     @abstractmethod
     def _draw(self, scale: float) -> float: ...
@@ -105,11 +134,17 @@ class GaussianMechanism(Mechanism):
     """N(0, scale²) noise: the DPZero mechanism."""
 
     name: ClassVar[str] = "gaussian"
+    has_grid: ClassVar[bool] = True
 
     def _draw(self, scale: float) -> float:
         return self._generator.normal(scale)
 
+    def sample_units(self) -> int:
+        assert self.grid is not None
+        return discrete_gaussian(self.grid)
+
     def variance(self, scale: float) -> float:
+        """scale² (the discrete Gaussian's variance is below σ² by less than 1e-300 at K ≥ 16)."""
         return _check_scale(scale) ** 2
 
 
@@ -117,12 +152,22 @@ class LaplaceMechanism(Mechanism):
     """Laplace(0, b=scale) noise: pure ε-DP per step, used by DP-ZO's Laplace variant."""
 
     name: ClassVar[str] = "laplace"
+    has_grid: ClassVar[bool] = True
 
     def _draw(self, scale: float) -> float:
         return self._generator.laplace(scale)
 
+    def sample_units(self) -> int:
+        assert self.grid is not None
+        return discrete_laplace(self.grid)
+
     def variance(self, scale: float) -> float:
-        return 2.0 * _check_scale(scale) ** 2
+        """2·scale² continuous; on the grid 2e^{−1/K}/(1 − e^{−1/K})²·γ² (within 1/(12K²))."""
+        scale = _check_scale(scale)
+        if self.grid is None:
+            return 2.0 * scale**2
+        ratio = math.exp(-1.0 / self.grid)
+        return 2.0 * ratio / (1.0 - ratio) ** 2 * (scale / self.grid) ** 2
 
 
 class LmoMechanism(Mechanism):

@@ -282,6 +282,7 @@ class NumericAccountant(Accountant):
         value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
     ) -> None:
         super().__init__(mechanism, noise_multiplier, sample_rate)
+        type(self).grid_of(noise_parameters)  # refuses discrete noise (its bins are continuous)
         self._noise_parameters = dict(noise_parameters) if noise_parameters else None
         self._noise = noise_distribution(mechanism, self._noise_parameters)
         self._interval = check_positive(

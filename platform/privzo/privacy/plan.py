@@ -28,7 +28,7 @@ class PrivacyPlan:
     delta: float | None = None
     mechanism: str | None = None
     accountant: str | None = None
-    noise_parameters: dict[str, Any] | None = None  # a parametrised mechanism's (lmo)
+    noise_parameters: dict[str, Any] | None = None  # lmo's, or {"grid": K} of discrete noise
 
 
 def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
@@ -76,10 +76,13 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
 
 
 def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
-    """The configured parameters of a parametrised mechanism (lmo), else None."""
-    if config.mechanism != "lmo":
-        return None
-    return config.privacy.lmo.model_dump(mode="json")
+    """The configured parameters of a parametrised mechanism: lmo's, or the grid of gridded
+    scalar noise ({"grid": K}); None for continuous noise."""
+    if config.mechanism == "lmo":
+        return config.privacy.lmo.model_dump(mode="json")
+    if config.noise_grid is not None:
+        return {"grid": config.noise_grid}
+    return None
 
 
 def make_sampler(config: RunConfig, plan: PrivacyPlan, dataset_size: int) -> Sampler:

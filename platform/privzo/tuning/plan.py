@@ -140,6 +140,7 @@ def plan_search(
                     noise_multiplier=privacy.noise_multiplier,
                     score_releases=_score_releases(search, config),
                     score_noise_multiplier=search.selection.score_noise_multiplier,
+                    noise_grid=config.noise_grid,
                 )
             )
     _check_other_points(search)

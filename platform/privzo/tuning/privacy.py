@@ -29,6 +29,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privzo.privacy.accounting import quiet_absl
+from privzo.privacy.discrete import grid_sensitivity
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp
 
 GEOMETRIC_SHAPE = 1.0  # RepeatAndSelectDpEvent's shape for a geometric number of trials
@@ -43,10 +44,21 @@ class TrialEvent:
     noise_multiplier: float
     score_releases: int = 0
     score_noise_multiplier: float | None = None
+    noise_grid: int | None = None  # the trial's noise is discrete on this grid
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """σ, or on a grid K/Δ with Δ = ⌈K/σ⌉ (≤ σ): the noise-to-sensitivity ratio of the
+        discrete Gaussian the trial draws. Its RDP is taken as the continuous Gaussian's at that
+        ratio: for integer orders the subsampled remove-direction moments are equal (the
+        discrete Gaussian's E[(μ₁/μ₀)^k] has the continuous closed form when kΔ is an integer)."""
+        if self.noise_grid is None:
+            return self.noise_multiplier
+        return self.noise_grid / grid_sensitivity(self.noise_grid, self.noise_multiplier)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         step = dp_accounting.PoissonSampledDpEvent(
-            self.sample_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
+            self.sample_rate, dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
         )
         training = dp_accounting.SelfComposedDpEvent(step, self.steps)
         if not self.score_releases:

@@ -242,11 +242,22 @@ def _fit(
                 storage_path=str(output_dir / TUNE_DIR),
                 verbose=1 if progress else 0,
                 failure_config=tune.FailureConfig(max_failures=0),
-                # Tune's result files, without its automatic TensorBoard logger (not installed)
-                callbacks=[CSVLoggerCallback(), JsonLoggerCallback()],
+                # Tune's result files, without its automatic TensorBoard logger (not installed);
+                # a private search's results lose Tune's timing fields first
+                callbacks=[*_withheld(plan), CSVLoggerCallback(), JsonLoggerCallback()],
             ),
         )
     return tuner.fit()
+
+
+def _withheld(plan: SearchPlan) -> list[Any]:
+    """The callbacks that keep what a private search's trials may not release out of Tune's
+    records: its timing fields (``privzo.tuning.withhold``)."""
+    if not plan.private:
+        return []
+    from privzo.tuning.withhold import WithholdTiming
+
+    return [WithholdTiming()]
 
 
 def tune_param_space(search: SearchConfig) -> dict[str, Any]:

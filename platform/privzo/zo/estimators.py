@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from privzo.privacy.mechanisms import get_mechanism
+from privzo.privacy.mechanisms import get_mechanism, grid_sensitivity
 
 if TYPE_CHECKING:
     from privzo.config import RunConfig
@@ -67,6 +67,13 @@ class PrivateEstimator(GradientEstimator):
 
     Dividing by the expected (not the realised) batch size keeps the sensitivity of the released
     sum at C under add/remove adjacency, which is what the Poisson accountants assume.
+
+    With a gridded mechanism (``noise_parameters={"grid": K}``) the sum is formed in integer
+    units of γ = σC/K: each clipped d_i is rounded to the grid and clamped to ±Δ, Δ = ⌈K/σ⌉
+    (``grid_sensitivity``, the sensitivity the accountant uses), the integer noise k is added,
+    and only then is the integer total scaled by γ/B. The released g is a function of an integer
+    that is exactly discrete-Gaussian (or discrete-Laplace) noised, so no float rounding carries
+    the un-noised sum.
     """
 
     private = True
@@ -86,19 +93,33 @@ class PrivateEstimator(GradientEstimator):
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
+        grid = self.mechanism.grid
+        self.unit = 1.0 if grid is None else noise_multiplier * clip / grid  # γ
+        self.sensitivity_units = None if grid is None else grid_sensitivity(grid, noise_multiplier)
 
     def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
         values, nonfinite = self.sanitize(differences)
-        clipped = self.clip_each(values)
-        total, count = self.aggregate(float(clipped.double().sum()), clipped.numel())
+        units = self.to_units(self.clip_each(values))
+        total, count = self.aggregate(float(units.sum()), units.numel())
         noisy_total = total + self.draw_noise()
-        return ScalarEstimate(noisy_total / self.expected_batch_size, count, nonfinite)
+        return ScalarEstimate(noisy_total * self.unit / self.expected_batch_size, count, nonfinite)
 
     def clip_each(self, values: torch.Tensor) -> torch.Tensor:
         return values.clamp(-self.clip, self.clip)
 
+    def to_units(self, clipped: torch.Tensor) -> torch.Tensor:
+        """fp64 values in units of the grid: integers within ±Δ (exact sums up to 2⁵³), or the
+        clipped values themselves without a grid."""
+        if self.sensitivity_units is None:
+            return clipped.double()
+        bound = self.sensitivity_units
+        return torch.round(clipped.double() / self.unit).clamp(-bound, bound)
+
     def draw_noise(self) -> float:
-        """One draw of scale σC from the mechanism's secret generator (the distribution seam)."""
+        """One draw in the units of ``to_units`` (the integer k on a grid, else a float of scale
+        σC) from the mechanism's secret generator (the distribution seam)."""
+        if self.mechanism.grid is not None:
+            return float(self.mechanism.sample_units())
         return self.mechanism.sample(self.noise_multiplier * self.clip)
 
 

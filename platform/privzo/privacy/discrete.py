@@ -1,0 +1,107 @@
+"""Exact discrete Laplace and discrete Gaussian samplers (Canonne, Kamath & Steinke, 2020).
+
+A float sampler's outputs are not spread over the reals as its density says: which doubles can
+come out of ``normal`` or ``laplace`` depends on the draw, so the low bits of a noisy release can
+reveal the un-noised value (Mironov, 2012). These samplers draw an *integer* k with exactly the
+discrete distribution, using only integer and rational arithmetic on uniform integers from the
+operating system's entropy (``secrets``); the released noise is γ·k on a public grid γ, a
+post-processing of k, so no floating-point artefact depends on the secret.
+
+The algorithms are those of the paper (Algorithms 1 to 3): ``bernoulli_exp`` draws
+Bernoulli(e^{−γ}) for a rational γ ≥ 0, ``discrete_laplace`` draws P(k) ∝ e^{−|k|/t} by a
+geometric number of e^{−1} coins, and ``discrete_gaussian`` draws P(k) ∝ e^{−k²/2σ²} by
+rejection from a discrete Laplace of scale ⌊σ⌋ + 1.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from fractions import Fraction
+
+__all__ = [
+    "bernoulli",
+    "bernoulli_exp",
+    "check_grid",
+    "discrete_gaussian",
+    "discrete_laplace",
+    "grid_sensitivity",
+]
+
+_ONE = Fraction(1)
+
+
+def bernoulli(probability: Fraction) -> bool:
+    """True with probability ``probability`` (a rational in [0, 1]), exactly."""
+    assert 0 <= probability <= 1, probability
+    return secrets.randbelow(probability.denominator) < probability.numerator
+
+
+def _bernoulli_exp_unit(gamma: Fraction) -> bool:
+    """Bernoulli(e^{−γ}) for 0 ≤ γ ≤ 1: the parity of the first k with no Bernoulli(γ/k) success."""
+    k = 1
+    while bernoulli(gamma / k):
+        k += 1
+    return k % 2 == 1
+
+
+def bernoulli_exp(gamma: Fraction) -> bool:
+    """True with probability e^{−γ} for a rational γ ≥ 0, exactly (γ > 1: ⌊γ⌋ e^{−1} coins
+    and one e^{−(γ − ⌊γ⌋)} coin must all come up)."""
+    assert gamma >= 0, gamma
+    whole = math.floor(gamma)
+    for _ in range(whole):
+        if not _bernoulli_exp_unit(_ONE):
+            return False
+    return _bernoulli_exp_unit(gamma - whole)
+
+
+def discrete_laplace(scale: int) -> int:
+    """k with P(k) ∝ e^{−|k|/scale} for an integer scale ≥ 1."""
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ValueError(f"scale={scale!r} must be an integer ≥ 1")
+    while True:
+        low = secrets.randbelow(scale)  # the remainder of |k| modulo scale
+        if not bernoulli_exp(Fraction(low, scale)):
+            continue
+        high = 0  # the quotient, geometric with ratio e^{−1}
+        while bernoulli_exp(_ONE):
+            high += 1
+        magnitude = low + scale * high
+        negative = secrets.randbelow(2) == 1
+        if negative and magnitude == 0:
+            continue  # 0 would otherwise be drawn twice as often
+        return -magnitude if negative else magnitude
+
+
+def discrete_gaussian(sigma: int) -> int:
+    """k with P(k) ∝ e^{−k²/2σ²} for an integer σ ≥ 1 (σ² is then an exact integer)."""
+    if isinstance(sigma, bool) or not isinstance(sigma, int) or sigma < 1:
+        raise ValueError(f"sigma={sigma!r} must be an integer ≥ 1")
+    scale = sigma + 1  # ⌊σ⌋ + 1
+    variance = sigma * sigma
+    while True:
+        candidate = discrete_laplace(scale)
+        gap = Fraction(abs(candidate)) - Fraction(variance, scale)
+        if bernoulli_exp(gap * gap / (2 * variance)):
+            return candidate
+
+
+# --- the grid the scalar noise is drawn on -------------------------------------------------------
+
+
+def check_grid(grid: int | None) -> int | None:
+    """None (continuous) or an integer number of grid points per noise scale, at least 16."""
+    if grid is None:
+        return None
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 16:
+        raise ValueError(f"grid={grid!r} must be an integer ≥ 16 (points per noise scale σC)")
+    return grid
+
+
+def grid_sensitivity(grid: int, noise_multiplier: float) -> int:
+    """The sensitivity in grid units of a clipped value |d| ≤ C on the grid γ = σC/K: ⌈K/σ⌉.
+
+    The estimator clamps each rounded value to ±this and the accountants use it, so the two
+    always agree (one function, one float rounding)."""
+    return math.ceil(grid / noise_multiplier)
