@@ -140,6 +140,10 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     )
     finished = {c.data.tags["privzo.trial"]: c for c in children if c.info.status == "FINISHED"}
     assert set(finished) == set(trials["trial_id"])
+    best_run = finished[summary["best_trial"]]  # its model: the trajectory, replayed on load
+    best_model = f"runs:/{best_run.info.run_id}/model"
+    assert parent.data.tags["privzo.best_model_uri"] == best_model
+    assert best_run.data.tags["privzo.model_uri"] == best_model
     assert all(c.info.status in ("FINISHED", "KILLED") for c in children)
     for trial_id in done_before:  # a trial finished before the interruption ran once
         assert sum(c.data.tags["privzo.trial"] == trial_id for c in children) == 1

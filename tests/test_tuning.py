@@ -296,6 +296,7 @@ def test_the_search_parent_logs_its_trials_as_an_mlflow_table(tmp_path):
         },
     ]
     summary = {"trials": rows, "best_trial": "t0", "trials_run": 2, "trials_finished": 1}
+    summary["best_model_uri"] = "runs:/abc/model"
     tracker = make_tracker("mlflow", uri=None, experiment="s", output_root=tmp_path, run_name="p")
     with tracker:
         log_search_parent(tracker, summary, tmp_path)
@@ -305,6 +306,7 @@ def test_the_search_parent_logs_its_trials_as_an_mlflow_table(tmp_path):
     assert logged["selection_score"].iloc[0] == 0.7 and logged["selection_score"].isna().iloc[1]
     record = read_run(tracker.uri, tracker.run_id)
     assert record["tags"]["privzo.best_run_id"] == "abc"
+    assert record["tags"]["privzo.best_model_uri"] == "runs:/abc/model"
     assert TRIALS_TABLE_ARTIFACT in record["artifacts"]
 
 

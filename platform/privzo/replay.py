@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import torch
@@ -134,3 +137,75 @@ def replay_to_directory(
     output_dir.mkdir(parents=True, exist_ok=True)
     save_weights(model, loaded.tokenizer, output_dir)
     return steps
+
+
+# --- the run's model in MLflow: base reference + trajectory, rebuilt by replay on load ---------
+
+MODEL_LOADER = "privzo.replay"  # MLflow imports this module and calls its ``_load_pyfunc``
+MODEL_BASE_FILE = "base.json"
+MODEL_TRAJECTORY_FILE = "trajectory.parquet"
+
+
+def write_model_data(directory: Path, base: str, trajectory_path: Path, cache_dir: Path) -> Path:
+    """What a run logs as its MLflow model: the base reference and the trajectory (kilobytes,
+    no weights). ``cache_dir`` is where a built-in base is built on load."""
+    directory.mkdir(parents=True, exist_ok=True)
+    reference = {"base": base, "cache_dir": str(Path(cache_dir).resolve())}
+    (directory / MODEL_BASE_FILE).write_text(json.dumps(reference, indent=2) + "\n")
+    shutil.copyfile(trajectory_path, directory / MODEL_TRAJECTORY_FILE)
+    return directory
+
+
+class ReplayedModel:
+    """A run's fine-tuned model as ``mlflow.pyfunc.load_model`` gives it back: the base with
+    every trajectory step replayed (checked against the base's fingerprint).
+
+    ``get_raw_model()`` is the torch model (with its peft view for lora / prefix runs);
+    ``predict(texts)`` gives each text's mean next-token loss under it (lower: likelier), a
+    task-free score that needs no label words.
+    """
+
+    def __init__(self, loaded: LoadedModel, model: torch.nn.Module, steps: int) -> None:
+        self.loaded, self.model, self.steps = loaded, model, steps
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def get_raw_model(self) -> torch.nn.Module:
+        return self.model
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> list[float]:
+        texts = _texts(model_input)
+        losses = []
+        with torch.no_grad():
+            for text in texts:
+                encoded = self.tokenizer(text, return_tensors="pt").to(self.loaded.device)
+                output = self.model(**encoded, labels=encoded["input_ids"])
+                losses.append(float(output.loss))
+        return losses
+
+
+def _texts(model_input: Any) -> list[str]:
+    """Texts from a string, a list of strings, or a DataFrame's ``text`` (or only) column."""
+    if isinstance(model_input, str):
+        return [model_input]
+    columns = getattr(model_input, "columns", None)
+    if columns is not None:
+        column = "text" if "text" in columns else columns[0]
+        return [str(value) for value in model_input[column]]
+    return [str(value) for value in model_input]
+
+
+def _load_pyfunc(data_path: str) -> ReplayedModel:
+    """MLflow's pyfunc entry point for a model logged by a run (see ``write_model_data``)."""
+    directory = Path(data_path)
+    reference = json.loads((directory / MODEL_BASE_FILE).read_text())
+    loaded, model, steps = replay(
+        reference["base"],
+        directory / MODEL_TRAJECTORY_FILE,
+        cache_dir=Path(reference["cache_dir"]),
+        progress=False,
+    )
+    model.eval()
+    return ReplayedModel(loaded, model, steps)

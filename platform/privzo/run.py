@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,8 +44,10 @@ from privzo.memory import PeakMemory
 from privzo.models.loading import model_parameters, save_weights
 from privzo.preflight import preflight
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy, privacy_record
+from privzo.replay import MODEL_LOADER, write_model_data
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking.tags import MODEL_URI
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory, trajectory_meta
 
@@ -144,7 +147,26 @@ def run(
         for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
+        if writes_trajectory(config):
+            _log_replayable_model(tracker, config, output_dir, cache_dir)
     return summary
+
+
+def _log_replayable_model(
+    tracker: Tracker, config: RunConfig, output_dir: Path, cache_dir: Path
+) -> None:
+    """The run's fine-tuned model as a backend model (MLflow: ``runs:/<id>/model``): the base
+    reference and the trajectory, rebuilt by replay when loaded. Its URI is tagged."""
+    with tempfile.TemporaryDirectory() as scratch:
+        data = write_model_data(
+            Path(scratch) / "replay",
+            config.model.name_or_path,
+            output_dir / TRAJECTORY_FILE,
+            cache_dir,
+        )
+        uri = tracker.log_model(data, MODEL_LOADER)
+    if uri is not None:
+        tracker.set_tags({MODEL_URI: uri})
 
 
 def _connect_tracker(

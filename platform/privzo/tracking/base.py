@@ -128,6 +128,12 @@ class Tracker(abc.ABC):
         """Upload a file (or a directory, recursively) into the run's artifact store."""
 
     @abc.abstractmethod
+    def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str | None:
+        """Record ``data_dir`` as a model the backend can load back (MLflow: a pyfunc model
+        whose ``loader_module._load_pyfunc(data_path)`` builds it); returns its URI (None where
+        the backend keeps no models)."""
+
+    @abc.abstractmethod
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
         """Record a table as ``artifact_file`` (a ``.json`` path), which the backend's UI shows
         as a table (MLflow: ``log_table``). Only public figures belong here, as in metrics."""
@@ -213,6 +219,9 @@ class NoopTracker(Tracker):
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         pass
+
+    def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str | None:
+        return None
 
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
         check_artifact_file(artifact_file, ".json")

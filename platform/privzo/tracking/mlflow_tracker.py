@@ -377,6 +377,28 @@ class MlflowTracker(Tracker):
         else:
             raise FileNotFoundError(path)
 
+    def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str:
+        """A pyfunc model (MLflow's ``loader_module`` form) saved beside the run's artifacts
+        as ``<name>/``: ``mlflow.pyfunc.load_model(uri)`` imports ``loader_module`` and calls
+        its ``_load_pyfunc`` on the data. Saved with the client, not the fluent API (which
+        would start a run of its own), and with privzo's own requirement, so MLflow does not
+        load the model to infer one."""
+        import mlflow.pyfunc
+
+        from privzo import __version__
+
+        client, run_id = self._require_active()
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / name
+            mlflow.pyfunc.save_model(
+                path=str(local),
+                loader_module=loader_module,
+                data_path=str(data_dir),
+                pip_requirements=[f"privzo=={__version__}"],
+            )
+            client.log_artifacts(run_id, str(local), artifact_path=name)
+        return f"runs:/{run_id}/{name}"
+
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
         """``MlflowClient.log_table``: a ``{columns, data}`` JSON artifact the UI lists as a
         table (and can compare across runs). Logging the same name again replaces the table:

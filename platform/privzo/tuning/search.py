@@ -19,11 +19,13 @@ from typing import Any
 
 import yaml
 
+from privzo.algorithms.registry import writes_trajectory
 from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
+from privzo.tracking.tags import BEST_MODEL_URI
 from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
 from privzo.tuning.ray_adapter import result_grid_trials
@@ -348,6 +350,7 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
         "metric": next((row["metric"] for row in rows if row["metric"]), None),
     }
     summary.update(plan.bounds(trials_run=summary["trials_run"]))
+    summary["best_model_uri"] = best_model_uri(rows, summary["best_trial"], plan)
     summary["trials"] = rows
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     log_search_parent(tracker, summary, output_dir)
@@ -424,6 +427,15 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
     end_runs(uri, unfinished, "KILLED")
 
 
+def best_model_uri(rows: list[dict[str, Any]], best: str | None, plan: SearchPlan) -> str | None:
+    """The best trial's logged model (``runs:/<its run>/model``): runs that keep a trajectory
+    log one (the base reference plus the trajectory, rebuilt by replay when loaded)."""
+    row = next((row for row in rows if row["trial_id"] == best), {})
+    if not row.get("tracking_run_id") or not writes_trajectory(plan.base):
+        return None
+    return f"runs:/{row['tracking_run_id']}/model"
+
+
 def log_search_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
     """The search's parent run: best-trial metrics and tags, the trials as an MLflow table
     (``trials.json``, shown in the UI) and the search's files as artifacts."""
@@ -445,6 +457,8 @@ def log_search_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Pat
     tags = {"privzo.best_trial": str(summary["best_trial"])}
     if best.get("tracking_run_id"):
         tags["privzo.best_run_id"] = str(best["tracking_run_id"])
+    if summary.get("best_model_uri"):
+        tags[BEST_MODEL_URI] = summary["best_model_uri"]
     if summary.get("guarantee"):
         tags["privzo.guarantee"] = summary["guarantee"]
     tracker.set_tags(tags)

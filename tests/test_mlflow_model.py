@@ -1,0 +1,80 @@
+"""A run's fine-tuned model in MLflow: base reference + trajectory, rebuilt by replay on load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import mlflow.pyfunc
+import torch
+
+from privzo.config import load_config
+from privzo.replay import replay
+from privzo.run import run
+from privzo.tracking import read_run
+
+
+def _config(train: Path, test: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "model.name_or_path=tiny-opt",
+            f"task.train_path={train}",
+            f"task.test_path={test}",
+            "optimizer.steps=6",
+            "optimizer.batch_size=8",
+            "optimizer.learning_rate=1e-3",
+            "tracking.log_every=3",
+            "privacy.epsilon=3",
+            *extra,
+        ],
+    )
+
+
+def test_a_run_logs_a_model_that_loads_by_replay(tmp_path, sentiment_files, cache_dir):
+    output = tmp_path / "runs" / "dp"
+    summary = run(_config(*sentiment_files), output, cache_dir=cache_dir, progress=False)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    model_uri = record["tags"]["privzo.model_uri"]
+    assert model_uri == f"runs:/{summary['tracking_run_id']}/model"
+    # kilobytes: the base's name and the trajectory, no weights
+    logged = {path for path in record["artifacts"] if path.startswith("model/")}
+    data = {"model/data/replay/base.json", "model/data/replay/trajectory.parquet"}
+    assert {"model/MLmodel", *data} <= logged
+    assert not any(path.endswith(".safetensors") for path in logged)
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        loaded = mlflow.pyfunc.load_model(model_uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+    rebuilt = loaded.get_raw_model()
+    _base, expected, steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    )
+    assert steps == 6
+    expected_weights = dict(expected.named_parameters())
+    for name, parameter in rebuilt.named_parameters():
+        assert torch.equal(parameter, expected_weights[name]), name
+    losses = loaded.predict(["a nice film", "a bad film"])
+    assert len(losses) == 2 and all(
+        loss > 0 and torch.isfinite(torch.tensor(loss)) for loss in losses
+    )
+
+
+def test_a_run_without_tracking_logs_no_model(tmp_path, sentiment_files, cache_dir):
+    config = _config(*sentiment_files, "tracking.backend=none")
+    summary = run(config, tmp_path / "dp", cache_dir=cache_dir, progress=False)
+    assert summary["tracking_run_id"] is None
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_first_order_run_logs_no_replayable_model(tmp_path, sentiment_files, cache_dir):
+    """First-order baselines keep no trajectory: their weights are saved instead, no model."""
+    config = _config(*sentiment_files, "optimizer.algorithm=dpsgd")
+    summary = run(config, tmp_path / "runs" / "fo", cache_dir=cache_dir, progress=False)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert "privzo.model_uri" not in record["tags"]
+    assert not any(path.startswith("model/") for path in record["artifacts"])
