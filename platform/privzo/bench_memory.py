@@ -117,8 +117,8 @@ def _case_overrides(
     if entry.family == "first-order":  # the zeroth-order steps score whole batches
         overrides.append(f"optimizer.physical_batch_size={BATCH_SIZE}")
     if entry.private:
+        # the default accountant (pld), which accounts the default discrete noise on a grid
         overrides += ["privacy.noise_multiplier=1.0", "privacy.epsilon=1e6"]
-        overrides += ["privacy.accountant=rdp"]
     else:
         overrides += ["privacy.sampler=shuffle"]
     return overrides
