@@ -97,6 +97,7 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
         sample_rate=summary["sample_rate"],
         steps=STEPS,
         delta=summary["delta"],
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["steps"] == STEPS
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9), f"seed {seed}"
