@@ -41,10 +41,10 @@ from scipy import special
 
 from privzo.privacy.accounting import (
     ACCOUNTANTS,
-    CALIBRATION_RTOL,
     PLD_VALUE_DISCRETIZATION,
     Accountant,
-    bracket_sigma,
+    AccountantEvaluator,
+    calibrate_by_probes,
     check_positive,
     noise_hint,
 )
@@ -329,56 +329,14 @@ class NumericAccountant(Accountant):
     ) -> float:
         """Secant probes on a 10x coarser grid, then on the fine one, then bisection to
         ``CALIBRATION_RTOL``; returns the upper end, whose ε is within the target."""
-        problem = (mechanism, delta, sample_rate, steps, noise_parameters)
-        coarse = _NumericEvaluator(*problem, PLD_VALUE_DISCRETIZATION * 10)
-        fine = _NumericEvaluator(*problem, PLD_VALUE_DISCRETIZATION)
+        problem = (cls, mechanism, delta, sample_rate, steps, noise_parameters)
         hint_mechanism = "gaussian" if mechanism == "gaussian" else "laplace"
-        hint = noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps)
-        _, guess, slope = bracket_sigma(coarse, epsilon, hint, -1.5, rtol=CALIBRATION_RTOL / 10)
-        lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
-        while hi - lo > CALIBRATION_RTOL * lo:
-            middle = math.sqrt(lo * hi)
-            if fine(middle) > epsilon:
-                lo = middle
-            else:
-                hi = middle
-        return hi
-
-
-class _NumericEvaluator:
-    """ε(σ) of one calibration problem (memoized), with the attributes error messages read."""
-
-    label = NumericAccountant.name
-
-    def __init__(
-        self,
-        mechanism: str,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-        noise_parameters: dict[str, Any] | None,
-        interval: float,
-    ) -> None:
-        self.mechanism, self.delta, self.sample_rate, self.steps = (
-            mechanism,
-            delta,
-            sample_rate,
-            steps,
+        return calibrate_by_probes(
+            AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION * 10),
+            AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION),
+            epsilon,
+            noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps),
         )
-        self.noise_parameters, self.interval = noise_parameters, interval
-        self.memo: dict[float, float] = {}
-
-    def __call__(self, sigma: float) -> float:
-        if sigma not in self.memo:
-            accountant = NumericAccountant(
-                self.mechanism,
-                sigma,
-                self.sample_rate,
-                self.noise_parameters,
-                value_discretization_interval=self.interval,
-            )
-            self.memo[sigma] = accountant.epsilon_at(self.steps, self.delta)
-        return self.memo[sigma]
 
 
 ACCOUNTANTS[NumericAccountant.name] = NumericAccountant
