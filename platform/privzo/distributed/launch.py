@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.record import (
     CONFIG_FILE,
@@ -198,7 +199,10 @@ def ray_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     privzo a node may have installed; plus the configured environment variables."""
     import privzo
 
-    runtime_env: dict[str, Any] = {"py_modules": [str(Path(privzo.__file__).parent)]}
+    runtime_env: dict[str, Any] = {
+        "py_modules": [str(Path(privzo.__file__).parent)],
+        "worker_process_setup_hook": WORKER_SETUP_HOOK,  # Ray's own noise off every console
+    }
     if env_vars:
         runtime_env["env_vars"] = dict(env_vars)
     return runtime_env
