@@ -337,6 +337,9 @@ def test_audit_cells_run_after_the_cells_resume_and_fill_the_report(
     assert by_budget["mezo (non-private)"]["verdict"] == "not private"
     image = output / "report" / "audits.png"
     assert image.stat().st_size > 1000 and image.read_bytes()[:4] == b"\x89PNG"
+    client = open_client(f"sqlite:///{output / 'mlflow.db'}")
+    logged = {a.path for a in client.list_artifacts(second["parent_run_id"], "report")}
+    assert {"report/audits.png", "report/audits.parquet"} <= logged  # the plot via log_figure
     report = (output / "report" / "report.md").read_text()
     assert "## Audited ε vs claimed ε" in report and "](audits.png)" in report
     section = report.split("## Audited ε vs claimed ε", 1)[1].splitlines()

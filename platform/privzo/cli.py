@@ -574,7 +574,8 @@ RUN_EPILOG = """examples:
   privzo run configs/runs/tiny-dpzero.yaml --output-dir runs/tiny-dp
   privzo run configs/runs/tiny-dpzero.yaml optimizer.steps=800 privacy.epsilon=4 --output-dir runs/x
 
-The output directory receives config.yaml, summary.json and trajectory.parquet."""
+The output directory receives config.yaml, summary.json, privacy.json and (zeroth-order
+algorithms) trajectory.parquet."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,15 +66,18 @@ def build_report(
         "resources.png": plot_resources(resources),
         "epsilon_steps.png": plot_epsilon_steps(_epsilon_histories(tracking_uri, runs)),
     }
+    text = _markdown(experiment, study, runs, scaling, gap, resources)
+    audits = load_audits(tracking_uri, experiment, study)
+    if audits.num_rows:
+        table = audit_table(audits)
+        pq.write_table(table, output_dir / "audits.parquet")
+        figures["audits.png"] = plot_audits(table)
+        text += _audit_section(table)
     for name, figure in figures.items():
         save_figure(figure, output_dir / name)
         if tracker is not None:
             tracker.log_figure(figure, f"{artifact_dir}/{name}")
         close_figure(figure)
-    text = _markdown(experiment, study, runs, scaling, gap, resources)
-    audits = load_audits(tracking_uri, experiment, study)
-    if audits.num_rows:
-        text += _audit_section(audits, output_dir)
     path = output_dir / REPORT_FILE
     path.write_text(text)
     if tracker is not None:
@@ -149,13 +152,8 @@ def _markdown(
     )
 
 
-def _audit_section(audits: pa.Table, output_dir: Path) -> str:
-    """The audited cells: their table (Parquet and Markdown) and plot."""
-    table = audit_table(audits)
-    pq.write_table(table, output_dir / "audits.parquet")
-    figure = plot_audits(table)
-    save_figure(figure, output_dir / "audits.png")
-    close_figure(figure)
+def _audit_section(table: pa.Table) -> str:
+    """The audited cells' Markdown: their table (``audit_table``) and plot."""
     formats = {"epsilon_claimed": ".3f", "epsilon_lower_bound": ".3f", "tightness": ".2f"}
     return "\n".join(
         [
