@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -384,8 +385,24 @@ class PldAccountant(Accountant):
         return self._one_step
 
     def _compute_epsilon(self, steps: int, delta: float) -> float:
+        known = _known_pld_epsilon(self._pld_key(steps, delta))
+        if known is not None:
+            return known
         composed = self._one_step_pld().self_compose(steps)
-        return composed.get_epsilon_for_delta(delta)
+        return _remember_pld_epsilon(
+            self._pld_key(steps, delta), composed.get_epsilon_for_delta(delta)
+        )
+
+    def _pld_key(self, steps: int, delta: float) -> tuple[Any, ...]:
+        return (
+            self._mechanism,
+            self._noise_multiplier,
+            self._sample_rate,
+            self._interval,
+            self._grid,
+            steps,
+            delta,
+        )
 
     @classmethod
     def calibrate(
@@ -647,6 +664,28 @@ def calibrate_noise_multiplier(
 
 
 # --- calibration internals ---------------------------------------------------------------------
+
+
+# ε of a PLD evaluation by its public parameters (mechanism, σ, q, discretization, grid, T, δ),
+# kept for the process: calibrating σ probes about ten σ, each a one-step PLD of up to a few
+# seconds, and a run's preflight, a study's cells and a search's trials repeat the same ones.
+# Floats only, never a PLD's arrays, so it costs kilobytes.
+_PLD_EPSILONS: dict[tuple[Any, ...], float] = {}
+_PLD_EPSILONS_SIZE = 4096
+_PLD_EPSILONS_LOCK = threading.Lock()  # the run's ε-curve thread evaluates too
+
+
+def _known_pld_epsilon(key: tuple[Any, ...]) -> float | None:
+    with _PLD_EPSILONS_LOCK:
+        return _PLD_EPSILONS.get(key)
+
+
+def _remember_pld_epsilon(key: tuple[Any, ...], epsilon: float) -> float:
+    with _PLD_EPSILONS_LOCK:
+        if len(_PLD_EPSILONS) >= _PLD_EPSILONS_SIZE:
+            _PLD_EPSILONS.pop(next(iter(_PLD_EPSILONS)))  # the oldest
+        _PLD_EPSILONS[key] = float(epsilon)
+    return float(epsilon)
 
 
 def _one_step_pld(
