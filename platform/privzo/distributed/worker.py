@@ -34,7 +34,7 @@ from privzo.distributed.estimators import distribute_estimator
 from privzo.distributed.sampling import worker_sampler
 from privzo.layouts.context import RunContext, RunHooks
 from privzo.layouts.layout import Layout, get_layout
-from privzo.layouts.record import final_metrics, summary_record
+from privzo.layouts.record import RunSummary, summary_record
 from privzo.memory import PeakMemory
 from privzo.privacy.plan import privacy_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
@@ -69,11 +69,11 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     if not layout.reports(group.rank):
         return None
     summary = _rank0_summary(outcome, tracker, group, peaks)
-    summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
-    tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
+    summary.add(_communication_summary(context, outcome.loop, reduced_bytes, held))
+    tracker.log_metrics(summary.final_metrics(), step=config.optimizer.steps)
     tracker.flush()
     return {
-        "summary": summary,
+        "summary": summary.to_dict(),
         "trajectory": _table_bytes(outcome.recorder.to_table()),
         "privacy": privacy_record(context.plan, outcome.loop.ledger),
     }
@@ -129,14 +129,14 @@ def _train_and_evaluate(
 
 def _rank0_summary(
     outcome: _Outcome, tracker: Tracker, group: WorkerGroup, peaks: list[float]
-) -> dict[str, Any]:
+) -> RunSummary:
     loop = outcome.loop
     assert outcome.after is not None, "rank 0 always evaluates"
     summary = summary_record(
         loop.context, loop, tracker, outcome.before, outcome.after, outcome.started
     )
-    summary.update({f"validation_{k}": v for k, v in outcome.validation.items()})
-    summary.update(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
+    summary.add({f"validation_{k}": v for k, v in outcome.validation.items()})
+    summary.add(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
     return summary
 
 

@@ -18,7 +18,6 @@ from privzo.layouts.record import (
     PRIVACY_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
-    final_metrics,
     summary_record,
 )
 from privzo.layouts.resume import (
@@ -88,14 +87,15 @@ def train_and_evaluate(
         save_weights(context.model, context.loaded.tokenizer, output_dir / MODEL_DIR)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = summary_record(context, loop, tracker, before, after, started)
-    summary.update({f"validation_{name}": value for name, value in validation.items()})
+    summary.add({f"validation_{name}": value for name, value in validation.items()})
     if context.hooks is not None and context.hooks.final_scores is not None:
-        summary.update(context.hooks.final_scores(context))
-    tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
+        summary.add(context.hooks.final_scores(context))
+    tracker.log_metrics(summary.final_metrics(), step=config.optimizer.steps)
     write_json_atomically(output_dir / PRIVACY_FILE, privacy_record(context.plan, loop.ledger))
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    record = summary.to_dict()
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
     clear_resume_point(output_dir)  # finished: nothing to resume
-    return summary
+    return record
 
 
 def _before(
