@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
+from privzo.layouts.context import RunHooks
 from privzo.layouts.record import (
     CONFIG_FILE,
     PRIVACY_FILE,
@@ -43,13 +44,14 @@ def run_distributed(
     tracking_root: Path | None = None,
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
-    after_window: Callable[..., None] | None = None,
+    hooks: RunHooks | None = None,
     plan: PrivacyPlan,
 ) -> dict[str, Any]:
     """What ``privzo.run.run`` dispatches to for ``parallel.strategy`` 'replica' or 'zero3'
     (the same records), once its preflight (``privzo.preflight``) passed with ``plan``.
 
-    ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
+    ``hooks`` are the caller's (``after_window``, ``final_scores``), shipped to the workers and
+    run where the layout says (``Layout.rank_hooks``).
     """
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
@@ -72,7 +74,7 @@ def run_distributed(
         params["tracking"].pop("uri")
         tracker.log_params(params)
         settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
-        settings["after_window"] = after_window  # a callable: Ray pickles it with cloudpickle
+        settings["hooks"] = hooks  # callables: Ray pickles them with cloudpickle
         result = fit(config, settings, output_dir)
         (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
         (output_dir / PRIVACY_FILE).write_text(json.dumps(result["privacy"], indent=2) + "\n")

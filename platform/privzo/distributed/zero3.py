@@ -108,9 +108,9 @@ def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
     return state
 
 
-def save_gathered(context: RunContext, group: WorkerGroup, path: Path) -> None:
+def save_gathered(context: RunContext, rank: int, path: Path) -> None:
     """Gather every parameter (one at a time) and save the whole model from rank 0."""
-    state = gathered_state_dict(context.model, keep=group.rank == 0)
-    if group.rank == 0:
+    state = gathered_state_dict(context.model, keep=rank == 0)
+    if rank == 0:
         context.model.save_pretrained(path, state_dict=state)
         context.loaded.tokenizer.save_pretrained(path)

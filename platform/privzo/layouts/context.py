@@ -41,6 +41,7 @@ from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.integrity import weights_fingerprint
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard, full_shards
+from privzo.zo.trajectory import TrajectoryMeta, trajectory_meta
 
 
 @dataclass
@@ -66,6 +67,16 @@ class RunContext:
     def trainable_parameters(self) -> int:
         """Elements the run trains (a shard's full size, also under zero3's partitions)."""
         return sum(shard.size for shard in self.shards)
+
+    def trajectory_meta(self) -> TrajectoryMeta:
+        """The replay metadata of this run's trajectory (``privzo.zo.trajectory``)."""
+        return trajectory_meta(
+            self.config,
+            self.loaded.device.type,
+            self.perturber,
+            self.base_fingerprint,
+            self.loaded.revision,
+        )
 
     def data_lineage(self) -> list[DatasetLineage]:
         """Where the task's rows came from, by public identifiers (``log_inputs``)."""
@@ -157,10 +168,12 @@ class RunHooks:
     Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
     shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
     trained model before the summary is written and returns extra summary values (e.g. a noised
-    selection score); single-process runs only. ``training_rows(task_config, rows)`` returns
-    the rows to train on instead of the task's (an audit adds its included canaries); it runs
-    before the privacy plan and any model load, so it may refuse with a ``ConfigError``;
-    single-process runs only.
+    selection score); in a distributed run it is shipped the same way and runs on every rank
+    that evaluates (``Layout.rank_hooks``: rank 0, or every rank under zero3, whose forwards
+    are collectives), and rank 0's values go into the summary. ``training_rows(task_config,
+    rows)`` returns the rows to train on instead of the task's (an audit adds its included
+    canaries); it runs before the privacy plan and any model load, so it may refuse with a
+    ``ConfigError``; single-process runs only.
     """
 
     after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None

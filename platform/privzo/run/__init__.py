@@ -1,5 +1,6 @@
-"""The run pipeline: one fine-tuning run, end to end (``pipeline.run``), its single-process
-training (``train``) and its directory (``directory``: finished, resumable, records).
+"""The run pipeline: one fine-tuning run, end to end (``pipeline.run``), and its directory
+(``directory``: finished with a config, resumable, its records written). The training itself is
+``privzo.layouts.train.train_and_evaluate``, shared with the Ray Train worker.
 
 Its public names, several defined in the layers below it, are importable from here for callers
 (searches, studies, the CLI, the demo, tests).

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privzo.algorithms.registry import writes_trajectory
 from privzo.config import RunConfig, dump_config
-from privzo.layouts.record import CONFIG_FILE, SUMMARY_FILE
-from privzo.layouts.resume import ResumePoint, find_resume_point
+from privzo.layouts.record import CONFIG_FILE, PRIVACY_FILE, SUMMARY_FILE, TRAJECTORY_FILE
+from privzo.layouts.resume import (
+    ResumePoint,
+    clear_resume_point,
+    find_resume_point,
+    write_json_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,3 +56,23 @@ def resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
     if point is not None:
         logger.warning("resuming the unfinished run in %s", output_dir)
     return point
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """What a finished run leaves besides its config: the summary, the privacy state, and the
+    trajectory where a Ray Train rank returned it (a single process writes its own as it goes)."""
+
+    summary: dict[str, Any]
+    privacy: dict[str, Any]
+    trajectory: bytes | None = None
+
+
+def write_records(output_dir: Path, records: RunRecords) -> None:
+    """The finished run's files: the privacy state, then the summary that marks it finished;
+    nothing is left to resume."""
+    if records.trajectory is not None:
+        (output_dir / TRAJECTORY_FILE).write_bytes(records.trajectory)
+    write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(records.summary, indent=2) + "\n")
+    clear_resume_point(output_dir)

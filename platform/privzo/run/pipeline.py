@@ -16,17 +16,21 @@ from privzo.algorithms.registry import check_built, writes_trajectory
 from privzo.config import ConfigError, RunConfig, dump_config
 from privzo.dirlock import locks_output_dir
 from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
+from privzo.layouts.layout import get_layout
 from privzo.layouts.record import (
     CONFIG_FILE,
+    MODEL_DIR,
     PRIVACY_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     prepare_output_dir,
 )
+from privzo.layouts.resume import RunDirectoryProgress
+from privzo.layouts.train import train_and_evaluate
 from privzo.preflight import preflight
+from privzo.privacy.plan import privacy_record
 from privzo.replay import MODEL_LOADER, write_model_data
-from privzo.run.directory import resume_point
-from privzo.run.train import train_and_evaluate
+from privzo.run.directory import RunRecords, resume_point, write_records
 from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.tracking.tags import MODEL_URI
 
@@ -62,11 +66,10 @@ def run(
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
-        if hooks is not None and (hooks.final_scores or hooks.training_rows) is not None:
+        if hooks is not None and hooks.training_rows is not None:
             raise ConfigError(
-                f"parallel.strategy={config.parallel.strategy!r}: a search trial's final scores "
-                "and an audit's canaries need the model and data in this process; use strategy "
-                "'single'"
+                f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
+                "training rows in this process; use strategy 'single'"
             )
         return run_distributed(
             config,
@@ -77,7 +80,7 @@ def run(
             tracking_root=tracking_root,
             tracking_uri=tracking_uri,
             tags=tags,
-            after_window=hooks.after_window if hooks is not None else None,
+            hooks=hooks,
             plan=checked.privacy,
         )
     planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
@@ -95,7 +98,19 @@ def run(
             params["tracking"].pop("uri")
             tracker.log_params(params)
             tracker.log_inputs(context.data_lineage())
-        summary = train_and_evaluate(context, tracker, output_dir, progress, resume)
+        trained = train_and_evaluate(
+            context,
+            tracker,
+            get_layout("single"),
+            0,
+            RunDirectoryProgress(output_dir, resume),
+            model_dir=output_dir / MODEL_DIR,
+            show_progress=progress,
+        )
+        assert trained.summary is not None, "a single process reports"
+        summary = trained.summary.to_dict()
+        privacy = privacy_record(context.plan, trained.loop.ledger)
+        write_records(output_dir, RunRecords(summary, privacy))
         for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
             if (output_dir / name).exists():  # first-order baselines write no trajectory
                 tracker.log_artifact(output_dir / name)
