@@ -191,6 +191,42 @@ def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, c
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
 
 
+def _rescoring_hooks() -> RunHooks:
+    """A search trial's kind of ``final_scores``: it scores the trained model again (forwards,
+    which are collectives under zero3). A closure, so cloudpickle ships it by value."""
+
+    def final_scores(context) -> dict[str, float]:
+        batch_size = context.config.optimizer.eval_batch_size
+        metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
+        return {"selection_rescored": metrics[context.task.metric]}
+
+    return RunHooks(final_scores=final_scores)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["replica", "zero3"])
+def test_final_scores_run_on_the_workers(ray_session, tmp_path, cache_dir, strategy):
+    """The caller's final scores run through the worker's train_and_evaluate: rank 0's value
+    lands in the summary (zero3's every rank joins the forwards, or the job deadlocks)."""
+    config = _config(TINY_MEZO, *_layout(strategy, 2), "tracking.backend=none")
+    summary = run(
+        config, tmp_path / strategy, cache_dir=cache_dir, progress=False, hooks=_rescoring_hooks()
+    )
+    assert summary["selection_rescored"] == summary["metric_after"]  # the same model and data
+    written = json.loads((tmp_path / strategy / "summary.json").read_text())
+    assert written["selection_rescored"] == summary["metric_after"]
+
+
+def test_canaries_are_refused_on_a_distributed_layout(tmp_path, cache_dir):
+    """An audit's ``training_rows`` needs the rows in this process: refused before Ray starts."""
+    config = _config(TINY_MEZO, *_layout("replica", 2))
+    hooks = RunHooks(training_rows=lambda task_config, rows: rows)
+    with pytest.raises(ConfigError, match="an audit's canaries need the training rows"):
+        run(config, tmp_path / "out", cache_dir=cache_dir, progress=False, hooks=hooks)
+    assert not (tmp_path / "out").exists()
+
+
 # --- bad input: a clear error before any worker starts (no Ray needed) ---------------------
 
 

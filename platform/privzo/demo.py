@@ -8,15 +8,14 @@ scored on the same held-out test set and recorded in one MLflow store.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, load_config
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.config import load_config
+from privzo.run import finished_summary, run
 from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
@@ -90,9 +89,11 @@ def _run_arms(
         arm_dir = output_dir / arm
         config_path = config_dir / config_name
         config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
-        if _finished_with(arm_dir, config):
+        # exactly this config: a --quick run is not reused for the full demo
+        finished = finished_summary(arm_dir, config)
+        if finished is not None:
             print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
-            summaries[arm] = json.loads((arm_dir / SUMMARY_FILE).read_text())
+            summaries[arm] = finished
             continue
         print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
         summaries[arm] = run(
@@ -141,13 +142,6 @@ def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, qui
         study = study.model_copy(update={"overrides": overrides})
     print(f"\nscaling study: {config_path.resolve()} (zero-shot vs private vs non-private)")
     run_study(study, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent)
-
-
-def _finished_with(arm_dir: Path, config: RunConfig) -> bool:
-    """A finished run of exactly this config (a --quick run is not reused for the full demo)."""
-    if not (arm_dir / SUMMARY_FILE).exists() or not (arm_dir / CONFIG_FILE).exists():
-        return False
-    return load_config(arm_dir / CONFIG_FILE) == config
 
 
 def _table_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

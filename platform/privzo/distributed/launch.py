@@ -1,4 +1,4 @@
-"""Start a distributed run on Ray Train and write its records like a single-process run.
+"""Start a distributed run on Ray Train; the run pipeline (``privzo.run``) writes its records.
 
 Everything that can be wrong with the layout is checked before any worker starts (the checks
 below are called by preflight, ``privzo.preflight``, except the cluster's size and a built-in
@@ -10,48 +10,30 @@ model the planner says cannot fit the strategy, and options the strategy does no
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.config import ConfigError, RunConfig
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
-from privzo.layouts.record import (
-    CONFIG_FILE,
-    PRIVACY_FILE,
-    RAY_STATE_DIR,
-    SUMMARY_FILE,
-    TRAJECTORY_FILE,
-    prepare_output_dir,
-)
+from privzo.layouts.context import RunHooks
+from privzo.layouts.record import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.models.loading import pretrained_kwargs, resolve_source
-from privzo.privacy.plan import PrivacyPlan
-from privzo.tracking import Tracker, connect_tracker, make_tracker
-from privzo.tracking.tags import config_tags, layout_tags
+from privzo.tracking import Tracker
 
 
-def run_distributed(
+def start_cluster(
     config: RunConfig,
     output_dir: Path,
-    *,
     cache_dir: Path,
-    progress: bool = True,
-    overwrite: bool = False,
-    tracking_root: Path | None = None,
-    tracking_uri: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    after_window: Callable[..., None] | None = None,
-    plan: PrivacyPlan,
-) -> dict[str, Any]:
-    """What ``privzo.run.run`` dispatches to for ``parallel.strategy`` 'replica' or 'zero3'
-    (the same records), once its preflight (``privzo.preflight``) passed with ``plan``.
-
-    ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
-    """
+    progress: bool,
+    tracking_uri: str | None,
+) -> None:
+    """Reach Ray and check what preflight (``privzo.preflight``) could not, before the run
+    pipeline (``privzo.run``) writes anything: a built-in model's fit on GPUs, the cluster's
+    storage and its size."""
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
     _init_ray(config)
@@ -63,48 +45,24 @@ def run_distributed(
         tracking=config.tracking.backend != "none",
     )
     check_resources(config, _cluster_resources())
-    tracker = _launch_tracker(
-        config, plan.private, output_dir, tracking_root, tracking_uri, tags or {}
-    )
-    prepare_output_dir(output_dir)
-    (output_dir / CONFIG_FILE).write_text(dump_config(config))
-    with tracker:
-        params = config.model_dump(mode="json")
-        params["tracking"].pop("uri")
-        tracker.log_params(params)
-        settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
-        settings["after_window"] = after_window  # a callable: Ray pickles it with cloudpickle
-        result = fit(config, settings, output_dir)
-        (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
-        (output_dir / PRIVACY_FILE).write_text(json.dumps(result["privacy"], indent=2) + "\n")
-        summary = result["summary"]
-        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
-            tracker.log_artifact(output_dir / name)
-    return summary
 
 
-def _launch_tracker(
+def train_on_ray(
     config: RunConfig,
-    private: bool,
     output_dir: Path,
+    cache_dir: Path,
+    tracker: Tracker,
     tracking_root: Path | None,
-    tracking_uri: str | None,
-    tags: Mapping[str, str],
-) -> Tracker:
-    """Like the run pipeline's tracker, without the model (not loaded by the launcher): rank 0
-    adds the model's tags (sizes, metric) once it has built its model."""
-    tracking = config.tracking
-    tracker = make_tracker(
-        tracking.backend,
-        uri=tracking.uri or tracking_uri,
-        experiment=tracking.experiment,
-        output_root=(tracking_root or output_dir.parent).resolve(),
-        run_name=tracking.run_name or output_dir.name,
-        tags={**config_tags(config, private), **layout_tags(config), **tags},
-        release_timing=config.releases_diagnostics,
-    )
-    return connect_tracker(tracker, tracking.uri or tracking_uri)
+    hooks: RunHooks | None,
+) -> dict[str, Any]:
+    """Train on Ray Train workers, rank 0 logging into ``tracker``'s run; rank 0's records
+    (``summary``, ``trajectory`` as parquet bytes, ``privacy``) for the run pipeline to write.
+
+    ``hooks`` are the caller's (``after_window``, ``final_scores``), shipped to the workers and
+    run where the layout says (``Layout.rank_hooks``)."""
+    settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
+    settings["hooks"] = hooks  # callables: Ray pickles them with cloudpickle
+    return fit(config, settings, output_dir)
 
 
 def check_layout(config: RunConfig) -> None:

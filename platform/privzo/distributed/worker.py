@@ -4,6 +4,9 @@ Each rank builds the model (a whole replica, or its ZeRO-3 partition), draws its
 batch, all-reduces three scalars per step and applies the same (seed, g) as every other rank.
 Every ``tracking.log_every`` steps all ranks call ``ray.train.report`` (a barrier) and rank 0
 attaches a checkpoint; rank 0 alone logs to MLflow and returns the run's summary and trajectory.
+Training, evaluation and the summary are the single-process run's
+(``privzo.layouts.train.train_and_evaluate``); this module supplies what a rank does
+differently: its stepper, its progress store (Ray Train's checkpoints) and its layout figures.
 """
 
 from __future__ import annotations
@@ -11,40 +14,30 @@ from __future__ import annotations
 import io
 import logging
 import tempfile
-import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from privzo.algorithms.loop import TrainingLoop
-from privzo.algorithms.registry import make_loop
+from privzo.algorithms.loop import StepperFactory, TrainingLoop
 from privzo.algorithms.stepper import StepMeter
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.config import build_config
-from privzo.distributed.checkpoint import (
-    RunState,
-    read_checkpoint,
-    write_checkpoint,
-)
+from privzo.distributed.checkpoint import RunState, read_checkpoint, write_checkpoint
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
 from privzo.distributed.sampling import worker_sampler
-from privzo.layouts.context import RunContext, RunHooks
+from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout, get_layout
-from privzo.layouts.record import final_metrics, summary_record
-from privzo.memory import PeakMemory
+from privzo.layouts.record import MODEL_DIR
+from privzo.layouts.train import LayoutFigures, train_and_evaluate
 from privzo.privacy.plan import privacy_record
-from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
+from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
-from privzo.zo.trajectory import (
-    TrajectoryMeta,
-    TrajectoryRecorder,
-    trajectory_meta,
-)
+from privzo.zo.trajectory import TrajectoryRecorder
 
 
 def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -54,28 +47,28 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     group = WorkerGroup.current()
     layout = get_layout(config.parallel.strategy)
     context, keep_alive = layout.build(config, Path(settings["cache_dir"]))
-    if layout.reports(group.rank):  # the caller's hook acts where the run reports, as its tracker
-        context.hooks = RunHooks(after_window=settings.get("after_window"))
+    context.hooks = layout.rank_hooks(settings.get("hooks"), group.rank)  # shipped by cloudpickle
     tracker = _rank_tracker(layout, group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(context.tracking_tags())  # sizes and metric: known once the model is built
     tracker.log_inputs(context.data_lineage())
-    outcome = _train_and_evaluate(context, tracker, group, layout)
-    reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
-    peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
-    held = group.all_gather_float(_local_parameter_bytes(context))
-    if config.save_model:
-        layout.save_model(context, group, Path(settings["output_dir"]) / "model")
+    trained = train_and_evaluate(
+        context,
+        tracker,
+        layout,
+        group.rank,
+        RayTrainCheckpoints(layout, group),
+        model_dir=Path(settings["output_dir"]) / MODEL_DIR,
+        make_stepper=_rank_stepper(context, group, layout),
+        figures=_layout_figures(context, group),
+    )
     del keep_alive
-    if not layout.reports(group.rank):
+    if trained.summary is None:  # not the reporting rank
         return None
-    summary = _rank0_summary(outcome, tracker, group, peaks)
-    summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
-    tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
     return {
-        "summary": summary,
-        "trajectory": _table_bytes(outcome.recorder.to_table()),
-        "privacy": privacy_record(context.plan, outcome.loop.ledger),
+        "summary": trained.summary.to_dict(),
+        "trajectory": _table_bytes(trained.recorder.to_table()),
+        "privacy": privacy_record(context.plan, trained.loop.ledger),
     }
 
 
@@ -93,51 +86,6 @@ def quiet_worker_console() -> None:
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("privzo").setLevel(logging.INFO)
     transformers_logging.disable_progress_bar()  # "Loading weights" on every rank
-
-
-@dataclass
-class _Outcome:
-    loop: TrainingLoop
-    recorder: TrajectoryRecorder
-    before: Evaluation | None
-    after: Evaluation | None
-    validation: dict[str, float]
-    started: float
-
-
-def _train_and_evaluate(
-    context: RunContext, tracker: Tracker, group: WorkerGroup, layout: Layout
-) -> _Outcome:
-    """Evaluate, train (resuming from a checkpoint if there is one), evaluate again, on the
-    ranks the layout says evaluate."""
-    config = context.config
-    memory = PeakMemory(context.loaded.device)
-    evaluate_here = layout.evaluates(group.rank)
-    started = time.perf_counter()
-    before = _evaluate(context, memory) if config.eval_before and evaluate_here else None
-    private = context.plan.private
-    recorder = TrajectoryRecorder(_meta(context), release_batch_size=not private)
-    loop = _worker_loop(context, tracker, memory, group, recorder, layout)
-    start = _resume(loop, recorder)
-    if before is not None and start == 0:
-        tracker.log_metrics({f"test_{k}": v for k, v in before[0].items()}, step=0)
-    loop.run(recorder, progress=False, start=start)
-    after = _evaluate(context, memory) if evaluate_here else None
-    validation = _validation(context, loop) if evaluate_here else {}
-    return _Outcome(loop, recorder, before, after, validation, started)
-
-
-def _rank0_summary(
-    outcome: _Outcome, tracker: Tracker, group: WorkerGroup, peaks: list[float]
-) -> dict[str, Any]:
-    loop = outcome.loop
-    assert outcome.after is not None, "rank 0 always evaluates"
-    summary = summary_record(
-        loop.context, loop, tracker, outcome.before, outcome.after, outcome.started
-    )
-    summary.update({f"validation_{k}": v for k, v in outcome.validation.items()})
-    summary.update(_layout_summary(loop.context.config, group, loop, outcome.recorder, peaks))
-    return summary
 
 
 def _rank_tracker(
@@ -160,14 +108,9 @@ def _rank_tracker(
     return tracker
 
 
-def _worker_loop(
-    context: RunContext,
-    tracker: Tracker,
-    memory: PeakMemory,
-    group: WorkerGroup,
-    recorder: TrajectoryRecorder,
-    layout: Layout,
-) -> TrainingLoop:
+def _rank_stepper(context: RunContext, group: WorkerGroup, layout: Layout) -> StepperFactory:
+    """The rank's zeroth-order stepper: its share of each batch, all-reduced (forwards on an
+    empty share as the layout says: ZeRO-3's forwards are collectives)."""
     config, plan = context.config, context.plan
     sampler = worker_sampler(
         config.privacy.sampler,
@@ -180,8 +123,6 @@ def _worker_loop(
     estimator = distribute_estimator(estimator_for(config, plan), group)
 
     def stepper(context: RunContext, meter: StepMeter) -> ZerothOrderStepper:
-        """The rank's share of each batch, all-reduced (forwards on an empty share as the
-        layout says: ZeRO-3's forwards are collectives)."""
         return ZerothOrderStepper(
             context,
             meter,
@@ -190,9 +131,47 @@ def _worker_loop(
             forward_on_empty=layout.forward_on_empty,
         )
 
-    loop = make_loop(context, tracker, memory, stepper)
-    loop.on_window = _Reporter(loop, group, recorder, layout)
-    return loop
+    return stepper
+
+
+class RayTrainCheckpoints:
+    """A rank's progress store (``privzo.layouts.train.ProgressStore``): after each window,
+    ``ray.train.report`` on every rank (a barrier), with the reporting rank's checkpoint
+    attached, before the window's metrics are logged anywhere; a restarted worker group
+    resumes from the latest checkpoint Ray Train registered."""
+
+    def __init__(self, layout: Layout, group: WorkerGroup):
+        self.layout, self.group = layout, group
+
+    def before(self, measure: Callable[[], Evaluation | None]) -> tuple[Evaluation | None, bool]:
+        return measure(), True  # a restarted rank measures again (logged only on a fresh run)
+
+    def restore(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
+        """Rebuild θ, the trajectory, the ledger and the public sampler's position from the
+        latest checkpoint (0 steps on a fresh run)."""
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return 0
+        with checkpoint.as_directory() as directory:
+            table, meta, state = read_checkpoint(Path(directory))
+        expected = loop.context.trajectory_meta()
+        if meta != expected or state.model != loop.context.config.model.name_or_path:
+            raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
+        return loop.restore(recorder, table, meta, ledger_state=state.ledger)
+
+    def watch(
+        self,
+        loop: TrainingLoop,
+        recorder: TrajectoryRecorder,
+        tracker: Tracker,
+        before: Evaluation | None,
+    ) -> None:
+        loop.on_window = _Reporter(loop, self.group, recorder, self.layout)
+
+    def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        """Nothing to write: the driver keeps the latest checkpoint's steps of a failed run."""
 
 
 class _Reporter:
@@ -228,57 +207,33 @@ class _Reporter:
             ray.train.report(payload, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 
-def _resume(loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
-    """Steps already done by an earlier attempt (0 on a fresh run); rebuilds θ, the trajectory,
-    the ledger and the public sampler's position from the latest checkpoint."""
-    import ray.train
+def _layout_figures(context: RunContext, group: WorkerGroup) -> LayoutFigures:
+    """The layout's summary fields (every rank's peak memory and trainable bytes held, the
+    all-reduces' payload): gathered from every rank, so every rank calls it."""
 
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0
-    with checkpoint.as_directory() as directory:
-        table, meta, state = read_checkpoint(Path(directory))
-    expected = _meta(loop.context)
-    if meta != expected or state.model != loop.context.config.model.name_or_path:
-        raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
-    return loop.restore(recorder, table, meta, ledger_state=state.ledger)
+    def figures(loop: TrainingLoop) -> dict[str, Any]:
+        reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
+        peaks = group.all_gather_float(max(loop.step_peak_mb, loop.memory.peak_mb()))
+        held = group.all_gather_float(_local_parameter_bytes(context))
+        return {
+            **_layout_summary(context.config, group, loop, peaks),
+            **_communication_summary(context, loop, reduced_bytes, held),
+        }
 
-
-def _evaluate(context: RunContext, memory: PeakMemory) -> Evaluation:
-    batch_size = context.config.optimizer.eval_batch_size
-    return timed_evaluation(context.task, context.scoring_model, context.test, batch_size, memory)
-
-
-def _validation(context: RunContext, loop: TrainingLoop) -> dict[str, float]:
-    batch_size = context.config.optimizer.eval_batch_size
-    releases = loop.log_diagnostics
-    return validation_metrics(
-        context.task, context.scoring_model, context.validation, batch_size, releases
-    )
-
-
-def _meta(context: RunContext) -> TrajectoryMeta:
-    return trajectory_meta(
-        context.config,
-        context.loaded.device.type,
-        context.perturber,
-        context.base_fingerprint,
-        context.loaded.revision,
-    )
+    return figures
 
 
 def _layout_summary(
     config: Any,
     group: WorkerGroup,
     loop: TrainingLoop,
-    recorder: TrajectoryRecorder,
     peaks: list[float],
 ) -> dict[str, Any]:
+    """Beside the run's own figures (``steps`` and ``resumed_steps`` count a resumed
+    attempt's steps as a single run's do)."""
     return {
         "strategy": config.parallel.strategy,
         "workers": group.world_size,
-        "steps": len(recorder),  # including the steps of an attempt that failed and resumed
-        "resumed_steps": len(recorder) - len(loop.step_times),
         # withheld when private, as the run's own (privzo.layouts.record.resource_figures)
         "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
         "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,

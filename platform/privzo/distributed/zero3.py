@@ -19,12 +19,8 @@ import torch
 
 from privzo.config import RunConfig
 from privzo.distributed.collectives import WorkerGroup
-from privzo.layouts.context import RunContext, direction_sampler
-from privzo.models.loading import apply_view, load_model, peek_kind, position_limit
-from privzo.models.peft_views import unwrap_for_scoring
-from privzo.privacy.plan import plan_privacy
-from privzo.tasks import build_task, load_splits, resolve_task_config
-from privzo.zo.perturbation import InPlacePerturber
+from privzo.layouts.context import RunContext, build_context
+from privzo.models.loading import LoadedModel, load_model
 from privzo.zo.sweeps import ParameterShard
 
 
@@ -56,43 +52,39 @@ def partition_shards(
     return shards
 
 
-def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
-    """``layouts.context.build_context`` for a partitioned model; also returns the DeepSpeed
-    objects that must stay alive (the HfDeepSpeedConfig and the engine holding the gather
-    hooks)."""
-    import deepspeed
-    from transformers.integrations import HfDeepSpeedConfig
+class PartitionedModel:
+    """``build_context``'s model loader (``privzo.layouts.context.ModelLoader``) for ZeRO-3:
+    the model loads partitioned, and this rank trains its partitions. It keeps the DeepSpeed
+    objects that must stay alive while the model is used (the HfDeepSpeedConfig and the engine
+    holding the gather hooks)."""
 
-    deepspeed.init_distributed(dist_backend="gloo" if not config.parallel.use_gpu else "nccl")
-    group = WorkerGroup.current()
-    task_config = resolve_task_config(config.task, peek_kind(config.model))
-    splits = load_splits(task_config)
-    plan = plan_privacy(config, len(splits.train))
-    directions = direction_sampler(config)  # before the model: a missing Triton is refused now
-    ds_config = deepspeed_config()
-    hf_deepspeed = HfDeepSpeedConfig(ds_config)  # while alive, from_pretrained partitions
-    loaded = load_model(config.model, cache_dir, progress=False)
-    engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
-    model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
-    shards = partition_shards(pairs, group)
-    perturber = InPlacePerturber(shards, directions)
-    limit = position_limit(loaded.model.config, config.model)
-    task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
-    context = RunContext(
-        config,
-        plan,
-        loaded,
-        task,
-        task.encode(splits.train),
-        task.encode(splits.test),
-        shards,
-        perturber,
-        model,
-        unwrap_for_scoring(model),
-        splits.skipped_rows,
-        task.encode(splits.validation) if splits.validation else None,
-    )
-    return context, (hf_deepspeed, engine)
+    def __init__(self) -> None:
+        self.alive: tuple[Any, Any] | None = None
+
+    def load(self, config: RunConfig, cache_dir: Path, progress: bool) -> LoadedModel:
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
+
+        deepspeed.init_distributed(dist_backend="gloo" if not config.parallel.use_gpu else "nccl")
+        ds_config = deepspeed_config()
+        hf_deepspeed = HfDeepSpeedConfig(ds_config)  # while alive, from_pretrained partitions
+        loaded = load_model(config.model, cache_dir, progress=False)
+        engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
+        self.alive = (hf_deepspeed, engine)
+        return loaded
+
+    def shards(self, pairs: list[tuple[str, torch.nn.Parameter]]) -> list[ParameterShard]:
+        return partition_shards(pairs, WorkerGroup.current())
+
+    def fingerprint(self, loaded: LoadedModel) -> None:
+        return None  # a rank holds partitions, not the weights a fingerprint reads
+
+
+def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:
+    """``build_context`` with the model loaded partitioned; also returns what must outlive
+    training (the loader holding the DeepSpeed objects)."""
+    loader = PartitionedModel()
+    return build_context(config, cache_dir, progress=False, loader=loader), loader
 
 
 def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
@@ -108,9 +100,9 @@ def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
     return state
 
 
-def save_gathered(context: RunContext, group: WorkerGroup, path: Path) -> None:
+def save_gathered(context: RunContext, rank: int, path: Path) -> None:
     """Gather every parameter (one at a time) and save the whole model from rank 0."""
-    state = gathered_state_dict(context.model, keep=group.rank == 0)
-    if group.rank == 0:
+    state = gathered_state_dict(context.model, keep=rank == 0)
+    if rank == 0:
         context.model.save_pretrained(path, state_dict=state)
         context.loaded.tokenizer.save_pretrained(path)

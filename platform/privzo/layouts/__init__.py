@@ -1,6 +1,9 @@
 """Process layouts of a run, beneath the run pipeline (``privzo.run``), which dispatches to them.
 
-``context`` is what every layout trains on and how the whole-model layouts (single, replica)
-build it; ``record`` is the run's records, written the same way by every layout. The Ray Train
-layouts (replica, zero3) still live in ``privzo.distributed``, at this same layer.
+``layout`` names the layouts and answers a rank's questions (evaluates, reports, which hooks
+run, how weights are saved); ``context`` is what every layout trains on and how it is built
+(zero3 passes its partitioned model loader); ``train`` is the one ``train_and_evaluate`` of a
+single process and of every Ray Train rank; ``record`` is the run's files and typed summary,
+``resume`` a single run's progress in its directory. The Ray Train parts (launcher, worker,
+ZeRO-3 loading) live in ``privzo.distributed``, at this same layer.
 """

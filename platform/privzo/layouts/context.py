@@ -1,8 +1,9 @@
-"""What a run trains on, and how the whole-model layouts (single, replica) build it.
+"""What a run trains on, and how every layout builds it (``build_context``).
 
 Below the run pipeline because every layout and every algorithm works on it: the single-process
-run, each Ray Train rank (``privzo.distributed.worker``; zero3 builds its partitioned twin in
-``privzo.distributed.zero3``) and the baselines' loops.
+run, each Ray Train rank (``privzo.distributed.worker``) and the algorithms' loops. The one
+layout-specific part, how the model is loaded and which of its elements a process trains, is
+a ``ModelLoader``: the whole model here, a ZeRO-3 partition in ``privzo.distributed.zero3``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,6 +42,7 @@ from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.integrity import weights_fingerprint
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard, full_shards
+from privzo.zo.trajectory import TrajectoryMeta, trajectory_meta
 
 
 @dataclass
@@ -66,6 +68,16 @@ class RunContext:
     def trainable_parameters(self) -> int:
         """Elements the run trains (a shard's full size, also under zero3's partitions)."""
         return sum(shard.size for shard in self.shards)
+
+    def trajectory_meta(self) -> TrajectoryMeta:
+        """The replay metadata of this run's trajectory (``privzo.zo.trajectory``)."""
+        return trajectory_meta(
+            self.config,
+            self.loaded.device.type,
+            self.perturber,
+            self.base_fingerprint,
+            self.loaded.revision,
+        )
 
     def data_lineage(self) -> list[DatasetLineage]:
         """Where the task's rows came from, by public identifiers (``log_inputs``)."""
@@ -94,17 +106,46 @@ class PlannedData:
     plan: PrivacyPlan
 
 
+class ModelLoader(Protocol):
+    """How a layout holds the model: loads it, and picks the elements this process trains."""
+
+    def load(self, config: RunConfig, cache_dir: Path, progress: bool) -> LoadedModel:
+        """The model and its tokenizer (as this layout holds them)."""
+
+    def shards(self, pairs: list[tuple[str, torch.nn.Parameter]]) -> list[ParameterShard]:
+        """The trainable elements this process perturbs, of the view's (name, parameter)s."""
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, list] | None:
+        """The base weights' fingerprint (``privzo.zo.integrity``), where they are whole."""
+
+
+class WholeModel:
+    """The whole model in this process (the single and replica layouts)."""
+
+    def load(self, config: RunConfig, cache_dir: Path, progress: bool) -> LoadedModel:
+        return load_model(config.model, cache_dir, progress=progress)
+
+    def shards(self, pairs: list[tuple[str, torch.nn.Parameter]]) -> list[ParameterShard]:
+        return full_shards(pairs)
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, list] | None:
+        return weights_fingerprint(loaded.model.named_parameters())  # the base, for replay
+
+
 def build_context(
     config: RunConfig,
     cache_dir: Path,
     progress: bool,
     hooks: RunHooks | None = None,
     planned: PlannedData | None = None,
+    loader: ModelLoader | None = None,
 ) -> RunContext:
-    """Load the task and the whole model (single or replica layout), plan privacy, apply the
-    PEFT view and make its perturber. ``hooks.training_rows`` may change the training rows
-    first (before the privacy plan, which depends on their number, and before any model
-    loads); without it, ``planned`` (preflight's) supplies the rows and the plan."""
+    """Load the task and the model (``loader``'s way: whole by default, a ZeRO-3 partition in
+    ``privzo.distributed.zero3``), plan privacy, apply the PEFT view and make its perturber.
+    ``hooks.training_rows`` may change the training rows first (before the privacy plan, which
+    depends on their number, and before any model loads); without it, ``planned``
+    (preflight's) supplies the rows and the plan."""
+    loader = loader or WholeModel()
     changes_rows = hooks is not None and hooks.training_rows is not None
     if planned is not None and not changes_rows:
         task_config, splits, plan = planned.task_config, planned.splits, planned.plan
@@ -115,12 +156,12 @@ def build_context(
             splits.train = hooks.training_rows(task_config, splits.train)
         plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
-    loaded = load_model(config.model, cache_dir, progress=progress)
-    fingerprint = weights_fingerprint(loaded.model.named_parameters())  # the base, for replay
+    loaded = loader.load(config, cache_dir, progress)
+    fingerprint = loader.fingerprint(loaded)
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
-    shards = full_shards(pairs)
+    shards = loader.shards(pairs)
     perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     return RunContext(
@@ -157,10 +198,12 @@ class RunHooks:
     Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
     shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
     trained model before the summary is written and returns extra summary values (e.g. a noised
-    selection score); single-process runs only. ``training_rows(task_config, rows)`` returns
-    the rows to train on instead of the task's (an audit adds its included canaries); it runs
-    before the privacy plan and any model load, so it may refuse with a ``ConfigError``;
-    single-process runs only.
+    selection score); in a distributed run it is shipped the same way and runs on every rank
+    that evaluates (``Layout.rank_hooks``: rank 0, or every rank under zero3, whose forwards
+    are collectives), and rank 0's values go into the summary. ``training_rows(task_config,
+    rows)`` returns the rows to train on instead of the task's (an audit adds its included
+    canaries); it runs before the privacy plan and any model load, so it may refuse with a
+    ``ConfigError``; single-process runs only.
     """
 
     after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None

@@ -10,14 +10,11 @@ the fine-tuned weights are saved. ``parallel.strategy`` names the layout (``get_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from privzo.config import RunConfig
-from privzo.layouts.context import RunContext, build_context
+from privzo.layouts.context import RunContext, RunHooks, build_context
 from privzo.models.loading import save_weights
-
-if TYPE_CHECKING:
-    from privzo.distributed.collectives import WorkerGroup
 
 
 class Layout:
@@ -38,8 +35,20 @@ class Layout:
         """Whether this rank evaluates the model (the others wait)."""
         return rank == 0
 
-    def save_model(self, context: RunContext, group: WorkerGroup, directory: Path) -> None:
-        if self.reports(group.rank):
+    def rank_hooks(self, hooks: RunHooks | None, rank: int) -> RunHooks | None:
+        """The caller's hooks this rank runs: ``after_window`` where the run reports (as its
+        tracker), ``final_scores`` where the model is evaluated (their forwards are this
+        layout's forwards; only the reporting rank's scores reach the summary)."""
+        if hooks is None:
+            return None
+        return RunHooks(
+            after_window=hooks.after_window if self.reports(rank) else None,
+            final_scores=hooks.final_scores if self.evaluates(rank) else None,
+        )
+
+    def save_model(self, context: RunContext, rank: int, directory: Path) -> None:
+        """Save the fine-tuned weights (and tokenizer) to ``directory``; every rank calls it."""
+        if self.reports(rank):
             save_weights(context.model, context.loaded.tokenizer, directory)
 
 
@@ -64,10 +73,10 @@ class Zero3Layout(Layout):
     def evaluates(self, rank: int) -> bool:
         return True  # its forwards gather weights collectively
 
-    def save_model(self, context: RunContext, group: WorkerGroup, directory: Path) -> None:
+    def save_model(self, context: RunContext, rank: int, directory: Path) -> None:
         from privzo.distributed.zero3 import save_gathered
 
-        save_gathered(context, group, directory)  # a collective, then rank 0 writes
+        save_gathered(context, rank, directory)  # a collective, then rank 0 writes
 
 
 LAYOUTS: dict[str, Layout] = {

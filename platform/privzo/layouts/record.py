@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,55 +59,126 @@ def prepare_output_dir(output_dir: Path) -> None:
     shutil.rmtree(output_dir / RAY_STATE_DIR, ignore_errors=True)
 
 
+@dataclass
+class RunSummary:
+    """The record of a finished run, written to summary.json (``to_dict``): scores before and
+    after, the privacy it spent, sizes, and resource figures (None in a private run without
+    diagnostics: see ``resource_figures``). ``extra`` holds what the layout and the caller add
+    (validation scores, a distributed layout's figures, a search trial's selection score)."""
+
+    model: str
+    task: str
+    algorithm: str
+    metric: str
+    metric_before: float | None
+    metric_after: float
+    scores: dict[str, float | None]  # every metric's "<name>_before" and "<name>_after"
+    private: bool
+    epsilon: float | None
+    epsilon_target: float | None
+    delta: float | None
+    noise_multiplier: float | None
+    mechanism: str | None
+    mechanism_parameters: dict[str, Any] | None
+    accountant: str | None
+    sample_rate: float
+    expected_batch_size: float
+    clip: float | None
+    steps: int
+    resumed_steps: int  # replayed from an earlier attempt (resume)
+    train_examples: int
+    test_examples: int
+    skipped_rows: int
+    trainable_parameters: int
+    model_parameters: int
+    eval_time_s: float | None
+    peak_memory_mb: float | None
+    step_peak_memory_mb: float | None
+    mean_step_time_s: float | None  # None: resumed at the end
+    wall_time_s: float | None
+    nonfinite_differences: int | None
+    empty_batches: int | None
+    device: str
+    dtype: str
+    tracking_run_id: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, values: dict[str, Any]) -> None:
+        """Add (or, for a field of its own such as a layout's ``peak_memory_mb``, replace)
+        summary values."""
+        for key, value in values.items():
+            if key in _OWN_FIELDS:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's content: the fields in order, each score under its own key."""
+        record: dict[str, Any] = {}
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if name in ("scores", "extra"):
+                record.update(value)
+            else:
+                record[name] = value
+        return record
+
+    def final_metrics(self) -> dict[str, float]:
+        return final_metrics(self.to_dict())
+
+
 def summary_record(
     context: RunContext,
-    loop: Any,  # a training loop of privzo.algorithms or privzo.baselines
+    loop: Any,  # a training loop of privzo.algorithms
     tracker: Tracker,
     before: Evaluation | None,
     after: Evaluation,
     started: float,
-) -> dict[str, Any]:
-    """The summary of a finished run: scores before and after, the privacy it spent, sizes and
-    (outside a private run's guarantee only where released) resource figures."""
+) -> RunSummary:
+    """The summary of a finished run (``RunSummary``) from its context, loop and evaluations."""
     config, plan = context.config, context.plan
     metric = context.task.metric
     scores: dict[str, float | None] = {}
     for name, value in after[0].items():
         scores[f"{name}_before"] = before[0][name] if before else None
         scores[f"{name}_after"] = value
-    return {
-        "model": config.model.name_or_path,
-        "task": config.task.name,
-        "algorithm": config.optimizer.algorithm,
-        "metric": metric,
-        "metric_before": before[0][metric] if before else None,
-        "metric_after": after[0][metric],
-        **scores,
-        "private": plan.private,
-        "epsilon": loop.ledger.epsilon_spent if loop.ledger else None,
-        "epsilon_target": config.privacy.epsilon if plan.private else None,
-        "delta": plan.delta,
-        "noise_multiplier": plan.noise_multiplier,
-        "mechanism": plan.mechanism,
-        "mechanism_parameters": plan.noise_parameters,
-        "accountant": plan.accountant,
-        "sample_rate": plan.sample_rate,
-        "expected_batch_size": plan.expected_batch_size,
-        "clip": config.privacy.clip if plan.private else None,
-        "steps": loop.resumed_steps + len(loop.step_times),
-        "resumed_steps": loop.resumed_steps,  # replayed from an earlier attempt (resume)
-        "train_examples": len(context.train),
-        "test_examples": len(context.test),
-        "skipped_rows": context.skipped_rows,
-        "trainable_parameters": context.trainable_parameters,
-        "model_parameters": model_parameters(context.scoring_model),
+    return RunSummary(
+        model=config.model.name_or_path,
+        task=config.task.name,
+        algorithm=config.optimizer.algorithm,
+        metric=metric,
+        metric_before=before[0][metric] if before else None,
+        metric_after=after[0][metric],
+        scores=scores,
+        private=plan.private,
+        epsilon=loop.ledger.epsilon_spent if loop.ledger else None,
+        epsilon_target=config.privacy.epsilon if plan.private else None,
+        delta=plan.delta,
+        noise_multiplier=plan.noise_multiplier,
+        mechanism=plan.mechanism,
+        mechanism_parameters=plan.noise_parameters,
+        accountant=plan.accountant,
+        sample_rate=plan.sample_rate,
+        expected_batch_size=plan.expected_batch_size,
+        clip=config.privacy.clip if plan.private else None,
+        steps=loop.resumed_steps + len(loop.step_times),
+        resumed_steps=loop.resumed_steps,
+        train_examples=len(context.train),
+        test_examples=len(context.test),
+        skipped_rows=context.skipped_rows,
+        trainable_parameters=context.trainable_parameters,
+        model_parameters=model_parameters(context.scoring_model),
         **resource_figures(loop, after, started),
-        "nonfinite_differences": loop.nonfinite if loop.log_diagnostics else None,
-        "empty_batches": loop.empty_batches if loop.log_diagnostics else None,
-        "device": context.loaded.device.type,
-        "dtype": config.model.dtype,
-        "tracking_run_id": tracker.run_id,
-    }
+        nonfinite_differences=loop.nonfinite if loop.log_diagnostics else None,
+        empty_batches=loop.empty_batches if loop.log_diagnostics else None,
+        device=context.loaded.device.type,
+        dtype=config.model.dtype,
+        tracking_run_id=tracker.run_id,
+    )
+
+
+_FIELDS = tuple(item.name for item in fields(RunSummary))
+_OWN_FIELDS = frozenset(_FIELDS) - {"scores", "extra"}
 
 
 RESOURCE_FIGURES = (

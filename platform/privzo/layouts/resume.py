@@ -1,4 +1,4 @@
-"""Resuming a single-process zeroth-order run from its directory.
+"""Resuming a single-process zeroth-order run from its directory (``RunDirectoryProgress``).
 
 At the end of every window (before its metrics are logged) the run writes its trajectory so far,
 its privacy state (``privacy.json``: the ledger's budget, accountant settings and steps booked)
@@ -14,13 +14,23 @@ step again.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, dump_config, load_config
-from privzo.zo.trajectory import TrajectoryRecorder
+from privzo.algorithms.loop import TrainingLoop
+from privzo.config import ConfigError, RunConfig, dump_config, load_config
+from privzo.layouts.record import PRIVACY_FILE, TRAJECTORY_FILE
+from privzo.privacy.plan import privacy_record
+from privzo.tasks.evaluation import Evaluation
+from privzo.tracking import Tracker
+from privzo.zo.integrity import check_fingerprint
+from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory
+
+logger = logging.getLogger(__name__)
 
 RESUME_FILE = "resume.json"
 
@@ -77,3 +87,68 @@ def find_resume_point(
 
 def clear_resume_point(output_dir: Path) -> None:
     (output_dir / RESUME_FILE).unlink(missing_ok=True)
+
+
+class RunDirectoryProgress:
+    """A single-process run's progress store (``privzo.layouts.train.ProgressStore``): after
+    every window, the rows so far, the privacy state and the resume point in the run
+    directory; ``resume`` (found by the run pipeline) is an earlier attempt to go on with."""
+
+    def __init__(self, output_dir: Path, resume: ResumePoint | None):
+        self.output_dir, self.resume = output_dir, resume
+
+    def before(self, measure: Callable[[], Evaluation | None]) -> tuple[Evaluation | None, bool]:
+        if self.resume is not None:
+            return self.resume.before, False  # measured and logged by the earlier attempt
+        return measure(), True
+
+    def restore(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
+        """Rebuild an earlier attempt's state from its trajectory (checked: rows and base)
+        and its privacy state (checked: the same budget and accountant settings)."""
+        if self.resume is None:
+            return 0
+        output_dir = self.output_dir
+        table, meta = read_trajectory(output_dir / TRAJECTORY_FILE)
+        fingerprint = loop.context.base_fingerprint
+        if meta.base_fingerprint is not None and fingerprint is not None:
+            check_fingerprint(meta.base_fingerprint, fingerprint, str(output_dir))
+        privacy = output_dir / PRIVACY_FILE
+        saved = json.loads(privacy.read_text()) if privacy.is_file() else {}
+        try:
+            done = loop.restore(recorder, table, meta, ledger_state=saved.get("ledger"))
+        except ValueError as error:
+            raise ConfigError(f"cannot resume the run in {str(output_dir)!r}: {error}") from None
+        logger.warning("replayed %d steps; training goes on from step %d", done, done)
+        return done
+
+    def watch(
+        self,
+        loop: TrainingLoop,
+        recorder: TrajectoryRecorder,
+        tracker: Tracker,
+        before: Evaluation | None,
+    ) -> None:
+        """Every window's rows and resume point, saved before its metrics (and the loop's own
+        ``on_window``); resumable from the first step on. A run without a trajectory (the
+        first-order baselines) cannot resume and saves nothing."""
+        if not loop.records_trajectory:
+            return
+        point = ResumePoint(tracker.run_id, before)
+        inner = loop.on_window
+
+        def save() -> None:
+            privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
+            files = (TRAJECTORY_FILE, PRIVACY_FILE)
+            save_progress(self.output_dir, recorder, point, files, privacy)
+
+        def on_window(steps_done: int, metrics: dict[str, float]) -> None:
+            save()
+            if inner is not None:
+                inner(steps_done, metrics)
+
+        loop.on_window = on_window
+        save()
+
+    def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        if loop.records_trajectory:  # a failed run keeps the steps it made
+            recorder.write(self.output_dir / TRAJECTORY_FILE)

@@ -17,7 +17,7 @@ from typing import Any
 from privzo.algorithms.registry import check_capabilities
 from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
 from privzo.preflight import preflight
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, run
+from privzo.run import CONFIG_FILE, SUMMARY_FILE, finished_summary, run
 from privzo.studies.audits import (
     AUDITS_DIR,
     audit_cell_names,
@@ -192,7 +192,7 @@ def _run_trained_cells(
     trained, summaries = 0, {}
     for index, cell in enumerate(cells, start=1):
         cell_dir = output_dir / CELLS_DIR / cell.name
-        finished = _finished_summary(cell_dir, configs[cell.name])
+        finished = finished_summary(cell_dir, configs[cell.name])
         if finished is not None:
             summaries[cell.name] = finished
             continue
@@ -300,13 +300,6 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
         release_timing=not study.private_algorithms,
     )
     return connect_tracker(tracker, tracking_uri)
-
-
-def _finished_summary(cell_dir: Path, config: RunConfig) -> dict[str, Any] | None:
-    summary, saved = cell_dir / SUMMARY_FILE, cell_dir / CONFIG_FILE
-    if summary.is_file() and saved.is_file() and saved.read_text() == dump_config(config):
-        return json.loads(summary.read_text())
-    return None
 
 
 def _cell_tags(study: ScalingStudyConfig, cell: Cell, tracker: Tracker) -> dict[str, str]:

@@ -8,13 +8,11 @@ resumed search never re-runs finished work.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from privzo.config import dump_config
 from privzo.privacy.mechanisms import get_mechanism
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, can_resume, run
+from privzo.run import RunContext, RunHooks, can_resume, finished_summary, run
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
@@ -84,7 +82,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     config = base_run_config(search, point)
     trial_id = tune.get_context().get_trial_id()
     output_dir = Path(setup["output_dir"]) / TRIALS_DIR / trial_id
-    finished = _finished_summary(output_dir, dump_config(config))
+    finished = finished_summary(output_dir, config)
     if finished is not None:
         tune.report(_report(finished, finished.get(SCORE)))
         return
@@ -117,15 +115,6 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )
     tune.report(_report(summary, summary[SCORE]))
-
-
-def _finished_summary(output_dir: Path, config_text: str) -> dict[str, Any] | None:
-    summary_path, config_path = output_dir / SUMMARY_FILE, output_dir / CONFIG_FILE
-    if not (summary_path.is_file() and config_path.is_file()):
-        return None
-    if config_path.read_text() != config_text:
-        return None
-    return json.loads(summary_path.read_text())
 
 
 def _report(summary: dict[str, Any], score: float | None) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+"""The run pipeline: one fine-tuning run, end to end (``pipeline.run``), and its directory
+(``directory``: finished with a config, resumable, its records written). The training itself is
+``privzo.layouts.train.train_and_evaluate``, shared with the Ray Train worker.
+
+Its public names, several defined in the layers below it, are importable from here for callers
+(searches, studies, the CLI, the demo, tests).
+"""
+
+from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.registry import make_loop
+from privzo.layouts.context import RunContext, RunHooks, build_context
+from privzo.layouts.record import (
+    CONFIG_FILE,
+    MODEL_DIR,
+    PRIVACY_FILE,
+    RESOURCE_FIGURES,
+    RUN_FILES,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    check_output_dir,
+    prepare_output_dir,
+)
+from privzo.models.loading import model_parameters
+from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
+from privzo.run.directory import can_resume, finished_summary
+from privzo.run.pipeline import run
+
+__all__ = [
+    "CONFIG_FILE",
+    "MODEL_DIR",
+    "PRIVACY_FILE",
+    "RESOURCE_FIGURES",
+    "RUN_FILES",
+    "SUMMARY_FILE",
+    "TRAJECTORY_FILE",
+    "PrivacyPlan",
+    "RunContext",
+    "RunHooks",
+    "TrainingLoop",
+    "build_context",
+    "can_resume",
+    "check_output_dir",
+    "finished_summary",
+    "make_loop",
+    "mechanism_parameters",
+    "model_parameters",
+    "plan_privacy",
+    "prepare_output_dir",
+    "run",
+]

@@ -1,0 +1,255 @@
+"""One fine-tuning run, end to end: validate → plan privacy → load → train → evaluate → record.
+
+Everything that can be wrong with the input (config, files, model, an unreachable budget) is
+checked before the first forward pass and before anything is written, so a bad run costs nothing
+and erases nothing. Every layout goes through the same steps here (preflight, the tracker, the
+run directory, params, records, artifacts); what differs is where it trains: in this process
+(``InProcess``) or on Ray Train workers (``OnRayTrain``), both through
+``privzo.layouts.train.train_and_evaluate``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from privzo.algorithms.registry import check_built, writes_trajectory
+from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.dirlock import locks_output_dir
+from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
+from privzo.layouts.layout import get_layout
+from privzo.layouts.record import (
+    CONFIG_FILE,
+    MODEL_DIR,
+    PRIVACY_FILE,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    prepare_output_dir,
+)
+from privzo.layouts.resume import ResumePoint, RunDirectoryProgress
+from privzo.layouts.train import train_and_evaluate
+from privzo.preflight import Preflight, preflight
+from privzo.privacy.plan import privacy_record
+from privzo.replay import MODEL_LOADER, write_model_data
+from privzo.run.directory import RunRecords, resume_point, write_records
+from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
+
+
+@locks_output_dir  # one run per directory, held before anything is checked or loaded
+def run(
+    config: RunConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    overwrite: bool = False,
+    tracking_root: Path | None = None,
+    tracking_uri: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    hooks: RunHooks | None = None,
+) -> dict[str, Any]:
+    """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
+
+    ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
+    none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
+    ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
+    """
+    output_dir = Path(output_dir).resolve()
+    resume = None if overwrite else resume_point(config, output_dir)
+    checked = preflight(  # everything that can refuse the run, before any weights load
+        config,
+        output_dir=output_dir if resume is None else None,  # a resumed run goes on there
+        overwrite=overwrite,
+        tracking_uri=tracking_uri,
+        tracking_root=tracking_root or output_dir.parent,
+    )
+    training = _training(
+        config,
+        checked,
+        output_dir,
+        cache_dir,
+        progress,
+        hooks,
+        resume,
+        (tracking_root, tracking_uri),
+    )
+    tracker = connect_run_tracker(
+        config, output_dir, tracking_root, tracking_uri, {**training.tags(), **(tags or {})}
+    )
+    if resume is None:
+        prepare_output_dir(output_dir)
+        (output_dir / CONFIG_FILE).write_text(dump_config(config))
+    elif resume.tracking_run_id is not None:
+        tracker.attach(resume.tracking_run_id)  # the same MLflow run goes on
+    with tracker:
+        if resume is None:
+            params = config.model_dump(mode="json")
+            params["tracking"].pop("uri")
+            tracker.log_params(params)
+            training.log_inputs(tracker)
+        records = training.train(tracker)
+        write_records(output_dir, records)
+        for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
+            if (output_dir / name).exists():  # first-order baselines write no trajectory
+                tracker.log_artifact(output_dir / name)
+        if training.logs_model:
+            _log_replayable_model(tracker, config, output_dir, cache_dir)
+    return records.summary
+
+
+class Training(Protocol):
+    """Where a run trains, set up (and checked) before anything is written."""
+
+    logs_model: bool  # whether the run's replayable model is logged to the tracker
+
+    def tags(self) -> dict[str, str]:
+        """The run's tags known here (``privzo.tracking.tags``)."""
+
+    def log_inputs(self, tracker: Tracker) -> None:
+        """The data lineage, where this process has the data."""
+
+    def train(self, tracker: Tracker) -> RunRecords:
+        """Train and evaluate; the finished run's records."""
+
+
+class InProcess:
+    """The single layout: this process builds the context and trains (resuming from the run
+    directory where an earlier attempt stopped)."""
+
+    def __init__(
+        self,
+        context: RunContext,
+        output_dir: Path,
+        progress: bool,
+        resume: ResumePoint | None,
+    ):
+        self.context, self.output_dir = context, output_dir
+        self.progress, self.resume = progress, resume
+        self.logs_model = writes_trajectory(context.config)
+
+    def tags(self) -> dict[str, str]:
+        return self.context.tracking_tags()
+
+    def log_inputs(self, tracker: Tracker) -> None:
+        tracker.log_inputs(self.context.data_lineage())
+
+    def train(self, tracker: Tracker) -> RunRecords:
+        context, output_dir = self.context, self.output_dir
+        trained = train_and_evaluate(
+            context,
+            tracker,
+            get_layout(context.config.parallel.strategy),
+            0,
+            RunDirectoryProgress(output_dir, self.resume),
+            model_dir=output_dir / MODEL_DIR,
+            show_progress=self.progress,
+        )
+        assert trained.summary is not None, "a single process reports"
+        privacy = privacy_record(context.plan, trained.loop.ledger)
+        return RunRecords(trained.summary.to_dict(), privacy)
+
+
+class OnRayTrain:
+    """The replica and zero3 layouts: Ray Train workers build their contexts and train
+    (``privzo.distributed``); rank 0 logs into this run and returns its records. The cluster
+    is reached and checked when this is made."""
+
+    logs_model = False  # as before the layouts shared this pipeline
+
+    def __init__(
+        self,
+        config: RunConfig,
+        checked: Preflight,
+        output_dir: Path,
+        cache_dir: Path,
+        progress: bool,
+        hooks: RunHooks | None,
+        tracking: tuple[Path | None, str | None],
+    ):
+        """``tracking``: the run's tracking root and the caller's tracking URI."""
+        from privzo.distributed.launch import start_cluster
+
+        if hooks is not None and hooks.training_rows is not None:
+            raise ConfigError(
+                f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
+                "training rows in this process; use strategy 'single'"
+            )
+        start_cluster(config, output_dir, cache_dir, progress, tracking[1])
+        self.config, self.private = config, checked.privacy.private
+        self.output_dir, self.cache_dir, self.hooks = output_dir, cache_dir, hooks
+        self.tracking_root = tracking[0]
+
+    def tags(self) -> dict[str, str]:
+        """Without the model's (not loaded here): rank 0 adds them once it has built it."""
+        return {**config_tags(self.config, self.private), **layout_tags(self.config)}
+
+    def log_inputs(self, tracker: Tracker) -> None:
+        """Rank 0 logs them, once its data is loaded."""
+
+    def train(self, tracker: Tracker) -> RunRecords:
+        from privzo.distributed.launch import train_on_ray
+
+        result = train_on_ray(
+            self.config, self.output_dir, self.cache_dir, tracker, self.tracking_root, self.hooks
+        )
+        return RunRecords(result["summary"], result["privacy"], result["trajectory"])
+
+
+def _training(
+    config: RunConfig,
+    checked: Preflight,
+    output_dir: Path,
+    cache_dir: Path,
+    progress: bool,
+    hooks: RunHooks | None,
+    resume: ResumePoint | None,
+    tracking: tuple[Path | None, str | None] = (None, None),
+) -> Training:
+    """Where the layout trains, built and checked; nothing written yet."""
+    if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
+        return OnRayTrain(config, checked, output_dir, cache_dir, progress, hooks, tracking)
+    planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
+    context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
+    check_built(context)  # the algorithm's own checks (DPGD-0th's noise size): nothing written yet
+    return InProcess(context, output_dir, progress, resume)
+
+
+def _log_replayable_model(
+    tracker: Tracker, config: RunConfig, output_dir: Path, cache_dir: Path
+) -> None:
+    """The run's fine-tuned model as a backend model (MLflow: ``runs:/<id>/model``): the base
+    reference and the trajectory, rebuilt by replay when loaded. Its URI is tagged."""
+    with tempfile.TemporaryDirectory() as scratch:
+        data = write_model_data(
+            Path(scratch) / "replay",
+            config.model.name_or_path,
+            output_dir / TRAJECTORY_FILE,
+            cache_dir,
+        )
+        uri = tracker.log_model(data, MODEL_LOADER)
+    if uri is not None:
+        tracker.set_tags({MODEL_URI: uri})
+
+
+def connect_run_tracker(
+    config: RunConfig,
+    output_dir: Path,
+    tracking_root: Path | None,
+    tracking_uri: str | None,
+    tags: Mapping[str, str],
+) -> Tracker:
+    """Build the run's tracker and reach its store now, so a bad store fails before training."""
+    tracking = config.tracking
+    tracker = make_tracker(
+        tracking.backend,
+        uri=tracking.uri or tracking_uri,
+        experiment=tracking.experiment,
+        output_root=(tracking_root or output_dir.parent).resolve(),
+        run_name=tracking.run_name or output_dir.name,
+        tags=dict(tags),
+        release_timing=config.releases_diagnostics,
+    )
+    return connect_tracker(tracker, tracking.uri or tracking_uri)
