@@ -110,11 +110,10 @@ def run(
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         from privzo.distributed.launch import run_distributed
 
-        if hooks is not None and (hooks.final_scores or hooks.training_rows) is not None:
+        if hooks is not None and hooks.training_rows is not None:
             raise ConfigError(
-                f"parallel.strategy={config.parallel.strategy!r}: a search trial's final scores "
-                "and an audit's canaries need the model and data in this process; use strategy "
-                "'single'"
+                f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
+                "data in this process; use strategy 'single'"
             )
         return run_distributed(
             config,
@@ -126,6 +125,7 @@ def run(
             tracking_uri=tracking_uri,
             tags=tags,
             after_window=hooks.after_window if hooks is not None else None,
+            final_scores=hooks.final_scores if hooks is not None else None,
             plan=checked.privacy,
         )
     planned = PlannedData(checked.task_config, checked.splits, checked.privacy)

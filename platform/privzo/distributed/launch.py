@@ -44,12 +44,14 @@ def run_distributed(
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
     after_window: Callable[..., None] | None = None,
+    final_scores: Callable[..., dict[str, float]] | None = None,
     plan: PrivacyPlan,
 ) -> dict[str, Any]:
     """What ``privzo.run.run`` dispatches to for ``parallel.strategy`` 'replica' or 'zero3'
     (the same records), once its preflight (``privzo.preflight``) passed with ``plan``.
 
-    ``after_window`` is the caller's ``RunHooks.after_window``, run by rank 0 after each window.
+    ``after_window`` and ``final_scores`` are the caller's ``RunHooks``, run by the ranks that
+    evaluate (rank 0; every rank under zero3), rank 0's final scores going into the summary.
     """
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
@@ -72,7 +74,8 @@ def run_distributed(
         params["tracking"].pop("uri")
         tracker.log_params(params)
         settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
-        settings["after_window"] = after_window  # a callable: Ray pickles it with cloudpickle
+        # callables: Ray pickles them with cloudpickle (together: they may share state)
+        settings.update(after_window=after_window, final_scores=final_scores)
         result = fit(config, settings, output_dir)
         (output_dir / TRAJECTORY_FILE).write_bytes(result["trajectory"])
         (output_dir / PRIVACY_FILE).write_text(json.dumps(result["privacy"], indent=2) + "\n")

@@ -54,12 +54,16 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     group = WorkerGroup.current()
     layout = get_layout(config.parallel.strategy)
     context, keep_alive = layout.build(config, Path(settings["cache_dir"]))
-    if layout.reports(group.rank):  # the caller's hook acts where the run reports, as its tracker
-        context.hooks = RunHooks(after_window=settings.get("after_window"))
+    if layout.evaluates(group.rank):  # the caller's hooks score where the model evaluates:
+        # rank 0, or every rank under zero3 (its forwards are collective); rank 0's results count
+        context.hooks = RunHooks(
+            after_window=settings.get("after_window"), final_scores=settings.get("final_scores")
+        )
     tracker = _rank_tracker(layout, group, settings["tracking"], config.releases_diagnostics)
     tracker.set_tags(context.tracking_tags())  # sizes and metric: known once the model is built
     tracker.log_inputs(context.data_lineage())
     outcome = _train_and_evaluate(context, tracker, group, layout)
+    scores = _final_scores(context)
     reduced_bytes = group.reduced_bytes  # the steps' all-reduces, before the gathers below
     peaks = group.all_gather_float(max(outcome.loop.step_peak_mb, outcome.loop.memory.peak_mb()))
     held = group.all_gather_float(_local_parameter_bytes(context))
@@ -69,6 +73,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     if not layout.reports(group.rank):
         return None
     summary = _rank0_summary(outcome, tracker, group, peaks)
+    summary.update(scores)
     summary.update(_communication_summary(context, outcome.loop, reduced_bytes, held))
     tracker.log_metrics(final_metrics(summary), step=config.optimizer.steps)
     tracker.flush()
@@ -77,6 +82,14 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         "trajectory": _table_bytes(outcome.recorder.to_table()),
         "privacy": privacy_record(context.plan, outcome.loop.ledger),
     }
+
+
+def _final_scores(context: RunContext) -> dict[str, float]:
+    """The caller's ``final_scores`` on the trained model (e.g. a trial's selection score)."""
+    hooks = context.hooks
+    if hooks is None or hooks.final_scores is None:
+        return {}
+    return hooks.final_scores(context)
 
 
 def quiet_worker_console() -> None:

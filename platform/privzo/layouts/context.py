@@ -154,10 +154,12 @@ class RunHooks:
     """What a caller (a search trial) adds to a run without a second training loop.
 
     ``after_window(context, step, metrics)`` runs after each logging window (e.g. to report to
-    Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
-    shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
-    trained model before the summary is written and returns extra summary values (e.g. a noised
-    selection score); single-process runs only. ``training_rows(task_config, rows)`` returns
+    Ray Tune); in a distributed run it runs on the ranks that evaluate (rank 0; every rank under
+    zero3, whose forwards are collective), after that window's checkpoint, so it is shipped to
+    the workers and must pickle (cloudpickle), and it should release only on rank 0.
+    ``final_scores(context)`` runs on the trained model before the summary is written and
+    returns extra summary values (e.g. a noised selection score); in a distributed run on the
+    same ranks, rank 0's values going into the summary. ``training_rows(task_config, rows)`` returns
     the rows to train on instead of the task's (an audit adds its included canaries); it runs
     before the privacy plan and any model load, so it may refuse with a ``ConfigError``;
     single-process runs only.
