@@ -67,7 +67,14 @@ def test_search_over_replica_trials_of_two_workers(tmp_path, make_search, cache_
     output = tmp_path / "search"
     command = [sys.executable, "-m", "privzo.cli", "tune", str(search_path), "--quiet"]
     command += ["--output-dir", str(output), "--cache-dir", str(cache_dir)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+        # the local Ray's workers inherit this environment: a loaded machine may take minutes
+        # to start a Train worker group, not Ray's 60 s
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
+    }
     log = tmp_path / "tune.log"
     with log.open("wb") as sink:
         done = subprocess.run(

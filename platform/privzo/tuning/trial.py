@@ -1,5 +1,10 @@
 """One search trial: a normal privzo run plus the selection score it is compared on.
 
+A trial on a distributed layout (``parallel.strategy`` replica or zero3) is the same run: its
+Tune function is the driver that starts the Ray Train workers (``privzo.run.run`` builds the
+``TorchTrainer`` and waits on ``fit()``), the scorer's hooks run in the workers, and rank 0's
+scores come back in the run's summary and, for ASHA, to Tune as each window is scored.
+
 The trial function reads only its Tune config (no module globals, no environment): the search
 config, the point sampled from the space, and where to write. A trial whose directory already
 holds a finished run with the same config reports that run instead of training again, so a
@@ -91,10 +96,11 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         return
     scorer = SelectionScorer(search, config.optimizer.is_private)
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
-    report = window_reporter(config.parallel.strategy)
+    report = window_reporter(config.parallel.strategy) if evaluate_every else None
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
         if evaluate_every and step % evaluate_every == 0 and step < config.optimizer.steps:
+            assert report is not None
             report({SCORE: scorer.score(context, step), "step": step, **metrics})
 
     def final_scores(context: RunContext) -> dict[str, float]:
