@@ -56,13 +56,16 @@ def test_distributed_trial_resources_are_its_workers_and_a_driver_holding_no_cpu
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_search_over_replica_trials_of_two_workers(tmp_path, make_search, cache_dir):
-    """Two private trials, each a replica run of 2 Ray Train workers, one at a time on 2 CPUs;
-    ASHA scores every 5 steps, so a window's score reaches Tune from rank 0 and the final one
-    from the trial's driver. The search's ε is the one a search of single trials has."""
+@pytest.mark.parametrize("strategy", ["replica", "zero3"])
+def test_search_over_distributed_trials_of_two_workers(tmp_path, make_search, cache_dir, strategy):
+    """Two private trials, each a distributed run of 2 Ray Train workers, one at a time on 2
+    CPUs; ASHA scores every 5 steps, so a window's score reaches Tune from rank 0 (under zero3
+    every rank scores: its forwards are collective) and the final one from the trial's driver.
+    The search's ε is the one a search of single trials has."""
     scheduler = {"type": "asha", "evaluate_every": 5, "grace_period": 2}
+    layout = {"parallel.strategy": strategy, "parallel.workers": 2}
     search_path = make_search(
-        overrides=REPLICA_2, space={"privacy.clip": [0.5, 1.0]}, scheduler=scheduler
+        overrides=layout, space={"privacy.clip": [0.5, 1.0]}, scheduler=scheduler
     )
     output = tmp_path / "search"
     command = [sys.executable, "-m", "privzo.cli", "tune", str(search_path), "--quiet"]
@@ -87,7 +90,7 @@ def test_search_over_replica_trials_of_two_workers(tmp_path, make_search, cache_
     assert len(trials) == 2 and set(trials["status"]) == {"finished"}
     for row in trials.itertuples():
         run_summary = json.loads((output / "trials" / row.trial_id / "summary.json").read_text())
-        assert run_summary["strategy"] == "replica" and run_summary["workers"] == 2
+        assert run_summary["strategy"] == strategy and run_summary["workers"] == 2
         assert run_summary["selection_score"] == row.selection_score
         assert row.selection_releases == 2  # steps 5 and 10, by the same scorer on rank 0
         expected = compute_epsilon(
@@ -125,6 +128,7 @@ def test_search_over_replica_trials_of_two_workers(tmp_path, make_search, cache_
         child = by_trial[row.trial_id]
         assert child.info.status == "FINISHED"
         assert child.data.tags["privzo.workers"] == "2"
+        assert child.data.tags["privzo.strategy"] == strategy
         assert child.data.metrics["final_selection_score"] == pytest.approx(row.selection_score)
 
 
