@@ -195,15 +195,15 @@ class RunHooks:
     """What a caller (a search trial) adds to a run without a second training loop.
 
     ``after_window(context, step, metrics)`` runs after each logging window (e.g. to report to
-    Ray Tune); in a distributed run it runs on rank 0, after that window's checkpoint, so it is
-    shipped to the worker and must pickle (cloudpickle). ``final_scores(context)`` runs on the
-    trained model before the summary is written and returns extra summary values (e.g. a noised
-    selection score); in a distributed run it is shipped the same way and runs on every rank
-    that evaluates (``Layout.rank_hooks``: rank 0, or every rank under zero3, whose forwards
-    are collectives), and rank 0's values go into the summary. ``training_rows(task_config,
-    rows)`` returns the rows to train on instead of the task's (an audit adds its included
-    canaries); it runs before the privacy plan and any model load, so it may refuse with a
-    ``ConfigError``; single-process runs only.
+    Ray Tune). ``final_scores(context)`` runs on the trained model before the summary is written
+    and returns extra summary values (e.g. a noised selection score). In a distributed run both
+    are shipped to the workers, so they must pickle (cloudpickle), and run on every rank that
+    evaluates (``Layout.rank_hooks``: rank 0, or every rank under zero3, whose forwards are
+    collectives), ``after_window`` after that window's checkpoint; rank 0's values go into the
+    summary, and a hook that releases anything itself must do so on rank 0 only.
+    ``training_rows(task_config, rows)`` returns the rows to train on instead of the task's (an
+    audit adds its included canaries); it runs before the privacy plan and any model load, so
+    it may refuse with a ``ConfigError``; single-process runs only.
     """
 
     after_window: Callable[[RunContext, int, dict[str, float]], None] | None = None

@@ -36,15 +36,14 @@ class Layout:
         return rank == 0
 
     def rank_hooks(self, hooks: RunHooks | None, rank: int) -> RunHooks | None:
-        """The caller's hooks this rank runs: ``after_window`` where the run reports (as its
-        tracker), ``final_scores`` where the model is evaluated (their forwards are this
-        layout's forwards; only the reporting rank's scores reach the summary)."""
-        if hooks is None:
+        """The caller's hooks this rank runs: both where the model is evaluated, since either
+        may score it (a search's ASHA rungs after a window, its selection score at the end) and
+        its forwards are this layout's forwards (collectives under zero3, so every rank joins);
+        only the reporting rank's scores reach the summary, and a hook that releases anything
+        itself must do so on rank 0 only."""
+        if hooks is None or not self.evaluates(rank):
             return None
-        return RunHooks(
-            after_window=hooks.after_window if self.reports(rank) else None,
-            final_scores=hooks.final_scores if self.evaluates(rank) else None,
-        )
+        return RunHooks(after_window=hooks.after_window, final_scores=hooks.final_scores)
 
     def save_model(self, context: RunContext, rank: int, directory: Path) -> None:
         """Save the fine-tuned weights (and tokenizer) to ``directory``; every rank calls it."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig
+from privzo.distributed.launch import check_batch, check_layout
 from privzo.models.loading import (
     load_tokenizer,
     peek_kind,
@@ -27,6 +28,7 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
+from privzo.tuning.resources import trial_resources
 
 
 @dataclass
@@ -112,12 +114,10 @@ def plan_search(
             "its exact validation metrics, training loss and times, which the search's "
             "guarantee does not cover; turn it off (the selection score is released noised)"
         )
-    if base.parallel.strategy != "single":
-        raise ConfigError(
-            f"parallel.strategy={base.parallel.strategy!r}: search trials run in one process "
-            "each (the selection score is computed on the trained model in the trial); use "
-            "'single' and give trials GPUs with resources.gpus_per_trial"
-        )
+    distributed = base.parallel.strategy != "single"  # trials run Ray Train workers
+    if distributed:
+        check_layout(base)
+        trial_resources(search, base)  # what a distributed trial's driver may not take
     _check_selection(search, base)
     _check_task(base, cache_dir)
     count = trial_count or _trial_count(search)
@@ -131,6 +131,8 @@ def plan_search(
             plan.derived = derived
         _check_compute_budget(search, config, combination)
         privacy = plan_privacy(config, dataset_size)
+        if distributed:  # a batch every worker can take a share of, for every trial
+            check_batch(config, privacy.expected_batch_size)
         if private:
             assert privacy.noise_multiplier is not None
             plan.events.append(

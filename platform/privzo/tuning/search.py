@@ -29,6 +29,7 @@ from privzo.tracking.tags import BEST_MODEL_URI
 from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
 from privzo.tuning.ray_adapter import result_grid_trials
+from privzo.tuning.resources import TrialResources, check_trial_resources
 from privzo.tuning.trial import SCORE, TRIALS_DIR, run_trial
 
 STATE_FILE = "search_state.json"
@@ -92,10 +93,13 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
+    local = _local_resources(ray_address, num_cpus)
+    if local is not None:  # a search the machine cannot run is refused before Ray starts
+        check_trial_resources(search, plan.base, local)
     _start_ray(ray_address, num_cpus)
     _check_cluster(plan, output_dir, tracking_uri)  # before the tracker writes a local store
+    resources = _check_resources(plan)
     tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
-    _check_resources(search)
     output_dir.mkdir(parents=True, exist_ok=True)
     if state is None:
         tracker.start()
@@ -112,7 +116,8 @@ def run_search(
         else:
             tracker.start()
     with tracker:
-        results = _fit(plan, state, output_dir, cache_dir, tracking_root, tracking_uri, progress)
+        places = _Places(output_dir, cache_dir, tracking_root, tracking_uri)
+        results = _fit(plan, state, places, resources, progress)
         summary = _record(plan, results, output_dir, tracker)
         if summary["interrupted"]:
             tracker.finish("KILLED")
@@ -180,53 +185,63 @@ def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None)
     )
 
 
-def _check_resources(search: SearchConfig) -> None:
-    """A trial must fit on the cluster, or Tune would wait for it forever."""
+def _local_resources(address: str | None, num_cpus: int | None) -> dict[str, float] | None:
+    """What a local Ray not yet started will schedule (``num_cpus`` CPUs, the GPUs torch sees);
+    None when connecting to a cluster or when Ray already runs (its own counts are checked)."""
     import ray
 
-    available = ray.cluster_resources()
-    resources = search.resources
-    for name, key, wanted in (
-        ("cpus_per_trial", "CPU", resources.cpus_per_trial),
-        ("gpus_per_trial", "GPU", resources.gpus_per_trial),
-    ):
-        have = available.get(key, 0.0)
-        if wanted > have:
-            raise ConfigError(
-                f"resources.{name}={wanted:g}: the Ray cluster has {have:g} {key}s in all; "
-                f"allowed: up to {have:g}"
-            )
+    if address is not None or num_cpus is None or ray.is_initialized():
+        return None
+    import torch
+
+    return {"CPU": float(num_cpus), "GPU": float(torch.cuda.device_count())}
+
+
+def _check_resources(plan: SearchPlan) -> TrialResources:
+    """A trial (and, for distributed trials, every concurrent one) must fit on the cluster, or
+    Tune would wait for it forever."""
+    import ray
+
+    return check_trial_resources(plan.search, plan.base, dict(ray.cluster_resources()))
+
+
+@dataclass(frozen=True)
+class _Places:
+    """Where a search's trials write and read."""
+
+    output_dir: Path
+    cache_dir: Path
+    tracking_root: Path
+    tracking_uri: str | None
 
 
 def _fit(
     plan: SearchPlan,
     state: SearchState,
-    output_dir: Path,
-    cache_dir: Path,
-    tracking_root: Path,
-    tracking_uri: str | None,
+    places: _Places,
+    resources: TrialResources,
     progress: bool,
 ) -> Any:
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    search = plan.search
+    search, output_dir = plan.search, places.output_dir
     setup = {
         "search": search.model_dump(mode="json"),
         "derived": plan.derived,
         "output_dir": str(output_dir),
-        "tracking_root": str(tracking_root),
-        "cache_dir": str(Path(cache_dir).resolve()),
-        "tracking_uri": tracking_uri,
+        "tracking_root": str(places.tracking_root),
+        "cache_dir": str(Path(places.cache_dir).resolve()),
+        "tracking_uri": places.tracking_uri,
         "parent_run_id": state.parent_run_id,
         "search_name": output_dir.name,
         # each trial's torch threads: the CPUs Tune reserves for it, so trials never share cores
-        "threads": max(1, int(search.resources.cpus_per_trial)),
+        # (a distributed trial's driver trains nothing: its workers set their own)
+        "threads": max(1, int(resources.driver.get("CPU", 1))),
     }
     # the fixed settings travel beside the sampled point, so Tune's tables show only the point
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, setup=setup),
-        {"cpu": search.resources.cpus_per_trial, "gpu": search.resources.gpus_per_trial},
+        tune.with_parameters(run_trial, setup=setup), resources.tune_spec()
     )
     param_space = {"point": tune_param_space(search)}
     experiment = output_dir / TUNE_DIR / TUNE_NAME

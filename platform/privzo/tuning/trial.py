@@ -1,5 +1,10 @@
 """One search trial: a normal privzo run plus the selection score it is compared on.
 
+A trial on a distributed layout (``parallel.strategy`` replica or zero3) is the same run: its
+Tune function is the driver that starts the Ray Train workers (``privzo.run.run`` builds the
+``TorchTrainer`` and waits on ``fit()``), the scorer's hooks run in the workers, and rank 0's
+scores come back in the run's summary and, for ASHA, to Tune as each window is scored.
+
 The trial function reads only its Tune config (no module globals, no environment): the search
 config, the point sampled from the space, and where to write. A trial whose directory already
 holds a finished run with the same config reports that run instead of training again, so a
@@ -8,6 +13,7 @@ resumed search never re-runs finished work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +94,12 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         return
     scorer = SelectionScorer(search, config.optimizer.is_private)
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
+    report = window_reporter(config.parallel.strategy) if evaluate_every else None
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
         if evaluate_every and step % evaluate_every == 0 and step < config.optimizer.steps:
-            tune.report({SCORE: scorer.score(context, step), "step": step, **metrics})
+            assert report is not None
+            report({SCORE: scorer.score(context, step), "step": step, **metrics})
 
     def final_scores(context: RunContext) -> dict[str, float]:
         score = scorer.score(context, config.optimizer.steps)
@@ -115,6 +123,39 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )
     tune.report(_report(summary, summary[SCORE]))
+
+
+def window_reporter(strategy: str) -> Callable[[dict[str, Any]], None]:
+    """How a trial's window scores (ASHA's rungs) reach Tune, from where ``after_window`` runs.
+
+    A single trial's hook runs in the Tune function: ``tune.report``. A distributed trial's runs
+    in its Ray Train workers (every rank that evaluates), which have no Tune session: rank 0
+    hands the scores to Ray's ``TuneReportCallback``, made here in the trial, which forwards to
+    the trial's session what it is given. The callback is not put on the trainer's RunConfig,
+    where it would forward every window's ``ray.train.report`` (a checkpoint barrier): Tune would
+    count windows as ASHA's iterations, and the score is computed after the window's report.
+    """
+    from ray import tune
+
+    if strategy == "single":
+        return tune.report
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    return _ToTune(TuneReportCallback())
+
+
+class _ToTune:
+    """Rank 0's reports, through a ``TuneReportCallback`` (pickled to the workers with it)."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        import ray.train
+
+        if ray.train.get_context().get_world_rank() == 0:  # the run's reporting rank
+            # the callback reads only its metrics; Ray Train passes its run context first
+            self.callback.after_report(None, [metrics], None)
 
 
 def _report(summary: dict[str, Any], score: float | None) -> dict[str, Any]:
