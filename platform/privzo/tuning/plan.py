@@ -17,6 +17,7 @@ from privzo.models.loading import (
     resolve_kind,
     resolve_source,
 )
+from privzo.privacy.discrete import noise_units
 from privzo.run import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
@@ -83,10 +84,13 @@ class SearchPlan:
         selection = self.search.selection
         if selection.split == "public":
             return f"public split {selection.public_path} (no privacy cost)"
+        scale = noise_units(selection.score_noise_multiplier, selection.score_grid)
         return (
             f"private validation split ({self.base.task.validation_size} examples held out of "
-            f"the training data), scores noised with std {selection.score_noise_multiplier:g} "
-            "examples and accounted"
+            f"the training data), each score's sum (examples' scores on the grid "
+            f"1/{selection.score_grid}) noised with an exact discrete Gaussian of std "
+            f"{scale}/{selection.score_grid} = {scale / selection.score_grid:.6g} examples "
+            "and accounted"
         )
 
 
@@ -140,6 +144,7 @@ def plan_search(
                     noise_multiplier=privacy.noise_multiplier,
                     score_releases=_score_releases(search, config),
                     score_noise_multiplier=search.selection.score_noise_multiplier,
+                    score_grid=search.selection.score_grid,
                     noise_grid=config.noise_grid,
                 )
             )

@@ -29,7 +29,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privzo.privacy.accounting import quiet_absl
-from privzo.privacy.discrete import grid_sensitivity
+from privzo.privacy.discrete import DEFAULT_SCORE_GRID, grid_sensitivity, noise_units
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp
 
 GEOMETRIC_SHAPE = 1.0  # RepeatAndSelectDpEvent's shape for a geometric number of trials
@@ -45,6 +45,7 @@ class TrialEvent:
     score_releases: int = 0
     score_noise_multiplier: float | None = None
     noise_grid: int | None = None  # the trial's noise is discrete on this grid
+    score_grid: int = DEFAULT_SCORE_GRID  # the scores' discrete noise is on the grid 1/m
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -56,6 +57,16 @@ class TrialEvent:
             return self.noise_multiplier
         return self.noise_grid / grid_sensitivity(self.noise_grid, self.noise_multiplier)
 
+    @property
+    def effective_score_noise_multiplier(self) -> float:
+        """s/m with s = ⌈σ_s·m⌉ (≥ σ_s): the noise-to-sensitivity ratio of a score release,
+        N_Z(0, s²) added to a sum of sensitivity m grid units. Its RDP at every order α > 1 is
+        at most the continuous Gaussian's at that ratio, αm²/(2s²) (Canonne, Kamath & Steinke
+        2020: for integer means the discrete Gaussians' Rényi divergence is at most the
+        continuous closed form), so a GaussianDpEvent at s/m bounds it."""
+        assert self.score_noise_multiplier is not None
+        return noise_units(self.score_noise_multiplier, self.score_grid) / self.score_grid
+
     def dp_event(self) -> dp_accounting.DpEvent:
         step = dp_accounting.PoissonSampledDpEvent(
             self.sample_rate, dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
@@ -63,9 +74,9 @@ class TrialEvent:
         training = dp_accounting.SelfComposedDpEvent(step, self.steps)
         if not self.score_releases:
             return training
-        assert self.score_noise_multiplier is not None
         scores = dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(self.score_noise_multiplier), self.score_releases
+            dp_accounting.GaussianDpEvent(self.effective_score_noise_multiplier),
+            self.score_releases,
         )
         return dp_accounting.ComposedDpEvent([training, scores])
 
