@@ -18,6 +18,8 @@ from privzo.privacy.discrete import (
     discrete_gaussian,
     discrete_laplace,
     grid_sensitivity,
+    noise_units,
+    unit_interval_units,
 )
 from privzo.privacy.plan import mechanism_parameters, plan_privacy
 from privzo.zo.estimators import estimator_for, make_estimator
@@ -257,3 +259,17 @@ def test_a_discrete_accountant_state_keeps_its_grid(mechanism, accountant):
     assert accountant_from_state(state).epsilon(1e-5) == gridded.epsilon(1e-5)
     with pytest.raises(ValueError, match="noise_parameters"):
         make_accountant(accountant, mechanism, 1.3, 0.02).load_state_dict(state)
+
+
+def test_a_score_sum_on_its_grid_has_sensitivity_m_and_noise_of_at_least_its_std():
+    assert noise_units(5.0, 1024) == 5120
+    assert noise_units(0.1, 10) == 2  # the float 0.1 is above 1/10: never rounded down
+    assert noise_units(5.3, 1024) == math.ceil(Fraction(5.3) * 1024) == 5428
+    scores = [0.0, 1.0, 0.37, 0.5, 0.999]
+    units = [unit_interval_units(value, 8) for value in scores]
+    assert units == [0, 8, 3, 4, 8] and all(0 <= unit <= 8 for unit in units)
+    for bad in (-0.01, 1.01, math.nan):
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            unit_interval_units(bad, 8)
+    with pytest.raises(ValueError, match="grid"):
+        noise_units(5.0, 0)
