@@ -205,6 +205,7 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
         ({"space": {"optimizer.batch_size": [8, 1000]}}, "exceeds the"),
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
         ({"overrides": {"tracking.log_private_diagnostics": True}}, "log_private_diagnostics"),
+        ({"overrides": {"privacy.noise_grid": 2**17}}, "grid of at most 65536"),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):

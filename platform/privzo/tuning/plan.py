@@ -18,6 +18,7 @@ from privzo.models.loading import (
     resolve_source,
 )
 from privzo.privacy.discrete import noise_units
+from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
@@ -115,6 +116,12 @@ def plan_search(
             "tracking.log_private_diagnostics=true in a private search: every trial would log "
             "its exact validation metrics, training loss and times, which the search's "
             "guarantee does not cover; turn it off (the selection score is released noised)"
+        )
+    if private and (base.noise_grid or 0) > MAX_LATTICE_SCALE:
+        raise ConfigError(
+            f"privacy.noise_grid={base.noise_grid} in a private search: the search bounds a "
+            "gridded trial's RDP by sums over the noise's lattice, done up to noise_grid="
+            f"{MAX_LATTICE_SCALE}; use a grid of at most {MAX_LATTICE_SCALE}"
         )
     if base.parallel.strategy != "single":
         raise ConfigError(
