@@ -7,6 +7,8 @@ import json
 import math
 from fractions import Fraction
 
+import dp_accounting
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +20,8 @@ from privzo.privacy.discrete import (
     discrete_gaussian,
     discrete_laplace,
     grid_sensitivity,
+    noise_units,
+    unit_interval_units,
 )
 from privzo.privacy.plan import mechanism_parameters, plan_privacy
 from privzo.zo.estimators import estimator_for, make_estimator
@@ -257,3 +261,73 @@ def test_a_discrete_accountant_state_keeps_its_grid(mechanism, accountant):
     assert accountant_from_state(state).epsilon(1e-5) == gridded.epsilon(1e-5)
     with pytest.raises(ValueError, match="noise_parameters"):
         make_accountant(accountant, mechanism, 1.3, 0.02).load_state_dict(state)
+
+
+def test_a_score_sum_on_its_grid_has_sensitivity_m_and_noise_of_at_least_its_std():
+    assert noise_units(5.0, 1024) == 5120
+    assert noise_units(0.1, 10) == 2  # the float 0.1 is above 1/10: never rounded down
+    assert noise_units(5.3, 1024) == math.ceil(Fraction(5.3) * 1024) == 5428
+    scores = [0.0, 1.0, 0.37, 0.5, 0.999]
+    units = [unit_interval_units(value, 8) for value in scores]
+    assert units == [0, 8, 3, 4, 8] and all(0 <= unit <= 8 for unit in units)
+    for bad in (-0.01, 1.01, math.nan):
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            unit_interval_units(bad, 8)
+    with pytest.raises(ValueError, match="grid"):
+        noise_units(5.0, 0)
+
+
+def _lattice_divergences(scale: int, shift: int, rate: float, alpha: float) -> tuple[float, float]:
+    """(D_α(p_q‖p₀), D_α(p₀‖p_q)) of the subsampled discrete Gaussian, by brute force on a wide
+    lattice (±2000 at scale 16: the rest of the mass is below e^{-7800})."""
+    from scipy.special import logsumexp
+
+    points = np.arange(-2000, 2001, dtype=np.float64)
+    log_p0 = -(points**2) / (2 * scale**2)
+    log_p0 -= logsumexp(log_p0)
+    log_p1 = -((points - shift) ** 2) / (2 * scale**2)
+    log_p1 -= logsumexp(log_p1)
+    log_mix = np.logaddexp(math.log1p(-rate) + log_p0, math.log(rate) + log_p1)
+    remove = logsumexp(alpha * log_mix + (1 - alpha) * log_p0) / (alpha - 1)
+    add = logsumexp(alpha * log_p0 + (1 - alpha) * log_mix) / (alpha - 1)
+    return float(remove), float(add)
+
+
+def test_the_search_bounds_a_gridded_step_in_both_directions_at_every_order():
+    """A search's curve for a gridded trial is at or above the discrete step's Rényi divergence
+    in both directions (brute force), integer and fractional orders; at integer orders the
+    remove direction is the continuous closed form at K/Δ exactly."""
+    from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
+    from privzo.privacy.dp_accounting_adapter import RDP_ORDERS
+    from privzo.tuning.privacy import TrialEvent, rdp_curve
+
+    grid, sigma, rate = 16, 1.25, 0.1
+    shift = grid_sensitivity(grid, sigma)
+    assert shift == 13
+    event = TrialEvent(steps=1, sample_rate=rate, noise_multiplier=sigma, noise_grid=grid)
+    curve = event.curve()
+    lattice = subsampled_discrete_gaussian_rdp(grid, shift, rate, RDP_ORDERS)
+    closed = rdp_curve(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(grid / shift))
+    )
+    for index, alpha in enumerate(RDP_ORDERS):
+        if alpha > 20:
+            break
+        remove, add = _lattice_divergences(grid, shift, rate, float(alpha))
+        assert curve[index] >= max(remove, add) * (1 - 1e-12)
+        if alpha == int(alpha):
+            assert lattice[index] == pytest.approx(add, rel=1e-9)
+            assert closed[index] == pytest.approx(remove, rel=1e-9)
+        else:
+            assert lattice[index] == pytest.approx(max(remove, add), rel=1e-9)
+
+
+def test_a_smaller_shift_than_the_sensitivity_diverges_less_on_the_lattice():
+    """A record whose rounded value is below C moves the sum by |v| < Δ grid units; the bound
+    is computed at Δ. At K = 16 every such v diverges less, in both directions (brute force)."""
+    grid, shift, rate = 16, 13, 0.1
+    for alpha in (1.5, 2.0, 3.5, 8.0, 16.0):
+        full = _lattice_divergences(grid, shift, rate, alpha)
+        for smaller in range(1, shift):
+            remove, add = _lattice_divergences(grid, smaller, rate, alpha)
+            assert remove <= full[0] and add <= full[1]

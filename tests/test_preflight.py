@@ -54,6 +54,7 @@ def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str
         overrides.append(f"privacy.mechanism={mechanism}")
     if mechanism == "lmo":
         overrides.append("privacy.accountant=numeric")  # the one that accounts lmo
+        overrides.append("privacy.noise_grid=null")  # lmo's float noise, chosen explicitly
     return load_config(None, overrides)
 
 

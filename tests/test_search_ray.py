@@ -203,6 +203,11 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
         text = path.read_text(errors="replace")
         for field in TIMING_FIELDS:
             assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
+    # the released score is an exact discrete Gaussian on the grid: score × m × size is an
+    # integer (m = selection.score_grid = 1024, 16 validation examples)
+    (summary,) = list((output / "trials").glob("*/summary.json"))
+    units = json.loads(summary.read_text())["selection_score"] * 1024 * 16
+    assert units == pytest.approx(round(units), abs=1e-6)
 
 
 def test_resources_the_cluster_lacks_fail_before_any_trial(

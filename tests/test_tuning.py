@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -204,6 +205,7 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
         ({"space": {"optimizer.batch_size": [8, 1000]}}, "exceeds the"),
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
         ({"overrides": {"tracking.log_private_diagnostics": True}}, "log_private_diagnostics"),
+        ({"overrides": {"privacy.noise_grid": 2**17}}, "grid of at most 65536"),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):
@@ -326,3 +328,51 @@ def test_tunes_timing_fields_are_withheld_from_a_result():
     result = {field: 1.5 for field in TIMING_FIELDS} | {"selection_score": 0.7, "step": 10}
     result["training_iteration"] = 2
     assert withhold_timing(result) == {"selection_score": 0.7, "step": 10, "training_iteration": 2}
+
+
+def test_a_private_selection_score_is_exact_discrete_noise_on_its_grid(make_search, cache_dir):
+    """Each released score × m × size is an integer: the examples' 0/1 scores on the grid 1/m
+    plus an integer discrete Gaussian draw of scale ⌈σ_s·m⌉ (no float noise reaches it)."""
+    from privzo.run import build_context
+    from privzo.tuning.trial import SelectionScorer
+
+    search = load_search_config(make_search())
+    context = build_context(base_run_config(search), cache_dir, progress=False)
+    scorer = SelectionScorer(search, private=True)
+    size, grid = len(context.validation), 1024  # selection.score_grid's default
+    accuracy = context.task.evaluate(context.scoring_model, context.validation, 8)["accuracy"]
+    exact_units = round(accuracy * size) * grid
+    scale = math.ceil(5.0 * grid)  # selection.score_noise_multiplier's default
+    noise = []
+    for step in range(1, 41):
+        units = scorer.score(context, step) * grid * size
+        assert units == pytest.approx(round(units), abs=1e-6)
+        noise.append(round(units) - exact_units)
+    assert scorer.releases == 40 and scorer.score(context, 40) == scorer.score(context, 40)
+    assert 0.6 * scale < statistics.pstdev(noise) < 1.5 * scale  # 40 draws: ±11 % (1 sd)
+
+
+def test_score_releases_are_accounted_at_the_discrete_noise_ratio(make_search, cache_dir):
+    """The search's ε composes each score release as N_Z(0, s²) with sensitivity m, s = ⌈σ_s·m⌉:
+    the accountant's ε for exactly that event, not the continuous σ_s."""
+    path = make_search(selection={"split": "validation", "score_noise_multiplier": 5.3})
+    plan = plan_search(load_search_config(path), cache_dir)
+    scale = math.ceil(5.3 * 1024)
+    for event in plan.events:
+        assert (event.score_grid, event.score_releases) == (1024, 1)
+        assert event.effective_score_noise_multiplier == scale / 1024 > 5.3
+
+    def epsilon(event: TrialEvent, score_ratio: float) -> float:
+        accountant = dp_accounting.rdp.RdpAccountant()
+        step = dp_accounting.PoissonSampledDpEvent(
+            event.sample_rate, dp_accounting.GaussianDpEvent(event.effective_noise_multiplier)
+        )
+        accountant.compose(step, event.steps)
+        accountant.compose(dp_accounting.GaussianDpEvent(score_ratio), event.score_releases)
+        return accountant.get_epsilon(1e-5)
+
+    for event in plan.events:
+        per_trial = epsilon_of_curve(worst_curve([event]), 1e-5)
+        assert per_trial == pytest.approx(epsilon(event, scale / 1024), rel=1e-9)
+        assert per_trial < epsilon(event, 5.3)
+    assert "discrete Gaussian of std 5428/1024" in plan.bounds(4)["selection"]

@@ -473,6 +473,7 @@ class RunConfig(_Section):
                 "privacy.noise_grid=null for the float sampler (not safe from floating-point "
                 "attacks)"
             )
+        _check_float_noise_is_chosen(self)
         _check_test_split_is_not_private(self)
         return self
 
@@ -497,6 +498,23 @@ class RunConfig(_Section):
         if not self.optimizer.is_private:
             return None
         return self.privacy.mechanism or ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+
+
+def _check_float_noise_is_chosen(config: RunConfig) -> None:
+    """A scalar mechanism without a discrete sampler (lmo) draws float noise: only when the
+    config says so (``privacy.noise_grid: null``), never silently under the default grid."""
+    mechanism = config.mechanism
+    if config.optimizer.algorithm not in SCALAR_NOISE_ALGORITHMS or mechanism is None:
+        return
+    if mechanism in GRIDDED_MECHANISMS or config.privacy.noise_grid is None:
+        return
+    raise ValueError(
+        f"privacy.mechanism={mechanism!r} with privacy.noise_grid={config.privacy.noise_grid}: "
+        f"{mechanism} has no discrete sampler, so its noise comes from numpy's float samplers, "
+        "whose low bits floating-point attacks can read (Mironov 2012); its numeric accountant "
+        "bounds the continuous mechanism only. Set privacy.noise_grid=null to run it on that "
+        f"float noise, or use {' or '.join(GRIDDED_MECHANISMS)} (drawn exactly on the grid)"
+    )
 
 
 def _check_test_split_is_not_private(config: RunConfig) -> None:

@@ -20,12 +20,15 @@ import secrets
 from fractions import Fraction
 
 __all__ = [
+    "DEFAULT_SCORE_GRID",
     "bernoulli",
     "bernoulli_exp",
     "check_grid",
     "discrete_gaussian",
     "discrete_laplace",
     "grid_sensitivity",
+    "noise_units",
+    "unit_interval_units",
 ]
 
 _ONE = Fraction(1)
@@ -105,3 +108,26 @@ def grid_sensitivity(grid: int, noise_multiplier: float) -> int:
     The estimator clamps each rounded value to ±this and the accountants use it, so the two
     always agree (one function, one float rounding)."""
     return math.ceil(grid / noise_multiplier)
+
+
+# --- a noised sum of per-example values in [0, 1] (a search's selection score) ------------------
+
+DEFAULT_SCORE_GRID = 1024  # grid points per example of a noised score sum (selection.score_grid)
+
+
+def noise_units(noise_multiplier: float, grid: int) -> int:
+    """⌈σ·m⌉: the integer scale, in grid units 1/m, of discrete Gaussian noise whose std is at
+    least σ (computed on the exact rational value of the float σ, so never rounded down)."""
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise_multiplier={noise_multiplier!r} must be positive and finite")
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid={grid!r} must be an integer ≥ 1")
+    return math.ceil(Fraction(noise_multiplier) * grid)
+
+
+def unit_interval_units(value: float, grid: int) -> int:
+    """A value in [0, 1] rounded to the grid 1/m, as an integer in [0, m]: a sum of these over
+    examples changes by at most m when one example is added, removed or replaced."""
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise ValueError(f"value={value!r} must lie in [0, 1]")
+    return min(max(round(value * grid), 0), grid)

@@ -184,13 +184,21 @@ class PromptClassificationTask:
         return {"accuracy": self.accuracy(model, examples, batch_size)}
 
     def accuracy(self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int) -> float:
-        correct = 0
+        correct = sum(self.example_scores(model, examples, batch_size)["accuracy"])
+        return correct / max(len(examples), 1)
+
+    def example_scores(
+        self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int
+    ) -> dict[str, list[float]]:
+        """Each example's score in [0, 1] per metric (1.0 if its label is predicted, else 0.0):
+        what a noised sum over a private split adds up."""
+        correct: list[float] = []
         for start in range(0, len(examples), batch_size):
             indices = range(start, min(start + batch_size, len(examples)))
             batch = self.collate(examples, indices)
             predictions = self.label_logits(model, batch).argmax(dim=-1).cpu()
-            correct += int((predictions == batch.labels).sum())
-        return correct / max(len(examples), 1)
+            correct.extend(float(hit) for hit in (predictions == batch.labels).tolist())
+        return {"accuracy": correct}
 
 
 def _max_length(config: TaskConfig, position_limit: int | None) -> int | None:

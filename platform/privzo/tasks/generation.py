@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from privzo.config import ConfigError, template_fields
 from privzo.tasks.classification import no_cache, scoring_mode, vocabulary_head
 from privzo.tasks.data import Row
-from privzo.tasks.metrics import mean_exact_match, mean_f1
+from privzo.tasks.metrics import exact_match, f1_score, mean_exact_match, mean_f1
 
 SQUAD_TEMPLATE = "Title: {title}\nContext: {context}\nQuestion: {question}\nAnswer:"
 DROP_TEMPLATE = "Passage: {context}\nQuestion: {question}\nAnswer:"
@@ -224,6 +224,16 @@ class GenerationTask:
         return {
             "exact_match": mean_exact_match(predictions, examples.references),
             "f1": mean_f1(predictions, examples.references),
+        }
+
+    def example_scores(
+        self, model: PreTrainedModel, examples: GenerationExamples, batch_size: int
+    ) -> dict[str, list[float]]:
+        """Each example's exact match and F1, each in [0, 1]: what a noised sum adds up."""
+        predictions = self.predict(model, examples, batch_size)
+        return {
+            "exact_match": list(map(exact_match, predictions, examples.references)),
+            "f1": list(map(f1_score, predictions, examples.references)),
         }
 
     def predict(

@@ -35,6 +35,7 @@ from privzo.config import (
     with_values,
 )
 from privzo.extras import require_extra
+from privzo.privacy.discrete import DEFAULT_SCORE_GRID
 
 # Keys a search may vary. The privacy budget (ε, δ) is fixed: it is what every trial meets.
 SEARCHABLE = (
@@ -103,8 +104,17 @@ class SelectionConfig(Section):
     score_noise_multiplier: float = Field(
         5.0,
         gt=0,
-        description="Gaussian noise on the validation sum (each example scores in [0, 1], so "
-        "the sum has sensitivity 1): std = this many examples.",
+        description="Discrete Gaussian noise on the validation sum (each example scores in "
+        "[0, 1], so the sum has sensitivity 1): std = this many examples (rounded up to the "
+        "score grid).",
+    )
+    score_grid: int = Field(
+        DEFAULT_SCORE_GRID,
+        ge=1,
+        le=2**20,
+        description="Grid points per example of the noised validation sum: each example's score "
+        "is rounded to 1/score_grid, and the integer sum gets an exact discrete Gaussian "
+        "(safe from floating-point attacks) of std ceil(score_noise_multiplier × score_grid).",
     )
 
     @model_validator(mode="after")

@@ -18,6 +18,8 @@ from privzo.models.loading import (
     resolve_kind,
     resolve_source,
 )
+from privzo.privacy.discrete import noise_units
+from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
@@ -85,10 +87,13 @@ class SearchPlan:
         selection = self.search.selection
         if selection.split == "public":
             return f"public split {selection.public_path} (no privacy cost)"
+        scale = noise_units(selection.score_noise_multiplier, selection.score_grid)
         return (
             f"private validation split ({self.base.task.validation_size} examples held out of "
-            f"the training data), scores noised with std {selection.score_noise_multiplier:g} "
-            "examples and accounted"
+            f"the training data), each score's sum (examples' scores on the grid "
+            f"1/{selection.score_grid}) noised with an exact discrete Gaussian of std "
+            f"{scale}/{selection.score_grid} = {scale / selection.score_grid:.6g} examples "
+            "and accounted"
         )
 
 
@@ -113,6 +118,12 @@ def plan_search(
             "tracking.log_private_diagnostics=true in a private search: every trial would log "
             "its exact validation metrics, training loss and times, which the search's "
             "guarantee does not cover; turn it off (the selection score is released noised)"
+        )
+    if private and (base.noise_grid or 0) > MAX_LATTICE_SCALE:
+        raise ConfigError(
+            f"privacy.noise_grid={base.noise_grid} in a private search: the search bounds a "
+            "gridded trial's RDP by sums over the noise's lattice, done up to noise_grid="
+            f"{MAX_LATTICE_SCALE}; use a grid of at most {MAX_LATTICE_SCALE}"
         )
     distributed = base.parallel.strategy != "single"  # trials run Ray Train workers
     if distributed:
@@ -142,6 +153,7 @@ def plan_search(
                     noise_multiplier=privacy.noise_multiplier,
                     score_releases=_score_releases(search, config),
                     score_noise_multiplier=search.selection.score_noise_multiplier,
+                    score_grid=search.selection.score_grid,
                     noise_grid=config.noise_grid,
                 )
             )

@@ -16,6 +16,12 @@ repeat-and-select):
 Trials with a varying event (steps or batch size searched) are a mixture over the space's
 points; a mixture's RDP is at most the pointwise maximum of its components' curves (Rényi
 divergence is quasi-convex), which is the curve both bounds use.
+
+The noise is discrete (``privzo.privacy.discrete``): a gridded trial step is bounded order by
+order by the larger of the continuous Gaussian's closed form at K/Δ and the discrete step's own
+Rényi divergences summed on the lattice (``privzo.privacy.discrete_rdp``); a score release
+(N_Z(0, s²) on a sum of sensitivity m) by the continuous Gaussian's at s/m, which Canonne,
+Kamath & Steinke (2020) show bounds the discrete Gaussian at every order.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privzo.privacy.accounting import quiet_absl
-from privzo.privacy.discrete import grid_sensitivity
+from privzo.privacy.discrete import DEFAULT_SCORE_GRID, grid_sensitivity, noise_units
+from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp
 
 GEOMETRIC_SHAPE = 1.0  # RepeatAndSelectDpEvent's shape for a geometric number of trials
@@ -45,29 +52,63 @@ class TrialEvent:
     score_releases: int = 0
     score_noise_multiplier: float | None = None
     noise_grid: int | None = None  # the trial's noise is discrete on this grid
+    score_grid: int = DEFAULT_SCORE_GRID  # the scores' discrete noise is on the grid 1/m
 
     @property
     def effective_noise_multiplier(self) -> float:
         """σ, or on a grid K/Δ with Δ = ⌈K/σ⌉ (≤ σ): the noise-to-sensitivity ratio of the
-        discrete Gaussian the trial draws. Its RDP is taken as the continuous Gaussian's at that
-        ratio: for integer orders the subsampled remove-direction moments are equal (the
-        discrete Gaussian's E[(μ₁/μ₀)^k] has the continuous closed form when kΔ is an integer)."""
+        discrete Gaussian the trial draws (see ``curve`` for how its RDP is bounded)."""
         if self.noise_grid is None:
             return self.noise_multiplier
         return self.noise_grid / grid_sensitivity(self.noise_grid, self.noise_multiplier)
 
+    @property
+    def effective_score_noise_multiplier(self) -> float:
+        """s/m with s = ⌈σ_s·m⌉ (≥ σ_s): the noise-to-sensitivity ratio of a score release,
+        N_Z(0, s²) added to a sum of sensitivity m grid units. Its RDP at every order α > 1 is
+        at most the continuous Gaussian's at that ratio, αm²/(2s²) (Canonne, Kamath & Steinke
+        2020: for integer means the discrete Gaussians' Rényi divergence is at most the
+        continuous closed form), so a GaussianDpEvent at s/m bounds it."""
+        assert self.score_noise_multiplier is not None
+        return noise_units(self.score_noise_multiplier, self.score_grid) / self.score_grid
+
     def dp_event(self) -> dp_accounting.DpEvent:
-        step = dp_accounting.PoissonSampledDpEvent(
-            self.sample_rate, dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
-        )
-        training = dp_accounting.SelfComposedDpEvent(step, self.steps)
+        """The event as continuous Gaussians at the effective ratios (what dp-accounting can
+        compose; ``curve`` adds what the discrete training noise needs beyond it)."""
+        training = dp_accounting.SelfComposedDpEvent(self._step_event(), self.steps)
         if not self.score_releases:
             return training
-        assert self.score_noise_multiplier is not None
-        scores = dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(self.score_noise_multiplier), self.score_releases
+        return dp_accounting.ComposedDpEvent([training, self._scores_event()])
+
+    def curve(self) -> np.ndarray:
+        """The trial's RDP at ``RDP_ORDERS``: T steps plus the score releases.
+
+        A gridded step takes, order by order, the larger of the continuous closed form at K/Δ
+        (exactly the discrete remove direction at integer orders) and the discrete step's own
+        divergences summed on the lattice (``privzo.privacy.discrete_rdp``: the add direction
+        at every order, the remove direction at fractional ones)."""
+        step = rdp_curve(self._step_event())
+        if self.noise_grid is not None:
+            sensitivity = grid_sensitivity(self.noise_grid, self.noise_multiplier)
+            lattice = subsampled_discrete_gaussian_rdp(
+                self.noise_grid, sensitivity, self.sample_rate, RDP_ORDERS
+            )
+            step = np.maximum(step, lattice)
+        curve = self.steps * step
+        if self.score_releases:
+            curve = curve + rdp_curve(self._scores_event())
+        return curve
+
+    def _step_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.PoissonSampledDpEvent(
+            self.sample_rate, dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
         )
-        return dp_accounting.ComposedDpEvent([training, scores])
+
+    def _scores_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.GaussianDpEvent(self.effective_score_noise_multiplier),
+            self.score_releases,
+        )
 
 
 def rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
@@ -81,7 +122,7 @@ def worst_curve(events: Sequence[TrialEvent]) -> np.ndarray:
     """Pointwise maximum of the events' RDP curves: bounds any mixture of them."""
     if not events:
         raise ValueError("no trial events")
-    return np.max(np.stack([rdp_curve(event.dp_event()) for event in events]), axis=0)
+    return np.max(np.stack([event.curve() for event in events]), axis=0)
 
 
 def epsilon_of_curve(curve: np.ndarray, delta: float) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from privzo.privacy.mechanisms import get_mechanism
+from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, can_resume, finished_summary, run
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
@@ -30,15 +30,20 @@ TRIALS_DIR = "trials"
 class SelectionScorer:
     """Computes (and for a private split, noises) the score a trial is selected on.
 
-    Each example scores in [0, 1] (accuracy, EM, F1), so the sum over the validation split has
-    sensitivity 1; Gaussian noise of std ``score_noise_multiplier`` is added to the sum before
-    dividing by the (public) split size. Scores are cached by step so one step is released once.
+    Each example scores in [0, 1] (accuracy, EM, F1). On a private split each example's score
+    is rounded to the grid 1/m (m = ``selection.score_grid``; 0/1 metrics exactly), so the
+    integer sum has sensitivity m, and an exact discrete Gaussian N_Z(0, s²) with
+    s = ⌈score_noise_multiplier · m⌉ is added (``privzo.privacy.discrete``: integer arithmetic
+    on OS entropy, so no floating-point artefact of the draw reaches the release). Only the
+    noisy integer is divided by m × the (public) split size. Scores are cached by step so one
+    step is released once. ``privzo.tuning.privacy.TrialEvent`` accounts each release.
     """
 
     def __init__(self, search: SearchConfig, private: bool) -> None:
         self.selection = search.selection
         self.noised = private and self.selection.split == "validation"
-        self.mechanism = get_mechanism("gaussian") if self.noised else None
+        self.grid = self.selection.score_grid
+        self.noise_scale = noise_units(self.selection.score_noise_multiplier, self.grid)
         self.scores: dict[int, float] = {}
         self._public_examples: Any = None
 
@@ -55,14 +60,18 @@ class SelectionScorer:
         examples = self._examples(context)
         metric = self.selection.metric or context.task.metric
         batch_size = context.config.optimizer.eval_batch_size
-        metrics = context.task.evaluate(context.scoring_model, examples, batch_size)
-        if metric not in metrics:
-            raise ValueError(f"selection.metric={metric!r}: the task reports {sorted(metrics)}")
-        size = len(examples)
-        total = metrics[metric] * size
-        if self.mechanism is not None:
-            total += self.mechanism.sample(self.selection.score_noise_multiplier)
-        return total / size
+        scores = context.task.example_scores(context.scoring_model, examples, batch_size)
+        if metric not in scores:
+            raise ValueError(f"selection.metric={metric!r}: the task reports {sorted(scores)}")
+        if not self.noised:
+            return sum(scores[metric]) / len(examples)
+        return self.noised_units(scores[metric]) / (self.grid * len(examples))
+
+    def noised_units(self, example_scores: list[float]) -> int:
+        """The sum of the examples' scores on the grid 1/m plus discrete Gaussian noise, as an
+        integer number of grid units."""
+        total = sum(unit_interval_units(value, self.grid) for value in example_scores)
+        return total + discrete_gaussian(self.noise_scale)
 
     def _examples(self, context: RunContext) -> Any:
         if self.selection.split == "validation":
