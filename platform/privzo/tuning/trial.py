@@ -14,7 +14,15 @@ from typing import Any
 
 from privzo.config import dump_config
 from privzo.privacy.mechanisms import get_mechanism
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, RunContext, RunHooks, can_resume, run
+from privzo.run import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    RunContext,
+    RunHooks,
+    can_resume,
+    run,
+)
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
@@ -29,18 +37,21 @@ class SelectionScorer:
     Each example scores in [0, 1] (accuracy, EM, F1), so the sum over the validation split has
     sensitivity 1; Gaussian noise of std ``score_noise_multiplier`` is added to the sum before
     dividing by the (public) split size. Scores are cached by step so one step is released once.
+    ``earlier`` counts the scores an interrupted attempt of the trial released (a resumed
+    trial's record counts every release, not only its own attempt's).
     """
 
-    def __init__(self, search: SearchConfig, private: bool) -> None:
+    def __init__(self, search: SearchConfig, private: bool, earlier: int = 0) -> None:
         self.selection = search.selection
         self.noised = private and self.selection.split == "validation"
         self.mechanism = get_mechanism("gaussian") if self.noised else None
         self.scores: dict[int, float] = {}
+        self.earlier = earlier
         self._public_examples: Any = None
 
     @property
     def releases(self) -> int:
-        return len(self.scores) if self.noised else 0
+        return len(self.scores) + self.earlier if self.noised else 0
 
     def score(self, context: RunContext, step: int) -> float:
         if step not in self.scores:
@@ -88,8 +99,10 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     if finished is not None:
         tune.report(_report(finished, finished.get(SCORE)))
         return
-    scorer = SelectionScorer(search, config.optimizer.is_private)
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
+    resumes = can_resume(config, output_dir)
+    earlier = _earlier_scores(output_dir, config.optimizer.steps, evaluate_every) if resumes else 0
+    scorer = SelectionScorer(search, config.optimizer.is_private, earlier)
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
         if evaluate_every and step % evaluate_every == 0 and step < config.optimizer.steps:
@@ -106,7 +119,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         progress=False,
         # an interrupted attempt resumes (its released steps are not drawn again); partial
         # files it cannot resume from are replaced (a finished attempt returned above)
-        overwrite=not can_resume(config, output_dir),
+        overwrite=not resumes,
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
         tags={
@@ -117,6 +130,19 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )
     tune.report(_report(summary, summary[SCORE]))
+
+
+def _earlier_scores(output_dir: Path, steps: int, evaluate_every: int | None) -> int:
+    """Intermediate scores an interrupted attempt released: one at each multiple of
+    ``evaluate_every`` (below ``steps``) it finished. A window's resume point is saved before
+    its score is reported, so this may count one score a kill kept from going out (the record
+    errs on the side of more releases)."""
+    if not evaluate_every:
+        return 0
+    import pyarrow.parquet as pq
+
+    done = pq.read_metadata(output_dir / TRAJECTORY_FILE).num_rows
+    return min(done, steps - 1) // evaluate_every
 
 
 def _finished_summary(output_dir: Path, config_text: str) -> dict[str, Any] | None:
