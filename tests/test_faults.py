@@ -1,11 +1,13 @@
-"""Fault injection: a single run SIGKILLed at random steps, again and again, then let finish
-(issue 14 item 6). Every kill lands wherever the run is (inside a step, while a window's
+"""Fault injection (issue 14 item 6). A single run SIGKILLed at random steps, again and again,
+then let finish: every kill lands wherever the run is (inside a step, while a window's
 trajectory and resume point are written, while MLflow is logging); the same command resumes.
+A distributed run's worker and a search trial are each SIGKILLed at a random step boundary,
+then resumed (the second part of this module).
 
-Checked at the end: every step in the trajectory exactly once and in order, the rows each killed
-attempt had written kept unchanged (nothing lost, nothing redrawn), ε the accountant's value for
-T steps (each step booked once), one MLflow run in the experiment, FINISHED, whose ε windows are
-each logged at most once.
+Checked at the end of the single run: every step in the trajectory exactly once and in order,
+the rows each killed attempt had written kept unchanged (nothing lost, nothing redrawn), ε the
+accountant's value for T steps (each step booked once), one MLflow run in the experiment,
+FINISHED, whose ε windows are each logged at most once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from privzo.tracking import find_runs, read_run
 STEPS = 300
 KILLS = 3
 WAIT_S = 600  # a margin for a loaded machine, not a timing
+
+
+def _fault_seed() -> int:
+    """The seed of a test's kill points: ``PRIVZO_FAULT_SEED`` to replay a failure (every
+    failure message names its seed), else a fresh one."""
+    given = os.environ.get("PRIVZO_FAULT_SEED")
+    return int(given) if given else random.SystemRandom().randrange(2**32)
 
 
 def _rows(output: Path) -> list[dict]:
@@ -58,8 +67,9 @@ def _start(config: Path, output: Path, cache_dir: Path, train: Path, test: Path)
 def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
     tmp_path, sentiment_files, cache_dir
 ):
-    seed = random.SystemRandom().randrange(2**32)
+    seed = _fault_seed()
     rng = random.Random(seed)  # the kill points; the seed is in every failure message
+    print(f"seed {seed}: {KILLS} kills of {STEPS} steps")
     config = tmp_path / "run.yaml"
     config.write_text("seed: 0\n")
     output = tmp_path / "runs" / "dp"
@@ -111,3 +121,339 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
     ]
     assert history == sorted(set(history)) and history[-1] == STEPS, f"seed {seed}: {history}"
     assert not (output / "resume.json").exists()
+
+
+# --- a distributed worker and a search trial, killed at a random step ----------------------
+#
+# Neither kill races the run: the victim's rank 0 (or the trial) writes its PID and waits at the
+# drawn step's boundary until the test has checked that PID is its own and killed the victim
+# (issue 19 item 1). The wait is the ``RunHooks.after_window`` hook a distributed run ships to
+# rank 0; a trial's hooks are the search's own, so a Ray worker setup hook (the test's, given to
+# ``ray.init``) wraps the trial's ``after_window`` with the same wait.
+
+# Reports every 0.1 s instead of 2 s; a worker group may take 20 minutes to start, not 60 s
+# (under load 8-12 on 2 cores starting two workers that import torch took longer than 60 s).
+RAY_TEST_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
+}
+RAY_STEPS = 30  # one window per step (log_every=1): any step can be the one killed at
+PAUSE_LIMIT_S = 900  # a paused victim nobody kills fails its run instead of hanging
+RUN_LIMIT_S = 2400  # margins for a loaded machine (a search's first trial took 6 min at load 7)
+TINY_DPZERO = Path(__file__).resolve().parents[1] / "configs" / "runs" / "tiny-dpzero.yaml"
+
+
+def _pause_at(step: int, pid_file: Path):
+    """An ``after_window`` that, the first time ``step`` steps are done, writes this process's
+    PID and waits to be killed; a later attempt finds the PID file and goes on. A closure, so
+    cloudpickle ships it by value to Ray's workers."""
+
+    def pause(steps_done: int) -> None:
+        if steps_done != step or pid_file.exists():
+            return
+        written = pid_file.with_suffix(".tmp")
+        written.write_text(str(os.getpid()))
+        written.rename(pid_file)  # the test never reads a half-written PID
+        time.sleep(PAUSE_LIMIT_S)
+        raise RuntimeError(f"paused {PAUSE_LIMIT_S} s at step {step} and was not killed")
+
+    return pause
+
+
+@pytest.fixture
+def ray_with():
+    """``ray_with(**runtime_env)`` starts a 2-CPU local Ray for one test (stopped after it) with
+    this privzo shipped to its workers, the test's Ray settings and ``runtime_env``'s extras."""
+    ray = pytest.importorskip("ray")
+    from privzo.distributed.launch import ray_runtime_env
+
+    previous = {name: os.environ.get(name) for name in RAY_TEST_ENV}
+    os.environ.update(RAY_TEST_ENV)  # the driver side too
+
+    def start(**runtime_env) -> None:
+        env = {**ray_runtime_env(RAY_TEST_ENV), **runtime_env}
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env=env)
+
+    yield start
+    ray.shutdown()
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _descendants(marker: str) -> dict[int, object]:
+    """This test's own processes whose command line holds ``marker`` (Ray's workers are
+    children of the raylet this test started)."""
+    import psutil
+
+    found = {}
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()):
+                found[process.pid] = process
+        except psutil.Error:
+            continue
+    return found
+
+
+def _in_thread(function, *args, **kwargs):
+    """Run ``function`` in a thread; returns the thread and a dict that gets its result (or the
+    error it raised, re-raised by the test)."""
+    import threading
+
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = function(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for(pid_file: Path, thread, outcome: dict, seed: int) -> int:
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while not pid_file.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), f"seed {seed}: the victim never paused: {outcome}"
+    assert thread.is_alive(), f"seed {seed}: the run ended although its victim is paused"
+    return int(pid_file.read_text())
+
+
+def _kill(process, seed: int) -> None:
+    import psutil
+
+    process.kill()
+    process.wait(timeout=120)
+    assert not psutil.pid_exists(process.pid) or process.status() == psutil.STATUS_ZOMBIE, (
+        f"seed {seed}: the victim {process.pid} survived SIGKILL"
+    )
+
+
+def _join(thread, outcome: dict, seed: int):
+    thread.join(timeout=RUN_LIMIT_S)
+    assert not thread.is_alive(), f"seed {seed}: the run did not end in {RUN_LIMIT_S} s"
+    if "error" in outcome:
+        raise AssertionError(f"seed {seed}: the run failed") from outcome["error"]
+    return outcome["result"]
+
+
+def _check_released_once(uri: str, run_id: str, rows: list[dict], seed: int) -> None:
+    """Every window's metrics logged at most once, and the released |g| of each logged step
+    (one step a window) is the final trajectory's: no step was drawn twice. (The tracker
+    buffers metrics, so a killed attempt's unsent windows are missing, never released.)"""
+    history = read_run(uri, run_id)["history"]
+    for key, points in history.items():
+        steps = [step for step, _ in points]
+        assert len(steps) == len(set(steps)), f"seed {seed}: {key} logged twice at a step"
+    logged = dict(history["projected_gradient_abs"])
+    assert set(logged) <= set(range(1, len(rows) + 1)) and len(rows) in logged, f"seed {seed}"
+    for row in rows:
+        released = logged.get(row["step"] + 1, abs(row["projected_gradient"]))
+        assert released == pytest.approx(abs(row["projected_gradient"]), rel=1e-12), (
+            f"seed {seed}: step {row['step']} released {released}, recorded "
+            f"{row['projected_gradient']}"
+        )
+
+
+def _check_accounted_once(output: Path, summary: dict, steps: int, seed: int) -> None:
+    """privacy.json books every step once, and ε is the accountant's for the run's recorded
+    parameters (computed here, not taken from the run)."""
+    expected = compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=summary["sample_rate"],
+        steps=steps,
+        delta=summary["delta"],
+        noise_parameters=summary["mechanism_parameters"],
+    )
+    privacy = json.loads((output / "privacy.json").read_text())
+    assert privacy["steps_accounted"] == steps and privacy["final"] is True, f"seed {seed}"
+    assert privacy["epsilon_spent"] == pytest.approx(expected, rel=1e-9), f"seed {seed}"
+    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9), f"seed {seed}"
+
+
+def _check_trajectory(rows: list[dict], released: list[dict], steps: int, seed: int) -> None:
+    """Steps 0..T-1 once each, in order, and what the killed attempt released kept as it was."""
+    assert [row["step"] for row in rows] == list(range(steps)), f"seed {seed}"
+    kept = [{k: row[k] for k in ("step", "seed", "projected_gradient")} for row in rows]
+    before = [{k: row[k] for k in ("step", "seed", "projected_gradient")} for row in released]
+    assert kept[: len(before)] == before, f"seed {seed}: a released step was drawn again"
+
+
+def _released_checkpoint(storage: Path, step: int) -> list[dict]:
+    """The trajectory rank 0 attached to its report for ``step`` (written before the report
+    returned, so before the window's metrics went out)."""
+    from privzo.distributed.checkpoint import read_checkpoint
+
+    for state in storage.glob("*/checkpoint_*/state.json"):
+        table, _meta, run_state = read_checkpoint(state.parent)
+        if run_state.steps_done == step:
+            return table.to_pylist()
+    raise AssertionError(f"no checkpoint for step {step} in {storage}")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tmp_path, cache_dir):
+    """A replica run of DPZero on two workers: one worker (rank 0 or 1, drawn) SIGKILLed at a
+    drawn step; the run restarts its workers (max_failures=1) and finishes."""
+    from privzo.config import load_config
+    from privzo.run import RunHooks, run
+    from privzo.tracking import find_runs
+
+    seed = _fault_seed()
+    rng = random.Random(seed)
+    step, rank = rng.randrange(2, RAY_STEPS - 2), rng.randrange(2)
+    print(f"seed {seed}: kill rank {rank} at step {step} of {RAY_STEPS}")
+    ray_with()
+    config = load_config(
+        TINY_DPZERO,
+        [
+            *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
+            *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
+            *("parallel.strategy=replica", "parallel.workers=2", "parallel.max_failures=1"),
+            *("eval_before=false", "tracking.experiment=faults-distributed"),
+        ],
+    )
+    output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
+    pause = _pause_at(step, pid_file)
+    hooks = RunHooks(after_window=lambda _context, done, _metrics: pause(done))
+    thread, outcome = _in_thread(
+        run, config, output, cache_dir=cache_dir, progress=False, hooks=hooks
+    )
+    rank0 = _wait_for(pid_file, thread, outcome, seed)
+    workers = _descendants("RayTrainWorker")
+    assert len(workers) == 2 and rank0 in workers, f"seed {seed}: {rank0} not one of {workers}"
+    released = _released_checkpoint(output / "ray", step)
+    assert len(released) == step
+    (victim,) = [pid for pid in workers if (pid == rank0) == (rank == 0)]
+    _kill(workers[victim], seed)  # the kill happened before anything is asserted of the resume
+    summary = _join(thread, outcome, seed)
+
+    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == step, f"seed {seed}"
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    _check_trajectory(rows, released, RAY_STEPS, seed)
+    _check_accounted_once(output, summary, RAY_STEPS, seed)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    runs = find_runs(uri, "faults-distributed")
+    assert [(r.run_id, r.status) for r in runs] == [(summary["tracking_run_id"], "FINISHED")]
+    _check_released_once(uri, summary["tracking_run_id"], rows, seed)
+
+
+def _pausing_trials(step: int, pid_file: Path):
+    """A Ray worker setup hook: a trial's run gets the trial's own ``after_window`` (its Tune
+    report) followed by the wait at ``step``. A closure, shipped by value like the wait."""
+    pause = _pause_at(step, pid_file)
+
+    def setup() -> None:
+        import dataclasses
+
+        import privzo.tuning.trial as trial
+
+        original = trial.run
+
+        def paused_run(config, output_dir, **kwargs):
+            reports = kwargs["hooks"].after_window
+
+            def after_window(context, done: int, metrics: dict) -> None:
+                reports(context, done, metrics)  # the window's Tune report goes out first
+                pause(done)
+
+            kwargs["hooks"] = dataclasses.replace(kwargs["hooks"], after_window=after_window)
+            return original(config, output_dir, **kwargs)
+
+        trial.run = paused_run
+
+    return setup
+
+
+def _tune_reports(output: Path) -> list[dict]:
+    """What Tune recorded of the trials' reports (every attempt's, from its result files)."""
+    reports = []
+    for path in sorted((output / "tune").rglob("result.json")):
+        reports += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return reports
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_search_trial_killed_at_a_random_step_loses_nothing(
+    ray_with, tmp_path, make_search, cache_dir
+):
+    """A one-trial private search with ASHA scores every 5 steps: the trial's process SIGKILLed
+    at a drawn step (after that window's report); the trial ends in error, and the same search
+    run again resumes the trial from its last window."""
+    from privzo.dirlock import LOCK_FILE, read_holder
+    from privzo.tracking import find_runs
+    from privzo.tuning import load_search_config, run_search
+    from privzo.tuning.privacy import TrialEvent, composition_epsilon, rdp_curve
+
+    seed = _fault_seed()
+    step = random.Random(seed).randrange(2, RAY_STEPS - 2)
+    print(f"seed {seed}: kill the trial at step {step} of {RAY_STEPS}")
+    every = 5
+    search = load_search_config(
+        make_search(
+            space={"privacy.clip": [0.5], "optimizer.steps": [RAY_STEPS]},
+            overrides={"tracking.log_every": 1},
+            scheduler={"type": "asha", "evaluate_every": every},
+        )
+    )
+    output, pid_file = tmp_path / "search", tmp_path / "trial.pid"
+    ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
+    options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _line: None}
+    thread, outcome = _in_thread(run_search, search, output, **options)
+    victim = _wait_for(pid_file, thread, outcome, seed)
+    (trial_dir,) = (output / "trials").iterdir()
+    holder = read_holder(trial_dir / LOCK_FILE)  # the PID the trial's run recorded itself
+    assert holder is not None and holder.pid == victim, f"seed {seed}: {holder} != {victim}"
+    ours = _descendants("")  # this test's own processes (its Ray's workers among them)
+    assert victim in ours, f"seed {seed}: the trial's PID {victim} is not this test's"
+    _kill(ours[victim], seed)  # the kill happened before anything is asserted of the resume
+    first = _join(thread, outcome, seed)
+    assert [row["status"] for row in first["trials"]] == ["error"], f"seed {seed}: {first}"
+    released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    assert len(released) == step, f"seed {seed}"
+    killed_run = json.loads((trial_dir / "resume.json").read_text())["tracking_run_id"]
+    killed_reports = [report["step"] for report in _tune_reports(output)]
+    assert killed_reports == list(range(every, step + 1, every)), f"seed {seed}"
+
+    summary = run_search(search, output, **options)  # the same search again: it resumes
+    assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"
+    trial = json.loads((trial_dir / "summary.json").read_text())
+    assert trial["steps"] == RAY_STEPS and trial["resumed_steps"] == step, f"seed {seed}"
+    rows = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    _check_trajectory(rows, released, RAY_STEPS, seed)
+    _check_accounted_once(trial_dir, trial, RAY_STEPS, seed)
+
+    # MLflow: the killed attempt's run is the trial's one run, reopened and FINISHED
+    uri = f"sqlite:///{(output / 'mlflow.db').resolve()}"
+    runs = find_runs(uri, "search-test")
+    statuses = {run.run_id: run.status for run in runs}
+    parent = json.loads((output / "search_state.json").read_text())["parent_run_id"]
+    assert statuses == {parent: "FINISHED", killed_run: "FINISHED"}, f"seed {seed}"
+    assert trial["tracking_run_id"] == killed_run
+    _check_released_once(uri, killed_run, rows, seed)
+
+    # Tune: each score step reported once over both attempts, all counted by the records
+    scored = [report["step"] for report in _tune_reports(output)]
+    assert sorted(scored) == sorted(set(scored)), f"seed {seed}: a score released twice"
+    assert set(scored) == {*range(every, RAY_STEPS, every), RAY_STEPS}, f"seed {seed}"
+    assert trial["selection_releases"] == len(scored), f"seed {seed}: releases not all counted"
+    event = TrialEvent(
+        steps=RAY_STEPS,
+        sample_rate=trial["sample_rate"],
+        noise_multiplier=trial["noise_multiplier"],
+        score_releases=len(scored),
+        score_noise_multiplier=search.selection.score_noise_multiplier,
+        noise_grid=trial["mechanism_parameters"]["grid"],
+    )
+    bound = composition_epsilon(rdp_curve(event.dp_event()), 1, trial["delta"])
+    assert summary["end_to_end_epsilon"] == pytest.approx(bound, rel=1e-9), f"seed {seed}"

@@ -176,7 +176,7 @@ class RayTrainCheckpoints:
 
 class _Reporter:
     """After each window: ``ray.train.report`` on every rank (a barrier), with rank 0's
-    checkpoint attached, before the window's metrics are logged anywhere."""
+    checkpoint attached and committed by Ray, before the window's metrics are logged anywhere."""
 
     def __init__(
         self,
@@ -205,6 +205,13 @@ class _Reporter:
         with tempfile.TemporaryDirectory() as directory:
             write_checkpoint(Path(directory), self.recorder, state)
             ray.train.report(payload, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        # The controller registers a report when it next polls the workers, after ``report``
+        # returned: a worker killed before then restarts the run from the checkpoint before,
+        # and the steps in between, whose window rank 0 is about to log, would be drawn again.
+        # Nothing of the window goes out until Ray has committed its checkpoint.
+        ray.train.get_all_reported_checkpoints(
+            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED
+        )
 
 
 def _layout_figures(context: RunContext, group: WorkerGroup) -> LayoutFigures:

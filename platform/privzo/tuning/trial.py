@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
-from privzo.run import RunContext, RunHooks, can_resume, finished_summary, run
+from privzo.run import (
+    TRAJECTORY_FILE,
+    RunContext,
+    RunHooks,
+    can_resume,
+    finished_summary,
+    run,
+)
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
@@ -37,19 +44,22 @@ class SelectionScorer:
     on OS entropy, so no floating-point artefact of the draw reaches the release). Only the
     noisy integer is divided by m × the (public) split size. Scores are cached by step so one
     step is released once. ``privzo.tuning.privacy.TrialEvent`` accounts each release.
+    ``earlier`` counts the scores an interrupted attempt of the trial released (a resumed
+    trial's record counts every release, not only its own attempt's).
     """
 
-    def __init__(self, search: SearchConfig, private: bool) -> None:
+    def __init__(self, search: SearchConfig, private: bool, earlier: int = 0) -> None:
         self.selection = search.selection
         self.noised = private and self.selection.split == "validation"
         self.grid = self.selection.score_grid
         self.noise_scale = noise_units(self.selection.score_noise_multiplier, self.grid)
         self.scores: dict[int, float] = {}
+        self.earlier = earlier
         self._public_examples: Any = None
 
     @property
     def releases(self) -> int:
-        return len(self.scores) if self.noised else 0
+        return len(self.scores) + self.earlier if self.noised else 0
 
     def score(self, context: RunContext, step: int) -> float:
         if step not in self.scores:
@@ -101,9 +111,11 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     if finished is not None:
         tune.report(_report(finished, finished.get(SCORE)))
         return
-    scorer = SelectionScorer(search, config.optimizer.is_private)
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
     report = window_reporter(config.parallel.strategy) if evaluate_every else None
+    resumes = can_resume(config, output_dir)
+    earlier = _earlier_scores(output_dir, config.optimizer.steps, evaluate_every) if resumes else 0
+    scorer = SelectionScorer(search, config.optimizer.is_private, earlier)
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
         if evaluate_every and step % evaluate_every == 0 and step < config.optimizer.steps:
@@ -121,7 +133,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         progress=False,
         # an interrupted attempt resumes (its released steps are not drawn again); partial
         # files it cannot resume from are replaced (a finished attempt returned above)
-        overwrite=not can_resume(config, output_dir),
+        overwrite=not resumes,
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
         tags={
@@ -165,6 +177,19 @@ class _ToTune:
         if ray.train.get_context().get_world_rank() == 0:  # the run's reporting rank
             # the callback reads only its metrics; Ray Train passes its run context first
             self.callback.after_report(None, [metrics], None)
+
+
+def _earlier_scores(output_dir: Path, steps: int, evaluate_every: int | None) -> int:
+    """Intermediate scores an interrupted attempt released: one at each multiple of
+    ``evaluate_every`` (below ``steps``) it finished. A window's resume point is saved before
+    its score is reported, so this may count one score a kill kept from going out (the record
+    errs on the side of more releases)."""
+    if not evaluate_every:
+        return 0
+    import pyarrow.parquet as pq
+
+    done = pq.read_metadata(output_dir / TRAJECTORY_FILE).num_rows
+    return min(done, steps - 1) // evaluate_every
 
 
 def _report(summary: dict[str, Any], score: float | None) -> dict[str, Any]:
