@@ -11,11 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from privzo.config import ConfigError
+from privzo.config import ConfigError, ParallelConfig, dump_config
 from privzo.privacy import compute_epsilon
+from privzo.run import CONFIG_FILE
 from privzo.tracking import open_client
 from privzo.tuning import load_search_config, plan_search, run_search
 from privzo.tuning.resources import DRIVER_MEMORY_BYTES, check_trial_resources
+from privzo.tuning.trial import check_no_unresumable_attempt
 
 REPLICA_2 = {"parallel.strategy": "replica", "parallel.workers": 2}
 # Margins for a loaded machine (2 cores shared by several jobs), not timings: Ray Train's worker
@@ -52,6 +54,20 @@ def test_distributed_trial_resources_are_its_workers_and_a_driver_holding_no_cpu
     small = load_search_config(make_search(overrides={**REPLICA_2, "optimizer.batch_size": 1}))
     with pytest.raises(ConfigError, match=r"smaller than parallel.workers=2"):
         plan_search(small, cache_dir)
+
+
+def test_an_interrupted_distributed_trial_is_not_run_again(tmp_path, make_search, cache_dir):
+    """A new attempt would redraw steps the killed one released; a single trial resumes."""
+    search = load_search_config(make_search(overrides=REPLICA_2))
+    config = plan_search(search, cache_dir).base
+    trial_dir = tmp_path / "trials" / "t0"
+    check_no_unresumable_attempt(config, trial_dir, resumes=False)  # a first attempt starts
+    trial_dir.mkdir(parents=True)
+    (trial_dir / CONFIG_FILE).write_text(dump_config(config))  # what an attempt writes first
+    with pytest.raises(ConfigError, match=r"trial t0: an earlier attempt on parallel.strategy="):
+        check_no_unresumable_attempt(config, trial_dir, resumes=False)
+    single = config.model_copy(update={"parallel": ParallelConfig()})
+    check_no_unresumable_attempt(single, trial_dir, resumes=False)  # run() decides, as before
 
 
 @pytest.mark.ray
