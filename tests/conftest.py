@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from privzo.config import RunConfig, load_config
+
 # The fused Triton kernels (privzo.zo.kernels) run on CPU tensors under Triton's interpreter,
 # which Triton reads when a kernel is defined: privzo imports Triton only on first use, so
 # setting it here, before any test runs, is early enough.
@@ -41,6 +43,30 @@ def sentiment_files(tmp_path) -> tuple[Path, Path]:
         write_sentiment_jsonl(tmp_path / "train.jsonl", 64, seed=1),
         write_sentiment_jsonl(tmp_path / "test.jsonl", 20, seed=2),
     )
+
+
+# The tiny run the run-level tests share: 12 DPZero steps of tiny-opt on ``sentiment_files``,
+# 8 rows a batch, learning rate 1e-3, ε = 3, metrics every 5 steps.
+TINY_RUN = (
+    "optimizer.steps=12",
+    "optimizer.batch_size=8",
+    "optimizer.learning_rate=1e-3",
+    "tracking.log_every=5",
+    "privacy.epsilon=3",
+)
+
+
+@pytest.fixture
+def tiny_run_config(sentiment_files):
+    """``tiny_run_config(*overrides)``: the tiny run's config, ``key=value`` overrides applied
+    after ``TINY_RUN`` (so a later value of the same key wins)."""
+    train, test = sentiment_files
+
+    def build(*overrides: str) -> RunConfig:
+        paths = [f"task.train_path={train}", f"task.test_path={test}"]
+        return load_config(None, ["model.name_or_path=tiny-opt", *paths, *TINY_RUN, *overrides])
+
+    return build
 
 
 @pytest.fixture

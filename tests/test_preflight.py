@@ -33,18 +33,13 @@ def _refusal(algorithm: str, layout: str, mechanism: str | None) -> str | None:
     return None
 
 
-def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str | None):
+def _overrides(algorithm: str, layout: str, mechanism: str | None) -> list[str]:
+    """The tiny run (``tiny_run_config``), 2 steps of ``algorithm`` on ``layout``."""
     overrides = [
-        "model.name_or_path=tiny-opt",
-        f"task.train_path={train}",
-        f"task.test_path={test}",
         f"optimizer.algorithm={algorithm}",
         "optimizer.steps=2",
-        "optimizer.batch_size=8",
-        "optimizer.learning_rate=1e-3",
         "tracking.log_every=1",
         "tracking.backend=none",
-        "privacy.epsilon=3",
         "eval_before=false",
         f"parallel.strategy={layout}",
     ]
@@ -54,7 +49,7 @@ def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str
         overrides.append(f"privacy.mechanism={mechanism}")
     if mechanism == "lmo":
         overrides.append("privacy.accountant=numeric")  # the one that accounts lmo
-    return load_config(None, overrides)
+    return overrides
 
 
 COMBINATIONS = list(itertools.product(ALGORITHMS, LAYOUTS, MECHANISMS))
@@ -66,9 +61,9 @@ COMBINATIONS = list(itertools.product(ALGORITHMS, LAYOUTS, MECHANISMS))
     ids=[f"{a}-{lay}-{m or 'default'}" for a, lay, m in COMBINATIONS],
 )
 def test_each_combination_runs_or_is_refused_before_anything(
-    tmp_path, sentiment_files, cache_dir, algorithm, layout, mechanism
+    tmp_path, tiny_run_config, cache_dir, algorithm, layout, mechanism
 ):
-    config = _config(*sentiment_files, algorithm, layout, mechanism)
+    config = tiny_run_config(*_overrides(algorithm, layout, mechanism))
     output = tmp_path / "run"
     field = _refusal(algorithm, layout, mechanism)
     if field is not None:
