@@ -17,6 +17,10 @@ from privzo.config import RunConfig, load_config
 # setting it here, before any test runs, is early enough.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
+# different depths under tests/, so none computes it from its own __file__).
+REPO = Path(__file__).resolve().parents[1]
+
 POSITIVE = ["good", "fine", "nice", "happy", "bright"]
 NEGATIVE = ["bad", "poor", "sad", "dull", "awful"]
 

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from privzo.config import ConfigError
 from privzo.dirlock import LOCK_FILE, DirectoryLock, DirectoryLockedError
 from privzo.run import run
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # A short non-private run (at privzo's default learning rate and ε, which it ignores).
 LOCK_RUN = (

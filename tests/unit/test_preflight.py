@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from pathlib import Path
 from typing import get_args
 
 import pytest
 
+from conftest import REPO, write_sentiment_jsonl
 from privzo.cli import main
 from privzo.config import ALGORITHMS, ConfigError, LayoutName, MechanismName, load_config
 from privzo.preflight import preflight
@@ -81,7 +81,7 @@ def test_each_combination_runs_or_is_refused_before_anything(
     assert checked.privacy.mechanism == (config.mechanism if algorithm in PRIVATE else None)
     assert not output.exists()
     if layout != "single":
-        return  # the distributed runs themselves are the marked tests' (tests/test_distributed)
+        return  # the distributed runs are the marked tests' (tests/integration/test_distributed)
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert summary["steps"] == 2 and summary["algorithm"] == algorithm
     if algorithm in PRIVATE:
@@ -92,7 +92,7 @@ def test_each_combination_runs_or_is_refused_before_anything(
 def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentiment_files, capsys):
     train, test = sentiment_files
     output = tmp_path / "run"
-    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpzero.yaml"
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
     overrides = [f"task.train_path={train}", f"task.test_path={test}", "tracking.backend=none"]
     code = main(["check", str(config), *overrides, "--output-dir", str(output)])
     printed = capsys.readouterr().out
@@ -109,7 +109,7 @@ def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentime
 
 def test_check_refuses_with_the_reason_and_exit_code_2(tmp_path, sentiment_files, capsys):
     train, test = sentiment_files
-    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpsgd.yaml"
+    config = REPO / "configs" / "runs" / "tiny-dpsgd.yaml"
     overrides = [
         f"task.train_path={train}",
         f"task.test_path={test}",
@@ -125,11 +125,9 @@ def test_check_refuses_with_the_reason_and_exit_code_2(tmp_path, sentiment_files
 def test_check_prints_the_planners_memory_plan_of_a_cluster_config(tmp_path, capsys):
     """facebook/opt-13b: its shape is known by name, so the plan needs no weights (the data
     directory is the cluster's: stood in for by rows of the same shape)."""
-    from conftest import write_sentiment_jsonl
-
     for split, count in (("train", 2000), ("test", 1000)):
         write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
-    config = Path(__file__).parents[1] / "configs" / "runs" / "opt-13b-dpzero-replica.yaml"
+    config = REPO / "configs" / "runs" / "opt-13b-dpzero-replica.yaml"
     code = main(["check", str(config), f"task.data_dir={tmp_path}", "tracking.backend=none"])
     printed = capsys.readouterr().out
     assert code == 0, printed
