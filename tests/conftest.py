@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from privzo.config import RunConfig, load_config
+
 # The fused Triton kernels (privzo.zo.kernels) run on CPU tensors under Triton's interpreter,
 # which Triton reads when a kernel is defined: privzo imports Triton only on first use, so
 # setting it here, before any test runs, is early enough.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
+# different depths under tests/, so none computes it from its own __file__).
+REPO = Path(__file__).resolve().parents[1]
 
 POSITIVE = ["good", "fine", "nice", "happy", "bright"]
 NEGATIVE = ["bad", "poor", "sad", "dull", "awful"]
@@ -41,6 +47,30 @@ def sentiment_files(tmp_path) -> tuple[Path, Path]:
         write_sentiment_jsonl(tmp_path / "train.jsonl", 64, seed=1),
         write_sentiment_jsonl(tmp_path / "test.jsonl", 20, seed=2),
     )
+
+
+# The tiny run the run-level tests share: 12 DPZero steps of tiny-opt on ``sentiment_files``,
+# 8 rows a batch, learning rate 1e-3, ε = 3, metrics every 5 steps.
+TINY_RUN = (
+    "optimizer.steps=12",
+    "optimizer.batch_size=8",
+    "optimizer.learning_rate=1e-3",
+    "tracking.log_every=5",
+    "privacy.epsilon=3",
+)
+
+
+@pytest.fixture
+def tiny_run_config(sentiment_files):
+    """``tiny_run_config(*overrides)``: the tiny run's config, ``key=value`` overrides applied
+    after ``TINY_RUN`` (so a later value of the same key wins)."""
+    train, test = sentiment_files
+
+    def build(*overrides: str) -> RunConfig:
+        paths = [f"task.train_path={train}", f"task.test_path={test}"]
+        return load_config(None, ["model.name_or_path=tiny-opt", *paths, *TINY_RUN, *overrides])
+
+    return build
 
 
 @pytest.fixture

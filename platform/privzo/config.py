@@ -24,14 +24,15 @@ from pydantic import (
 
 # Names a config may choose. What each algorithm is (family, mechanisms, layouts, views, its
 # stepper) is registered in privzo.algorithms.registry, beneath which this module sits; a test
-# (tests/test_registry.py) ties these Literals to the registries.
+# (tests/unit/algorithms/test_registry.py) ties these Literals to the registries.
 AlgorithmName = Literal["mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th"]
 MechanismName = Literal["gaussian", "laplace", "lmo"]
 LayoutName = Literal["single", "replica", "zero3"]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 # The one algorithm fact the schema needs at load: the default mechanism of each private
 # algorithm (absent: not private), which decides the privacy rules below. The registry's
-# entries say the same (its ``private`` and first mechanism; tied by tests/test_registry.py).
+# entries say the same (its ``private`` and first mechanism; tied by
+# tests/unit/algorithms/test_registry.py).
 ALGORITHM_MECHANISM: dict[str, str] = {
     "dpzero": "gaussian",
     "dpzo-laplace": "laplace",

@@ -20,7 +20,8 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
   ``TrainingLoop`` drives.
 
 Adding an algorithm is one module (its stepper) and one entry below, plus its name in the config
-Literal ``privzo.config.AlgorithmName``; ``tests/test_registry.py`` ties the Literal to the keys.
+Literal ``privzo.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the
+Literal to the keys.
 ``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_sentiment_jsonl
+from conftest import REPO, write_sentiment_jsonl
 from privzo.config import (
     MAX_CLIP,
     MAX_STEPS,
@@ -26,7 +26,7 @@ from privzo.studies.scaling import cell_config, expand_cells
 from privzo.tuning.config import SearchConfig, base_run_config, load_search_config
 from privzo.tuning.search import tune_param_space
 
-CONFIG_ROOT = Path(__file__).parent.parent / "configs"
+CONFIG_ROOT = REPO / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
 STUDIES = sorted((CONFIG_ROOT / "studies").glob("*.yaml"))
 CONFIGS = sorted(set(CONFIG_ROOT.rglob("*.yaml")) - set(SEARCHES) - set(STUDIES))  # runs
@@ -245,7 +245,7 @@ def test_config_files_merge_in_order(tmp_path):
     config = load_config([run_file, model_file], ["optimizer.steps=9"])
     assert config.model.name_or_path == "facebook/opt-1.3b"
     assert config.model.dtype == "float32" and config.optimizer.steps == 9
-    root = Path(__file__).parent.parent / "configs"
+    root = REPO / "configs"
     combined = load_config([root / "models" / "opt-125m.yaml", root / "tasks" / "sst2-opt.yaml"])
     assert combined.model.name_or_path == "facebook/opt-125m"
     assert combined.task.name == "sst2" and combined.task.train_size == 1000

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 README = REPO / "README.md"
 NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs the network
 # Smaller sizes appended to a command (by its leading words): only overrides / options the README
@@ -154,7 +155,7 @@ def test_readme_running_commands_work_as_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     for command, comment in readme_commands():
         if NEEDS_HUB in comment:
-            continue  # offline here; tests/test_prepare.py runs it on a local copy
+            continue  # offline here; tests/unit/tasks/test_prepare.py runs it on a local copy
         words = _words(command, tmp_path)
         done = subprocess.run(
             [sys.executable, "-m", "privzo.cli", *words[1:]],

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from conftest import REPO
 from privzo.cli import main
 
 KEYS = {
@@ -156,7 +157,7 @@ def test_demo_quick_runs_all_arms(tmp_path, capsys):
             [
                 "demo",
                 "--quick",
-                "--arms-only",  # the whole main job runs in tests/test_search_ray.py (Ray)
+                "--arms-only",  # the whole main job: tests/integration/test_search_ray.py (Ray)
                 "--output-dir",
                 str(tmp_path / "demo"),
                 "--cache-dir",
@@ -228,7 +229,7 @@ def test_run_json_prints_the_summary_as_one_parsable_line(tmp_path, capsys, sent
     """What jobs/run.py (a `ray job submit` entry point) prints, through the same CLI."""
     train, test = sentiment_files
     output = tmp_path / "run"
-    arguments = ["run", "configs/runs/tiny-mezo.yaml", "model.name_or_path=tiny-opt"]
+    arguments = ["run", str(REPO / "configs/runs/tiny-mezo.yaml"), "model.name_or_path=tiny-opt"]
     arguments += [f"task.train_path={train}", f"task.test_path={test}", "task.builtin_dataset=null"]
     arguments += ["optimizer.steps=4", "optimizer.batch_size=4", "tracking.backend=none"]
     arguments += ["--output-dir", str(output), "--quiet", "--json"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from privzo.config import ConfigError, load_config
+from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.replay import replay
 from privzo.run import RunHooks, TrainingLoop, can_resume, run
@@ -25,22 +25,7 @@ from privzo.tracking import read_run
 STEPS = 12
 
 
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            f"optimizer.steps={STEPS}",
-            "optimizer.batch_size=8",
-            "optimizer.learning_rate=1e-3",
-            "tracking.log_every=5",
-            "privacy.epsilon=3",
-            "save_model=true",
-            *extra,
-        ],
-    )
+RESUMED_RUN = (f"optimizer.steps={STEPS}", "save_model=true")
 
 
 def _stop_after(step: int) -> RunHooks:
@@ -52,9 +37,9 @@ def _stop_after(step: int) -> RunHooks:
 
 
 def test_an_interrupted_run_resumes_without_drawing_a_step_again(
-    tmp_path, sentiment_files, cache_dir
+    tmp_path, tiny_run_config, cache_dir
 ):
-    config = _config(*sentiment_files)
+    config = tiny_run_config(*RESUMED_RUN)
     output = tmp_path / "runs" / "dp"
     with pytest.raises(KeyboardInterrupt):
         run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
@@ -97,12 +82,12 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
     assert all(torch.equal(saved[n], p) for n, p in model.named_parameters() if n in saved)
 
 
-def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "tracking.backend=none")
+def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(*RESUMED_RUN, "tracking.backend=none")
     output = tmp_path / "dp"
     with pytest.raises(KeyboardInterrupt):
         run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
-    other = _config(*sentiment_files, "tracking.backend=none", "optimizer.learning_rate=2e-3")
+    other = tiny_run_config(*RESUMED_RUN, "tracking.backend=none", "optimizer.learning_rate=2e-3")
     assert can_resume(config, output) and not can_resume(other, output)  # what a trial asks
     with pytest.raises(ConfigError, match="holds an unfinished run of another config"):
         run(other, output, cache_dir=cache_dir, progress=False)
@@ -111,10 +96,10 @@ def test_another_config_is_refused_and_overwrite_starts_over(tmp_path, sentiment
     assert pq.read_table(output / "trajectory.parquet").num_rows == STEPS
 
 
-def test_a_resume_under_another_privacy_state_is_refused(tmp_path, sentiment_files, cache_dir):
+def test_a_resume_under_another_privacy_state_is_refused(tmp_path, tiny_run_config, cache_dir):
     """The saved ledger is restored through the accountant's state API: a budget or σ that is
     not this run's is refused before any step, and the files are left as they were."""
-    config = _config(*sentiment_files, "tracking.backend=none")
+    config = tiny_run_config(*RESUMED_RUN, "tracking.backend=none")
     output = tmp_path / "dp"
     with pytest.raises(KeyboardInterrupt):
         run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
@@ -136,7 +121,7 @@ def test_a_resume_under_another_privacy_state_is_refused(tmp_path, sentiment_fil
 
 
 def test_a_run_stopped_inside_its_first_window_resumes(
-    tmp_path, sentiment_files, cache_dir, monkeypatch
+    tmp_path, tiny_run_config, cache_dir, monkeypatch
 ):
     """Stopped at step 2, before any window ended: the two steps it made (written when it
     stopped) are kept and the run goes on from there."""
@@ -147,7 +132,7 @@ def test_a_run_stopped_inside_its_first_window_resumes(
             raise KeyboardInterrupt
         return real_step(self, step)
 
-    config = _config(*sentiment_files, "tracking.backend=none")
+    config = tiny_run_config(*RESUMED_RUN, "tracking.backend=none")
     output = tmp_path / "dp"
     monkeypatch.setattr(TrainingLoop, "step", stop_at_step_2)
     with pytest.raises(KeyboardInterrupt):

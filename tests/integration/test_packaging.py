@@ -6,19 +6,17 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
+from conftest import REPO
 from privzo.config import load_config
 from privzo.demo import ARMS, CONFIG_DIR, SEARCH_CONFIG, STUDY_CONFIG
 from privzo.studies.config import load_study_config
 from privzo.tuning.config import base_run_config, load_search_config
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_the_wheel_ships_the_demo_configs_and_they_load_from_it(tmp_path):
     source = tmp_path / "source"  # a copy: building writes build/ and egg-info beside the code
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info"))
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info"))
     build = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")]
     subprocess.run([sys.executable, "-m", "pip", *build, str(source)], check=True)
     (wheel,) = (tmp_path / "dist").glob("privzo-*.whl")
@@ -34,5 +32,5 @@ def test_the_wheel_ships_the_demo_configs_and_they_load_from_it(tmp_path):
 
 def test_the_checkout_configs_are_the_packaged_ones():
     for relative in ("runs/tiny-dpzero.yaml", "searches/tiny.yaml", "studies/tiny-scaling.yaml"):
-        linked = ROOT / "configs" / relative
+        linked = REPO / "configs" / relative
         assert linked.resolve() == (CONFIG_DIR.parent / relative).resolve(), relative

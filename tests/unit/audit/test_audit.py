@@ -8,7 +8,6 @@ canaries no audit can prove more than ε ≈ 2 (all 40 guesses right), so a corr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,32 +21,15 @@ from privzo.audit.scores import (
     match_scores,
 )
 from privzo.cli import main
-from privzo.config import ConfigError, load_config
+from privzo.config import ConfigError
 from privzo.tracking import open_client, read_run
 from privzo.zo.estimators import PrivateEstimator
 
-
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            "optimizer.steps=12",
-            "optimizer.batch_size=8",
-            "optimizer.learning_rate=1e-3",
-            "tracking.log_every=6",
-            "tracking.experiment=audit-test",
-            "privacy.epsilon=3",
-            "eval_before=false",
-            *extra,
-        ],
-    )
+AUDIT_RUN = ("tracking.log_every=6", "tracking.experiment=audit-test", "eval_before=false")
 
 
-def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files)
+def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(*AUDIT_RUN)
     audit = AuditConfig(canaries=40)
     record = run_audit(config, audit, tmp_path / "audit", cache_dir=cache_dir, progress=False)
 
@@ -121,8 +103,8 @@ def test_a_run_without_noise_is_flagged_violated(
     assert "PRIVACY VIOLATED" in capsys.readouterr().err
 
 
-def test_a_non_private_run_reports_its_leakage(tmp_path, sentiment_files, cache_dir, capsys):
-    config = _config(*sentiment_files, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
+def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_dir, capsys):
+    config = tiny_run_config(*AUDIT_RUN, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
     record = run_audit(
         config,
         AuditConfig(canaries=20, ks=[5]),
@@ -136,8 +118,8 @@ def test_a_non_private_run_reports_its_leakage(tmp_path, sentiment_files, cache_
     assert record["audit_time_s"] > 0  # a non-private run's time is released
 
 
-def test_a_first_order_run_is_audited_black_box_only(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "optimizer.algorithm=adamw", "optimizer.steps=4")
+def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(*AUDIT_RUN, "optimizer.algorithm=adamw", "optimizer.steps=4")
     record = run_audit(
         config,
         AuditConfig(canaries=20, ks=[5]),
@@ -166,9 +148,9 @@ def test_a_first_order_run_is_audited_black_box_only(tmp_path, sentiment_files, 
     ],
 )
 def test_bad_input_is_refused_before_training(
-    tmp_path, sentiment_files, cache_dir, extra, audit, message
+    tmp_path, tiny_run_config, cache_dir, extra, audit, message
 ):
-    config = _config(*sentiment_files, *extra)
+    config = tiny_run_config(*AUDIT_RUN, *extra)
     with pytest.raises(ConfigError, match=message):
         run_audit(config, AuditConfig(**audit), tmp_path / "a", cache_dir=cache_dir)
     assert not (tmp_path / "a" / "run").exists()  # nothing trained, nothing written

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from pathlib import Path
 from typing import get_args
 
 import pytest
 
+from conftest import REPO, write_sentiment_jsonl
 from privzo.cli import main
 from privzo.config import ALGORITHMS, ConfigError, LayoutName, MechanismName, load_config
 from privzo.preflight import preflight
@@ -33,18 +33,13 @@ def _refusal(algorithm: str, layout: str, mechanism: str | None) -> str | None:
     return None
 
 
-def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str | None):
+def _overrides(algorithm: str, layout: str, mechanism: str | None) -> list[str]:
+    """The tiny run (``tiny_run_config``), 2 steps of ``algorithm`` on ``layout``."""
     overrides = [
-        "model.name_or_path=tiny-opt",
-        f"task.train_path={train}",
-        f"task.test_path={test}",
         f"optimizer.algorithm={algorithm}",
         "optimizer.steps=2",
-        "optimizer.batch_size=8",
-        "optimizer.learning_rate=1e-3",
         "tracking.log_every=1",
         "tracking.backend=none",
-        "privacy.epsilon=3",
         "eval_before=false",
         f"parallel.strategy={layout}",
     ]
@@ -55,7 +50,7 @@ def _config(train: Path, test: Path, algorithm: str, layout: str, mechanism: str
     if mechanism == "lmo":
         overrides.append("privacy.accountant=numeric")  # the one that accounts lmo
         overrides.append("privacy.noise_grid=null")  # lmo's float noise, chosen explicitly
-    return load_config(None, overrides)
+    return overrides
 
 
 COMBINATIONS = list(itertools.product(ALGORITHMS, LAYOUTS, MECHANISMS))
@@ -67,9 +62,9 @@ COMBINATIONS = list(itertools.product(ALGORITHMS, LAYOUTS, MECHANISMS))
     ids=[f"{a}-{lay}-{m or 'default'}" for a, lay, m in COMBINATIONS],
 )
 def test_each_combination_runs_or_is_refused_before_anything(
-    tmp_path, sentiment_files, cache_dir, algorithm, layout, mechanism
+    tmp_path, tiny_run_config, cache_dir, algorithm, layout, mechanism
 ):
-    config = _config(*sentiment_files, algorithm, layout, mechanism)
+    config = tiny_run_config(*_overrides(algorithm, layout, mechanism))
     output = tmp_path / "run"
     field = _refusal(algorithm, layout, mechanism)
     if field is not None:
@@ -87,7 +82,7 @@ def test_each_combination_runs_or_is_refused_before_anything(
     assert checked.privacy.mechanism == (config.mechanism if algorithm in PRIVATE else None)
     assert not output.exists()
     if layout != "single":
-        return  # the distributed runs themselves are the marked tests' (tests/test_distributed)
+        return  # the distributed runs are the marked tests' (tests/integration/test_distributed)
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert summary["steps"] == 2 and summary["algorithm"] == algorithm
     if algorithm in PRIVATE:
@@ -98,7 +93,7 @@ def test_each_combination_runs_or_is_refused_before_anything(
 def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentiment_files, capsys):
     train, test = sentiment_files
     output = tmp_path / "run"
-    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpzero.yaml"
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
     overrides = [f"task.train_path={train}", f"task.test_path={test}", "tracking.backend=none"]
     code = main(["check", str(config), *overrides, "--output-dir", str(output)])
     printed = capsys.readouterr().out
@@ -115,7 +110,7 @@ def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentime
 
 def test_check_refuses_with_the_reason_and_exit_code_2(tmp_path, sentiment_files, capsys):
     train, test = sentiment_files
-    config = Path(__file__).parents[1] / "configs" / "runs" / "tiny-dpsgd.yaml"
+    config = REPO / "configs" / "runs" / "tiny-dpsgd.yaml"
     overrides = [
         f"task.train_path={train}",
         f"task.test_path={test}",
@@ -131,11 +126,9 @@ def test_check_refuses_with_the_reason_and_exit_code_2(tmp_path, sentiment_files
 def test_check_prints_the_planners_memory_plan_of_a_cluster_config(tmp_path, capsys):
     """facebook/opt-13b: its shape is known by name, so the plan needs no weights (the data
     directory is the cluster's: stood in for by rows of the same shape)."""
-    from conftest import write_sentiment_jsonl
-
     for split, count in (("train", 2000), ("test", 1000)):
         write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
-    config = Path(__file__).parents[1] / "configs" / "runs" / "opt-13b-dpzero-replica.yaml"
+    config = REPO / "configs" / "runs" / "opt-13b-dpzero-replica.yaml"
     code = main(["check", str(config), f"task.data_dir={tmp_path}", "tracking.backend=none"])
     printed = capsys.readouterr().out
     assert code == 0, printed

@@ -19,25 +19,8 @@ from privzo.run import RESOURCE_FIGURES, plan_privacy, run
 from privzo.tracking import open_client, read_run
 
 
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            "optimizer.steps=12",
-            "optimizer.batch_size=8",
-            "optimizer.learning_rate=1e-3",
-            "tracking.log_every=5",
-            "privacy.epsilon=3",
-            *extra,
-        ],
-    )
-
-
-def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "save_model=true")
+def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("save_model=true")
     output = tmp_path / "runs" / "dp"
     summary = run(config, output, cache_dir=cache_dir, progress=False)
 
@@ -95,8 +78,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, sentiment_f
     assert not any("film" in text for text in released)  # no raw training text anywhere
 
 
-def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "save_model=true", "tracking.backend=none")
+def test_replay_rebuilds_the_trained_weights_bit_for_bit(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("save_model=true", "tracking.backend=none")
     output = tmp_path / "dp"
     run(config, output, cache_dir=cache_dir, progress=False)
     trained = load_file(output / "model" / "model.safetensors")
@@ -126,8 +109,8 @@ def _replay_with_cli(tmp_path: Path, cache_dir: Path) -> None:
     )
 
 
-def test_replay_command_saves_hf_weights(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "save_model=true", "tracking.backend=none")
+def test_replay_command_saves_hf_weights(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("save_model=true", "tracking.backend=none")
     run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
     _replay_with_cli(tmp_path, cache_dir)
     rebuilt = load_file(tmp_path / "rebuilt" / "model.safetensors")
@@ -137,11 +120,9 @@ def test_replay_command_saves_hf_weights(tmp_path, sentiment_files, cache_dir):
 
 
 def test_replay_rebuilds_a_half_precision_runs_intended_fp32_model(
-    tmp_path, sentiment_files, cache_dir, capsys
+    tmp_path, tiny_run_config, cache_dir, capsys
 ):
-    config = _config(
-        *sentiment_files, "save_model=true", "tracking.backend=none", "model.dtype=bfloat16"
-    )
+    config = tiny_run_config("save_model=true", "tracking.backend=none", "model.dtype=bfloat16")
     run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
     trajectory = tmp_path / "run" / "trajectory.parquet"
     base = ["replay", "--base", "tiny-opt", "--trajectory", str(trajectory)]
@@ -159,8 +140,8 @@ def test_replay_rebuilds_a_half_precision_runs_intended_fp32_model(
     assert not (tmp_path / "bad").exists()
 
 
-def test_replay_refuses_another_base_model(tmp_path, sentiment_files, cache_dir, capsys):
-    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=2")
+def test_replay_refuses_another_base_model(tmp_path, tiny_run_config, cache_dir, capsys):
+    config = tiny_run_config("tracking.backend=none", "optimizer.steps=2")
     run(config, tmp_path / "run", cache_dir=cache_dir, progress=False)
     trajectory = str(tmp_path / "run" / "trajectory.parquet")
     args = ["replay", "--trajectory", trajectory, "--cache-dir", str(cache_dir)]
@@ -187,8 +168,8 @@ def test_replay_refuses_what_the_trajectory_cannot_reproduce(tmp_path):
     check_replay_target(philox, target)  # counter-based: any device
 
 
-def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
+def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("optimizer.algorithm=mezo", "privacy.sampler=shuffle")
     summary = run(config, tmp_path / "runs" / "mezo", cache_dir=cache_dir, progress=False)
     assert summary["private"] is False and summary["epsilon"] is None
     trajectory = pq.read_table(tmp_path / "runs" / "mezo" / "trajectory.parquet")
@@ -198,9 +179,8 @@ def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, sentiment_files
     assert [step for step, _ in record["history"]["train_loss"]] == [5, 10, 12]
 
 
-def test_masked_lm_run(tmp_path, sentiment_files, cache_dir):
-    config = _config(
-        *sentiment_files,
+def test_masked_lm_run(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(
         "model.name_or_path=tiny-roberta",
         "tracking.backend=none",
         "task.template={sentence} It was {mask} .",
@@ -226,13 +206,13 @@ def test_masked_lm_run(tmp_path, sentiment_files, cache_dir):
     ],
 )
 def test_bad_input_fails_before_compute_and_keeps_records(
-    tmp_path, sentiment_files, cache_dir, override, message
+    tmp_path, tiny_run_config, cache_dir, override, message
 ):
     output = tmp_path / "runs" / "bad"
     output.mkdir(parents=True)
     (output / "notes.txt").write_text("kept")
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        run(_config(*sentiment_files, override), output, cache_dir=cache_dir, progress=False)
+        run(tiny_run_config(override), output, cache_dir=cache_dir, progress=False)
     assert (output / "notes.txt").read_text() == "kept"
     assert not (output / "trajectory.parquet").exists()
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing recorded
@@ -240,21 +220,21 @@ def test_bad_input_fails_before_compute_and_keeps_records(
 
 
 @pytest.mark.slow
-def test_unreachable_hub_id_is_a_config_error(tmp_path, sentiment_files, cache_dir):
+def test_unreachable_hub_id_is_a_config_error(tmp_path, tiny_run_config, cache_dir):
     """Offline, transformers retries for ~25 s before giving up; the error names the field."""
-    config = _config(*sentiment_files, "model.name_or_path=nonexistent-org/nonexistent-model")
+    config = tiny_run_config("model.name_or_path=nonexistent-org/nonexistent-model")
     with pytest.raises(ConfigError, match=r"model\.name_or_path"):
         run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
 
 
-def test_a_finished_run_is_not_overwritten(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=2")
+def test_a_finished_run_is_not_overwritten(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("tracking.backend=none", "optimizer.steps=2")
     run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
     before = (tmp_path / "r" / "summary.json").read_text()
     with pytest.raises(ConfigError, match="already holds a run"):
         run(config, tmp_path / "r", cache_dir=cache_dir, progress=False)
     assert (tmp_path / "r" / "summary.json").read_text() == before
-    bad = _config(*sentiment_files, "tracking.backend=none", "task.max_length=5000")
+    bad = tiny_run_config("tracking.backend=none", "task.max_length=5000")
     with pytest.raises(ConfigError, match="max_length"):  # a bad --overwrite run erases nothing
         run(bad, tmp_path / "r", cache_dir=cache_dir, progress=False, overwrite=True)
     assert (tmp_path / "r" / "summary.json").read_text() == before
@@ -294,9 +274,9 @@ def test_cli_run_prints_summary_and_rejects_bad_config(
     assert "privacy.delta" in capsys.readouterr().err
 
 
-def test_private_runs_sample_poisson_batches_from_a_secret_generator(sentiment_files):
+def test_private_runs_sample_poisson_batches_from_a_secret_generator(tiny_run_config):
     """Two private runs with identical configs (and seeds) draw different Poisson batches."""
-    config = _config(*sentiment_files)
+    config = tiny_run_config()
     plan = plan_privacy(config, dataset_size=64)
     samplers = [make_sampler(config, plan, 64) for _ in range(2)]
     assert all(isinstance(sampler, PoissonSampler) for sampler in samplers)
@@ -306,8 +286,8 @@ def test_private_runs_sample_poisson_batches_from_a_secret_generator(sentiment_f
     assert len(sizes) > 1  # variable batch sizes, as the accountant assumes
 
 
-def test_private_diagnostics_are_logged_only_when_asked(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "tracking.log_private_diagnostics=true")
+def test_private_diagnostics_are_logged_only_when_asked(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config("tracking.log_private_diagnostics=true")
     summary = run(config, tmp_path / "runs" / "d", cache_dir=cache_dir, progress=False)
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     history = read_run(uri, summary["tracking_run_id"])["history"]
@@ -317,9 +297,9 @@ def test_private_diagnostics_are_logged_only_when_asked(tmp_path, sentiment_file
     assert {f"final_{figure}" for figure in RESOURCE_FIGURES} <= set(history)
 
 
-def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_files, cache_dir):
+def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, tiny_run_config, cache_dir):
     """Directions are public and repeat; the noise is secret and does not."""
-    config = _config(*sentiment_files, "tracking.backend=none", "optimizer.steps=4")
+    config = tiny_run_config("tracking.backend=none", "optimizer.steps=4")
     tables = []
     for name in ("first", "second"):
         run(config, tmp_path / name, cache_dir=cache_dir, progress=False, tracking_root=tmp_path)
@@ -335,10 +315,9 @@ def test_two_runs_with_the_same_seeds_draw_different_noise(tmp_path, sentiment_f
 
 
 @pytest.mark.parametrize("view", ["bitfit", "lora", "prefix"])
-def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view):
+def test_peft_runs_replay_bit_for_bit(tmp_path, tiny_run_config, cache_dir, view):
     """A run with a PEFT view saves its trained tensors; replay rebuilds exactly those."""
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
         f"model.trainable={view}",
         "model.peft.lora_rank=2",
         "save_model=true",
@@ -358,13 +337,12 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, sentiment_files, cache_dir, view
 
 @pytest.mark.parametrize("diagnostics", [False, True])
 def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
-    tmp_path, sentiment_files, cache_dir, caplog, diagnostics
+    tmp_path, tiny_run_config, cache_dir, caplog, diagnostics
 ):
     """A perturbation of 1e30 overflows every loss (the weights stay finite); the count of
     non-finite differences is data-dependent, so a private run prints it only when diagnostics
     are on."""
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
         "optimizer.steps=2",
         "optimizer.perturbation_scale=1e30",
         "tracking.backend=none",
@@ -379,13 +357,12 @@ def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
         assert summary["nonfinite_differences"] > 0
 
 
-def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, sentiment_files, cache_dir):
+def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, tiny_run_config, cache_dir):
     """θ ± 1e38·z overflows fp32: the run stops at the window's check with the trajectory it
     made, instead of finishing with NaN weights."""
     from privzo.zo.integrity import NonFiniteWeightsError
 
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
         "optimizer.steps=12",
         "optimizer.perturbation_scale=1e38",
         "tracking.backend=none",
@@ -398,7 +375,7 @@ def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, sentiment_file
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
-def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, cache_dir):
+def test_a_forward_on_an_empty_batch_reads_no_training_record(tiny_run_config, cache_dir):
     """ZeRO-3 ranks join both forwards even when their Poisson share is empty; the input is the
     task's public example, never a private record (here: records wiped, a step still runs)."""
     from privzo.algorithms.stepper import StepMeter
@@ -406,7 +383,7 @@ def test_a_forward_on_an_empty_batch_reads_no_training_record(sentiment_files, c
     from privzo.memory import PeakMemory
     from privzo.run import build_context
 
-    config = _config(*sentiment_files, "tracking.backend=none")
+    config = tiny_run_config("tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
     context.train.input_ids.clear()  # nothing private left to read
     sampler = PoissonSampler(64, 1e-12)  # an empty batch (probability 1 - 6.4e-11)

@@ -8,15 +8,15 @@ the README states elsewhere. DPZero draws fresh noise: it must land in the READM
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import REPO
 from privzo.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-MARKER = "<!-- demo-arms: checked by tests/test_readme_figures.py -->"
+README = REPO / "README.md"
+MARKER = "<!-- demo-arms: checked by tests/integration/test_readme_figures.py -->"
 ROWS = ("zero-shot", "DPZero (private)", "MeZO (non-private)")
 CROSS_PLATFORM_SPREAD = 0.10  # README: "within ±0.10 otherwise"
 DPZERO_RANGE = (0.70, 0.95)  # README: "DPZero within 0.70 to 0.95"

@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import REPO
 from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_MEZO = REPO / "configs" / "runs" / "tiny-mezo.yaml"
 TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
 # The twins' data and schedule, shrunk to seconds: tiny-opt, 64 training examples.

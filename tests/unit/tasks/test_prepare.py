@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from privzo.config import TaskConfig, load_config
 from privzo.tasks import load_splits, resolve_task_config
 from privzo.tasks.prepare import prepare_task_data, resolve_source
@@ -21,7 +22,7 @@ from privzo.tasks.presets import HubSource
 datasets = pytest.importorskip("datasets")
 pq = pytest.importorskip("pyarrow.parquet")
 
-TASK_CONFIGS = Path(__file__).parent.parent / "configs" / "tasks"
+TASK_CONFIGS = REPO / "configs" / "tasks"
 
 
 def sst2_rows(count: int, prefix: str) -> list[dict]:

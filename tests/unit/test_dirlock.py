@@ -16,28 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from privzo.config import ConfigError, load_config
+from conftest import REPO
+from privzo.config import ConfigError
 from privzo.dirlock import LOCK_FILE, DirectoryLock, DirectoryLockedError
 from privzo.run import run
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            "optimizer.steps=6",
-            "optimizer.batch_size=8",
-            "optimizer.algorithm=mezo",
-            "privacy.sampler=shuffle",
-            "tracking.log_every=3",
-            *extra,
-        ],
-    )
+# A short non-private run (at privzo's default learning rate and ε, which it ignores).
+LOCK_RUN = (
+    "optimizer.steps=6",
+    "optimizer.algorithm=mezo",
+    "privacy.sampler=shuffle",
+    "tracking.log_every=3",
+    "optimizer.learning_rate=1e-4",
+    "privacy.epsilon=2",
+)
 
 
 def _holder_process(directory: Path) -> subprocess.Popen:
@@ -79,7 +71,9 @@ def _wait_for_lock(path: Path, process: subprocess.Popen, timeout: float = 120.0
     raise AssertionError(f"PID {process.pid} (exit {process.poll()}) did not lock {path}")
 
 
-def test_a_second_run_is_refused_while_the_first_runs(tmp_path, sentiment_files, cache_dir):
+def test_a_second_run_is_refused_while_the_first_runs(
+    tmp_path, sentiment_files, tiny_run_config, cache_dir
+):
     """Two real runs into one directory: the second is refused naming the first's PID; once
     the first is killed, its stale lock is taken over."""
     output = tmp_path / "runs" / "shared"
@@ -91,7 +85,7 @@ def test_a_second_run_is_refused_while_the_first_runs(tmp_path, sentiment_files,
     try:
         _wait_for_lock(output / LOCK_FILE, first)
         with pytest.raises(DirectoryLockedError, match=rf"in use by another run \(PID {first.pid}"):
-            run(_config(*sentiment_files), output, cache_dir=cache_dir, progress=False)
+            run(tiny_run_config(*LOCK_RUN), output, cache_dir=cache_dir, progress=False)
     finally:
         # SIGKILL: dies without cleanup, its lock file stays behind (SIGTERM now stops a run
         # cleanly, like Ctrl+C, and removes the file)
@@ -99,18 +93,18 @@ def test_a_second_run_is_refused_while_the_first_runs(tmp_path, sentiment_files,
         first.wait(timeout=60)
     assert json.loads((output / LOCK_FILE).read_text())["pid"] == first.pid
     summary = run(
-        _config(*sentiment_files), output, cache_dir=cache_dir, progress=False, overwrite=True
+        tiny_run_config(*LOCK_RUN), output, cache_dir=cache_dir, progress=False, overwrite=True
     )
     assert summary["steps"] == 6
     assert not (output / LOCK_FILE).exists()
 
 
-def test_a_lock_held_by_another_process_refuses_before_loading(tmp_path, sentiment_files):
+def test_a_lock_held_by_another_process_refuses_before_loading(tmp_path, tiny_run_config):
     """The refusal comes first: the model (a directory that does not exist) is never read."""
     output = tmp_path / "out"
     holder = _holder_process(output)
     try:
-        config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+        config = tiny_run_config(*LOCK_RUN, f"model.name_or_path={tmp_path / 'no-such-model'}")
         with pytest.raises(DirectoryLockedError, match=rf"PID {holder.pid} on host"):
             run(config, output, cache_dir=tmp_path / "cache", progress=False)
         assert not (tmp_path / "cache").exists()
@@ -119,11 +113,11 @@ def test_a_lock_held_by_another_process_refuses_before_loading(tmp_path, sentime
     assert not output.exists()  # the holder removed its lock file and the directory it made
 
 
-def test_a_distributed_run_holds_the_lock_in_its_driver(tmp_path, sentiment_files):
+def test_a_distributed_run_holds_the_lock_in_its_driver(tmp_path, tiny_run_config):
     output = tmp_path / "out"
     holder = _holder_process(output)
     try:
-        config = _config(*sentiment_files, "parallel.strategy=replica", "parallel.workers=2")
+        config = tiny_run_config(*LOCK_RUN, "parallel.strategy=replica", "parallel.workers=2")
         with pytest.raises(DirectoryLockedError, match=rf"PID {holder.pid}"):
             run(config, output, cache_dir=tmp_path / "cache", progress=False)
     finally:
@@ -162,21 +156,21 @@ def test_a_lock_file_of_a_live_process_is_not_taken(tmp_path):
         pass
 
 
-def test_the_lock_is_released_after_an_exception(tmp_path, sentiment_files, cache_dir):
+def test_the_lock_is_released_after_an_exception(tmp_path, tiny_run_config, cache_dir):
     """A run failing inside the lock (a missing model, found after the lock is taken) leaves
     no lock behind: another process can take it at once."""
     output = tmp_path / "out"
     output.mkdir()
-    config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+    config = tiny_run_config(*LOCK_RUN, f"model.name_or_path={tmp_path / 'no-such-model'}")
     with pytest.raises(ConfigError, match="no-such-model"):
         run(config, output, cache_dir=cache_dir, progress=False)
     assert not (output / LOCK_FILE).exists()
     _release(_holder_process(output))
 
 
-def test_a_refused_run_leaves_no_directory_behind(tmp_path, sentiment_files, cache_dir):
+def test_a_refused_run_leaves_no_directory_behind(tmp_path, tiny_run_config, cache_dir):
     output = tmp_path / "a" / "b" / "out"
-    config = _config(*sentiment_files, f"model.name_or_path={tmp_path / 'no-such-model'}")
+    config = tiny_run_config(*LOCK_RUN, f"model.name_or_path={tmp_path / 'no-such-model'}")
     with pytest.raises(ConfigError):
         run(config, output, cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "a").exists()

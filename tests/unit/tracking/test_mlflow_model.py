@@ -2,38 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlflow
 import mlflow.pyfunc
 import torch
 
-from privzo.config import load_config
 from privzo.replay import replay
 from privzo.run import run
 from privzo.tracking import read_run
 
-
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            "optimizer.steps=6",
-            "optimizer.batch_size=8",
-            "optimizer.learning_rate=1e-3",
-            "tracking.log_every=3",
-            "privacy.epsilon=3",
-            *extra,
-        ],
-    )
+MODEL_RUN = ("optimizer.steps=6", "tracking.log_every=3")  # the tiny run, shorter
 
 
-def test_a_run_logs_a_model_that_loads_by_replay(tmp_path, sentiment_files, cache_dir):
+def test_a_run_logs_a_model_that_loads_by_replay(tmp_path, tiny_run_config, cache_dir):
     output = tmp_path / "runs" / "dp"
-    summary = run(_config(*sentiment_files), output, cache_dir=cache_dir, progress=False)
+    summary = run(tiny_run_config(*MODEL_RUN), output, cache_dir=cache_dir, progress=False)
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     record = read_run(uri, summary["tracking_run_id"])
     model_uri = record["tags"]["privzo.model_uri"]
@@ -63,16 +45,16 @@ def test_a_run_logs_a_model_that_loads_by_replay(tmp_path, sentiment_files, cach
     )
 
 
-def test_a_run_without_tracking_logs_no_model(tmp_path, sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "tracking.backend=none")
+def test_a_run_without_tracking_logs_no_model(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(*MODEL_RUN, "tracking.backend=none")
     summary = run(config, tmp_path / "dp", cache_dir=cache_dir, progress=False)
     assert summary["tracking_run_id"] is None
     assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-def test_a_first_order_run_logs_no_replayable_model(tmp_path, sentiment_files, cache_dir):
+def test_a_first_order_run_logs_no_replayable_model(tmp_path, tiny_run_config, cache_dir):
     """First-order baselines keep no trajectory: their weights are saved instead, no model."""
-    config = _config(*sentiment_files, "optimizer.algorithm=dpsgd")
+    config = tiny_run_config(*MODEL_RUN, "optimizer.algorithm=dpsgd")
     summary = run(config, tmp_path / "runs" / "fo", cache_dir=cache_dir, progress=False)
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     record = read_run(uri, summary["tracking_run_id"])

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 RAY = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
 
 

@@ -26,23 +26,13 @@ from privzo.tracking import read_run
 from privzo.zo.directions import step_seed
 from privzo.zo.step import estimate_differences
 
-
-def _config(train: Path, test: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-opt",
-            f"task.train_path={train}",
-            f"task.test_path={test}",
-            "optimizer.steps=6",
-            "optimizer.batch_size=8",
-            "optimizer.learning_rate=5e-2",
-            "optimizer.physical_batch_size=3",
-            "tracking.log_every=4",
-            "privacy.epsilon=3",
-            *extra,
-        ],
-    )
+# Short runs in micro-batches of 3 rows, at a learning rate that moves the tiny model.
+BASELINE_RUN = (
+    "optimizer.steps=6",
+    "optimizer.learning_rate=5e-2",
+    "optimizer.physical_batch_size=3",
+    "tracking.log_every=4",
+)
 
 
 def _base_weights(cache_dir: Path) -> dict[str, torch.Tensor]:
@@ -55,11 +45,11 @@ def _changed(trained: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) ->
 
 @pytest.mark.parametrize("view", [pytest.param("full", marks=pytest.mark.slow), "bitfit", "lora"])
 def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
-    tmp_path, sentiment_files, cache_dir, view
+    tmp_path, tiny_run_config, cache_dir, view
 ):
     accountant = "pld" if view == "full" else "rdp"  # rdp calibrates in well under a second
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpsgd",
         f"model.trainable={view}",
         f"privacy.accountant={accountant}",
@@ -72,8 +62,8 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
     assert summary["steps"] == 6 and summary["mechanism"] == "gaussian"
     assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
     # the same (ε, δ, q, T) planned for dpzero gives the same σ
-    dpzero = _config(
-        *sentiment_files,
+    dpzero = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpzero",
         f"privacy.accountant={accountant}",
         "privacy.noise_grid=null",  # the continuous Gaussian, as Opacus' noise
@@ -92,9 +82,9 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
     assert {"summary.json", "config.yaml"} <= set(record["artifacts"])
 
 
-def test_dp_bitfit_changes_only_biases(tmp_path, sentiment_files, cache_dir):
-    config = _config(
-        *sentiment_files,
+def test_dp_bitfit_changes_only_biases(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpsgd",
         "model.trainable=bitfit",
         "privacy.accountant=rdp",
@@ -108,9 +98,9 @@ def test_dp_bitfit_changes_only_biases(tmp_path, sentiment_files, cache_dir):
     assert len(changed) >= len(biases) // 2  # noise moves (almost) every bias
 
 
-def test_adamw_full_run_is_nonprivate_and_moves_every_tensor(tmp_path, sentiment_files, cache_dir):
-    config = _config(
-        *sentiment_files,
+def test_adamw_full_run_is_nonprivate_and_moves_every_tensor(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=adamw",
         "privacy.sampler=shuffle",
         "tracking.log_every=3",
@@ -126,9 +116,9 @@ def test_adamw_full_run_is_nonprivate_and_moves_every_tensor(tmp_path, sentiment
     assert [step for step, _ in record["history"]["train_loss"]] == [3, 6]
 
 
-def test_adamw_lora_trains_the_adapter_only(tmp_path, sentiment_files, cache_dir):
-    config = _config(
-        *sentiment_files,
+def test_adamw_lora_trains_the_adapter_only(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=adamw",
         "model.trainable=lora",
         "tracking.backend=none",
@@ -142,7 +132,7 @@ def test_adamw_lora_trains_the_adapter_only(tmp_path, sentiment_files, cache_dir
 
 @pytest.mark.parametrize("example_major", [True, False])
 def test_opacus_per_example_gradients_equal_autograd_per_example(
-    sentiment_files, cache_dir, monkeypatch, example_major
+    tiny_run_config, cache_dir, monkeypatch, example_major
 ):
     """Opacus' per-example gradients are each example's own gradient, so clipping bounds what
     every example contributes: with OPT's MLP rows fed example-major (the default), and with
@@ -151,7 +141,7 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
 
     if not example_major:
         monkeypatch.setattr(first_order, "example_major_mlp_rows", lambda model: nullcontext())
-    config = _config(*sentiment_files, "optimizer.algorithm=dpsgd", "tracking.backend=none")
+    config = tiny_run_config(*BASELINE_RUN, "optimizer.algorithm=dpsgd", "tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
     parameters = trainable_parameters(context)
     indices = [0, 5, 9]
@@ -183,12 +173,12 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
 
 
 def test_dpsgd_empty_poisson_batch_releases_noise_of_scale_sigma_c_over_b(
-    sentiment_files, cache_dir
+    tiny_run_config, cache_dir
 ):
     """An empty logical batch still takes the step: pure noise N(0, σ²C²) per coordinate,
     divided by the expected batch size B, from Opacus' DPOptimizer with privzo's σ."""
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpsgd",
         "optimizer.learning_rate=1.0",
         "privacy.noise_multiplier=2.0",
@@ -245,9 +235,9 @@ def test_what_a_baseline_cannot_do_is_refused_by_its_registry_entry(overrides, f
 # --- DPGD-0th ------------------------------------------------------------------------------
 
 
-def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_files, cache_dir):
-    config = _config(
-        *sentiment_files,
+def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, tiny_run_config, cache_dir):
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpgd-0th",
         "optimizer.learning_rate=1e-3",
         "privacy.accountant=rdp",
@@ -256,8 +246,8 @@ def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_f
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert summary["algorithm"] == "dpgd-0th" and summary["steps"] == 6
     assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-9)
-    dpzero = _config(
-        *sentiment_files,
+    dpzero = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpzero",
         "privacy.accountant=rdp",
         "privacy.noise_grid=null",  # the continuous Gaussian, which dpgd-0th's d-dim noise is
@@ -269,10 +259,10 @@ def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, sentiment_f
 
 
 def test_dpgd_refuses_a_model_above_the_size_cap_before_writing(
-    tmp_path, sentiment_files, cache_dir
+    tmp_path, tiny_run_config, cache_dir
 ):
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpgd-0th",
         "optimizer.dpgd_max_parameters=1000",
         "privacy.accountant=rdp",
@@ -282,8 +272,8 @@ def test_dpgd_refuses_a_model_above_the_size_cap_before_writing(
     assert not (tmp_path / "too-big").exists()
 
 
-def test_dpgd_clipping_bounds_every_per_example_vector(sentiment_files, cache_dir):
-    config = _config(*sentiment_files, "optimizer.algorithm=dpgd-0th", "tracking.backend=none")
+def test_dpgd_clipping_bounds_every_per_example_vector(tiny_run_config, cache_dir):
+    config = tiny_run_config(*BASELINE_RUN, "optimizer.algorithm=dpgd-0th", "tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
     perturber, seed = context.perturber, step_seed(config.seed, 0)
     batch = context.task.collate(context.train, list(range(16)))
@@ -337,12 +327,12 @@ def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
     assert "dpsgd-bitfit" in result["table"]
 
 
-def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_files, cache_dir):
+def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(tiny_run_config, cache_dir):
     """A finite loss can still back-propagate to a non-finite gradient (an overflow in the
     backward); Opacus' clip factor is then NaN and the noisy sum of the step NaN. The example
     must contribute nothing, be counted, and the step stay finite."""
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpsgd",
         "privacy.noise_multiplier=2.0",
         "privacy.accountant=rdp",
@@ -368,12 +358,12 @@ def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(sentiment_fil
         loop.finish()
 
 
-def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, cache_dir):
+def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(tiny_run_config, cache_dir):
     """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ)."""
     from privzo.baselines.dpgd import DpgdStepper
 
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpgd-0th",
         "privacy.accountant=rdp",
         "model.dtype=bfloat16",
@@ -398,12 +388,12 @@ def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(sentiment_files, 
 
 
 def test_dpsgd_draws_and_adds_its_noise_in_fp32_for_a_half_precision_model(
-    sentiment_files, cache_dir
+    tiny_run_config, cache_dir
 ):
     """A bf16 model's noisy gradient is round_bf16(S + ξ) with the secure-mode ξ summed in
     fp32 (Opacus alone sums ξ's four draws into bf16 and adds bf16 noise to a bf16 sum)."""
-    config = _config(
-        *sentiment_files,
+    config = tiny_run_config(
+        *BASELINE_RUN,
         "optimizer.algorithm=dpsgd",
         "model.trainable=bitfit",
         "model.dtype=bfloat16",

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import REPO
 from privzo.config import ConfigError
 from privzo.privacy import calibrate_noise_multiplier
 from privzo.synthetic import build_synthetic_config, load_synthetic_config, run_synthetic_study
@@ -26,7 +27,6 @@ from privzo.synthetic.config import ALGORITHM_NAMES, PATTERN_NAMES
 from privzo.synthetic.quadratic import EFFECTIVE_RANK_PATTERNS, make_problem
 from privzo.synthetic.study import readable, study_noise_multiplier
 
-REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "configs" / "studies" / "synthetic-quadratic.yaml"
 
 

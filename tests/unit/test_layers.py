@@ -11,7 +11,9 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "privzo"
+from conftest import REPO
+
+PACKAGE = REPO / "platform" / "privzo"
 
 # Layer of each package or module (the longest matching name wins); an import may point to the
 # same layer or a lower one, never up. The order is the architecture's

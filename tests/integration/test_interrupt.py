@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import REPO
 from privzo.dirlock import LOCK_FILE
 from privzo.tracking import read_run
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _running_run_id(database: Path, process: subprocess.Popen, timeout: float = 180.0) -> str:
