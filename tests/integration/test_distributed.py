@@ -132,6 +132,10 @@ def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
     )
     run_files = {"summary.json", "trajectory.parquet", "config.yaml", "privacy.json"}
     assert run_files <= set(record["artifacts"])
+    # the replayable model, as a single run logs it (replay gives the weights compared above)
+    model_uri = f"runs:/{summaries['replica']['tracking_run_id']}/model"
+    assert record["tags"]["privzo.model_uri"] == model_uri
+    assert {"model/MLmodel", "model/data/replay/trajectory.parquet"} <= set(record["artifacts"])
 
 
 @pytest.mark.ray

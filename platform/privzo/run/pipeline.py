@@ -157,8 +157,6 @@ class OnRayTrain:
     (``privzo.distributed``); rank 0 logs into this run and returns its records. The cluster
     is reached and checked when this is made."""
 
-    logs_model = False  # as before the layouts shared this pipeline
-
     def __init__(
         self,
         config: RunConfig,
@@ -181,6 +179,9 @@ class OnRayTrain:
         self.config, self.private = config, checked.privacy.private
         self.output_dir, self.cache_dir, self.hooks = output_dir, cache_dir, hooks
         self.tracking_root = tracking[0]
+        # rank 0 returns the trajectory, written here as a single run's is: the same replayable
+        # model (its steps replay to the layout's weights; tests/integration/test_distributed.py)
+        self.logs_model = writes_trajectory(config)
 
     def tags(self) -> dict[str, str]:
         """Without the model's (not loaded here): rank 0 adds them once it has built it."""
