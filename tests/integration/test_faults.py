@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import REPO
 from privzo.privacy import compute_epsilon
 from privzo.tracking import find_runs, read_run
 
@@ -140,7 +141,7 @@ RAY_TEST_ENV = {
 RAY_STEPS = 30  # one window per step (log_every=1): any step can be the one killed at
 PAUSE_LIMIT_S = 900  # a paused victim nobody kills fails its run instead of hanging
 RUN_LIMIT_S = 2400  # margins for a loaded machine (a search's first trial took 6 min at load 7)
-TINY_DPZERO = Path(__file__).resolve().parents[1] / "configs" / "runs" / "tiny-dpzero.yaml"
+TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
 
 
 def _pause_at(step: int, pid_file: Path):
