@@ -104,6 +104,7 @@ def test_search_over_distributed_trials_of_two_workers(tmp_path, make_search, ca
     summary = json.loads((output / "search_summary.json").read_text())
     trials = pd.read_parquet(output / "trials.parquet")
     assert len(trials) == 2 and set(trials["status"]) == {"finished"}
+    assert set(trials["strategy"]) == {strategy} and set(trials["workers"]) == {2}
     for row in trials.itertuples():
         run_summary = json.loads((output / "trials" / row.trial_id / "summary.json").read_text())
         assert run_summary["strategy"] == strategy and run_summary["workers"] == 2

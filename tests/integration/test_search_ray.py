@@ -104,6 +104,7 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     summary = json.loads((output / "search_summary.json").read_text())
     trials = pd.read_parquet(output / "trials.parquet")
     assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    assert set(trials["strategy"]) == {"single"} and set(trials["workers"]) == {1}
     assert summary["interrupted"] is False and summary["trials_finished"] == 4
 
     # every trial spends the same ε although steps differ; σ differs where steps differ

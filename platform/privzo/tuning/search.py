@@ -349,7 +349,7 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     trials = result_grid_trials(results)
     saved = _saved_statuses(results.experiment_path)
     rows = [
-        _trial_row(trial, saved.get(trial.trial_id, trial.status), result, output_dir)
+        _trial_row(trial, saved.get(trial.trial_id, trial.status), result, output_dir, plan)
         for trial, result in zip(trials, results, strict=True)
     ]
     rows.sort(key=lambda row: row["trial_id"])
@@ -397,12 +397,18 @@ def _saved_statuses(experiment_path: str) -> dict[str, str]:
     return {trial.trial_id: trial.status for trial in ExperimentAnalysis(experiment_path).trials}
 
 
-def _trial_row(trial: Any, status: str, result: Any, output_dir: Path) -> dict[str, Any]:
-    """One trials.parquet row: the point, the run's summary fields and how the trial ended."""
+def _trial_row(
+    trial: Any, status: str, result: Any, output_dir: Path, plan: SearchPlan
+) -> dict[str, Any]:
+    """One trials.parquet row: the point, the trial's layout, the run's summary fields and how
+    the trial ended."""
     summary_path = output_dir / TRIALS_DIR / trial.trial_id / RUN_SUMMARY_FILE
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     row: dict[str, Any] = {"trial_id": trial.trial_id, "status": _status(status, summary)}
     row.update(trial.config["point"])
+    # the layout is not searchable: every trial runs the base's (and overrides') parallel keys
+    parallel = plan.base.parallel
+    row.update({"strategy": parallel.strategy, "workers": parallel.workers})
     row.update({key: summary.get(key) for key in _RUN_KEYS})
     row[SCORE] = summary.get(SCORE, (result.metrics or {}).get(SCORE))
     return row
