@@ -464,3 +464,41 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
     # died before Ray's controller registered its report (both ranks had reported it)
     assert PAUSE_AT - 5 <= len(kept) < 80 and len(kept) % 5 == 0
     assert list(kept["step"]) == list(range(len(kept)))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(ray_session, tmp_path, cache_dir):
+    """A LoRA run on 2 replica workers (zero3 refuses adapters): rank 0 logs the adapter in
+    MLflow's transformers flavor; loaded back, it computes what the trajectory replays to."""
+    strategy = "replica"
+    import mlflow
+    import mlflow.transformers
+
+    from privzo.replay import replay
+
+    lora = ("model.trainable=lora", "model.peft.lora_rank=2", "tracking.backend=mlflow")
+    config = _config(TINY_MEZO, *_layout(strategy, 2), *lora)
+    output = tmp_path / "runs" / strategy
+    summary = _run(config, output, cache_dir)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    adapter_uri = record["tags"]["privzo.adapter_uri"]
+    assert "adapter/peft/adapter_model.safetensors" in record["artifacts"]
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
+    finally:
+        mlflow.set_tracking_uri(None)
+    _base, replayed, steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    )
+    assert steps == 12
+    tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        loaded = parts["model"].eval()(**tokens).logits
+        expected = replayed.eval()(**tokens).logits
+    torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
+    trained_b = [p for name, p in parts["model"].named_parameters() if "lora_B" in name]
+    assert trained_b and all(p.abs().max() > 0 for p in trained_b)  # B starts at 0: steps moved it

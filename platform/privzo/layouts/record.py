@@ -20,6 +20,7 @@ from privzo.layouts.context import RunContext
 from privzo.models.loading import model_parameters
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import Tracker
+from privzo.tracking.tags import ADAPTER_URI
 
 SUMMARY_FILE = "summary.json"
 TRAJECTORY_FILE = "trajectory.parquet"
@@ -233,3 +234,23 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         for key in keys
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
     }
+
+
+ADAPTER_VIEWS = ("lora", "prefix")  # views whose trained tensors are a peft adapter
+PIPELINE_TASKS = {"causal": "text-generation", "masked": "fill-mask"}  # by the model's kind
+
+
+def log_adapter_model(context: RunContext, tracker: Tracker) -> None:
+    """A LoRA / prefix run's adapter as the tracker's transformers model, tagged with its URI
+    (``tracker.log_adapter_model``): a local base (a directory, built-in models' included) is
+    referenced by its path, a hub base by its id and revision. The adapter is the trajectory
+    replayed onto public weights, so it releases nothing the trajectory does not."""
+    if context.config.model.trainable not in ADAPTER_VIEWS:
+        return
+    loaded = context.loaded
+    base_path = loaded.source if Path(loaded.source).is_dir() else None
+    uri = tracker.log_adapter_model(
+        context.model, loaded.tokenizer, PIPELINE_TASKS[loaded.kind], base_path
+    )
+    if uri is not None:
+        tracker.set_tags({ADAPTER_URI: uri})

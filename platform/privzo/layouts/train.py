@@ -31,7 +31,7 @@ from privzo.algorithms.loop import StepperFactory, TrainingLoop
 from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout
-from privzo.layouts.record import RunSummary, summary_record
+from privzo.layouts.record import RunSummary, log_adapter_model, summary_record
 from privzo.memory import PeakMemory
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker
@@ -126,6 +126,7 @@ def train_and_evaluate(
         summary = summary_record(context, loop, tracker, before, after, started)
         summary.add({f"validation_{name}": value for name, value in validation.items()})
         summary.add(layout_figures)
+        log_adapter_model(context, tracker)  # LoRA / prefix: the adapter as a transformers model
     scores = _final_scores(context)  # on every rank that evaluates (zero3's are collectives)
     if summary is None:
         return Trained(loop, recorder, None)

@@ -134,6 +134,18 @@ class Tracker(abc.ABC):
         the backend keeps no models)."""
 
     @abc.abstractmethod
+    def log_adapter_model(
+        self, model: Any, tokenizer: Any, task: str, base_path: str | None, name: str = "adapter"
+    ) -> str | None:
+        """Record a peft-wrapped ``model`` (LoRA, prefix) as a model of the backend's
+        transformers format (MLflow: the ``transformers`` flavor): the adapter's weights and the
+        tokenizer, with the base referenced, not copied: by ``base_path`` (a local directory,
+        which must exist where the model is loaded) or, when None, by the base's hub id and
+        revision. ``task`` is the pipeline's ("text-generation", "fill-mask"). Returns its URI;
+        None where the backend keeps no models, or where saving it failed (a warning says why:
+        the run's other records are kept)."""
+
+    @abc.abstractmethod
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
         """Record a table as ``artifact_file`` (a ``.json`` path), which the backend's UI shows
         as a table (MLflow: ``log_table``). Only public figures belong here, as in metrics."""
@@ -221,6 +233,11 @@ class NoopTracker(Tracker):
         pass
 
     def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str | None:
+        return None
+
+    def log_adapter_model(
+        self, model: Any, tokenizer: Any, task: str, base_path: str | None, name: str = "adapter"
+    ) -> str | None:
         return None
 
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:

@@ -11,7 +11,9 @@ run owns its client and URI explicitly.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
+import logging
 import os
 import posixpath
 import socket
@@ -51,6 +53,13 @@ _STATUSES: tuple[RunStatus, ...] = ("FINISHED", "FAILED", "KILLED")
 _REMOTE_SCHEMES = ("http://", "https://", "databricks")
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
+
+
+def _installed(*packages: str) -> list[str]:
+    """Pins of the installed ``packages`` (a model's requirements, stated, not inferred)."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in packages]
 
 
 def default_tracking_uri(output_root: Path) -> str:
@@ -396,6 +405,33 @@ class MlflowTracker(Tracker):
                 data_path=str(data_dir),
                 pip_requirements=[f"privzo=={__version__}"],
             )
+            client.log_artifacts(run_id, str(local), artifact_path=name)
+        return f"runs:/{run_id}/{name}"
+
+    def log_adapter_model(
+        self, model: Any, tokenizer: Any, task: str, base_path: str | None, name: str = "adapter"
+    ) -> str | None:
+        """The transformers flavor's PEFT form: ``peft/`` holds the adapter, the base is
+        referenced (``base_model_path`` for a local one). Saved beside the run's artifacts with
+        the client, as ``log_model`` does, with explicit requirements so MLflow does not probe
+        the environment. ``mlflow.transformers.load_model(uri)`` returns the PeftModel."""
+        import mlflow.transformers
+        from mlflow.exceptions import MlflowException
+
+        client, run_id = self._require_active()
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / name
+            try:
+                mlflow.transformers.save_model(
+                    {"model": model, "tokenizer": tokenizer},
+                    path=str(local),
+                    task=task,
+                    base_model_path=base_path,
+                    pip_requirements=_installed("torch", "transformers", "peft"),
+                )
+            except (MlflowException, OSError, ValueError) as error:
+                logger.warning("the adapter was not logged as an MLflow model: %s", error)
+                return None
             client.log_artifacts(run_id, str(local), artifact_path=name)
         return f"runs:/{run_id}/{name}"
 

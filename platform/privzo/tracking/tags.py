@@ -26,6 +26,7 @@ SEED = "privzo.seed"
 AUDIT = "privzo.audit"  # 'true' on an audited run (trained with canaries) and on its audit
 AUDIT_VERDICT = "privzo.audit.verdict"  # on the audit (the audited run's MLflow child)
 MODEL_REVISION = "privzo.model_revision"  # the hub commit of the base model (hub ids only)
+ADAPTER_URI = "privzo.adapter_uri"  # a LoRA / prefix run's adapter (transformers flavor), if logged
 MODEL_URI = "privzo.model_uri"  # the run's fine-tuned model (``runs:/<id>/model``), if logged
 BEST_MODEL_URI = "privzo.best_model_uri"  # on a search's parent run: the best trial's model
 

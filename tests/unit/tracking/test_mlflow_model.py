@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mlflow
 import mlflow.pyfunc
+import mlflow.transformers
+import pytest
 import torch
 
 from privzo.replay import replay
@@ -25,6 +27,7 @@ def test_a_run_logs_a_model_that_loads_by_replay(tmp_path, tiny_run_config, cach
     data = {"model/data/replay/base.json", "model/data/replay/trajectory.parquet"}
     assert {"model/MLmodel", *data} <= logged
     assert not any(path.endswith(".safetensors") for path in logged)
+    assert "privzo.adapter_uri" not in record["tags"]  # full fine-tuning: no adapter
 
     mlflow.set_tracking_uri(uri)
     try:
@@ -60,3 +63,35 @@ def test_a_first_order_run_logs_no_replayable_model(tmp_path, tiny_run_config, c
     record = read_run(uri, summary["tracking_run_id"])
     assert "privzo.model_uri" not in record["tags"]
     assert not any(path.startswith("model/") for path in record["artifacts"])
+
+
+@pytest.mark.parametrize("view", ["lora", "prefix"])
+def test_an_adapter_run_logs_its_adapter_as_a_transformers_model(
+    tmp_path, tiny_run_config, cache_dir, view
+):
+    """LoRA / prefix: the peft adapter in MLflow's transformers flavor, the local base referenced
+    by its path (no base weights logged); loaded back, it computes the replayed model's logits."""
+    config = tiny_run_config(*MODEL_RUN, f"model.trainable={view}", "model.peft.lora_rank=2")
+    output = tmp_path / "runs" / view
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    record = read_run(uri, summary["tracking_run_id"])
+    adapter_uri = record["tags"]["privzo.adapter_uri"]
+    assert adapter_uri == f"runs:/{summary['tracking_run_id']}/adapter"
+    logged = [path for path in record["artifacts"] if path.startswith("adapter/")]
+    weights = [path for path in logged if path.endswith(".safetensors")]
+    assert weights == ["adapter/peft/adapter_model.safetensors"], logged
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
+    finally:
+        mlflow.set_tracking_uri(None)
+    _base, expected, steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    )
+    assert steps == 6
+    tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
+    loaded = parts["model"].eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(**tokens).logits, expected.eval()(**tokens).logits)
