@@ -43,6 +43,7 @@ __all__ = [
     "SecretGenerator",
     "get_mechanism",
     "grid_sensitivity",
+    "secure_gaussian_",
     "units_as_float",
 ]
 
@@ -300,3 +301,32 @@ def secret_torch_generator(device: str | object = "cpu") -> Any:
     generator = torch.Generator(device=device)  # type: ignore[arg-type]
     generator.manual_seed(secrets.randbits(63))
     return generator
+
+
+SECURE_DRAWS = 4  # ξ = (ξ₁ + ξ₂ + ξ₃ + ξ₄)/2: n = 4 draws, as Opacus' secure_mode
+SECURE_BLOCK = 2**18  # elements drawn at a time: the scratch the draws are summed through (1 MiB)
+
+
+def secure_gaussian_(out: Any, std: float, generator: Any) -> Any:
+    """Fill the fp32 tensor ``out`` with N(0, std²) noise that resists floating-point attacks.
+
+    One float draw's low bits show which values a sampler can return, and so a noisy value's
+    un-noised part (Mironov 2012; for torch's Gaussian, arXiv 2112.05307). Holohan & Braghin
+    (2021, arXiv 2107.10138) make that attack infeasible by releasing a sum of several
+    independent draws, scaled back to the same variance: here four draws of N(0, std²) summed
+    in fp32 and halved (exact: a power of two), block by block through a small scratch so the
+    memory is ``out`` plus one block. ``generator`` must be a secret one
+    (``secret_torch_generator``).
+    """
+    import torch  # local: the scalar mechanisms above need only numpy
+
+    assert out.dtype == torch.float32 and out.dim() == 1, (out.dtype, out.shape)
+    scratch = torch.empty(min(out.numel(), SECURE_BLOCK), dtype=out.dtype, device=out.device)
+    for start in range(0, out.numel(), SECURE_BLOCK):
+        block = out[start : start + SECURE_BLOCK]
+        draw = scratch[: block.numel()]
+        block.normal_(0.0, std, generator=generator)
+        for _ in range(SECURE_DRAWS - 1):
+            block.add_(draw.normal_(0.0, std, generator=generator))
+        block.mul_(1.0 / math.sqrt(SECURE_DRAWS))
+    return out
