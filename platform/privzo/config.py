@@ -362,10 +362,11 @@ class PrivacyConfig(_Section):
         DEFAULT_NOISE_GRID,
         ge=16,
         le=2**20,
-        description="Grid points per noise scale σC of a zeroth-order run's gaussian or laplace "
-        "noise: γ·k with γ = σC/noise_grid and k an exact discrete Gaussian / Laplace drawn with "
-        "integer arithmetic (safe from floating-point attacks) and accounted as such. null = "
-        "numpy's float sampler and the continuous accountants (not safe from those attacks).",
+        description="Grid points per noise scale σC of a zeroth-order run's scalar noise: γ·k "
+        "with γ = σC/noise_grid and k an exact discrete Gaussian / Laplace (or, for lmo, the "
+        "rounded Laplace given its random scale) drawn with integer arithmetic (safe from "
+        "floating-point attacks) and accounted as such. null = numpy's float sampler and the "
+        "continuous accountants (not safe from those attacks).",
     )
 
     @field_validator("clip")

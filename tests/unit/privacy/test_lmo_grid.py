@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from privzo.config import ConfigError, load_config
+from privzo.distributed.collectives import WorkerGroup
+from privzo.distributed.estimators import distribute_estimator
 from privzo.privacy import compute_epsilon, get_mechanism, make_accountant
 from privzo.privacy import discrete as discrete_module
 from privzo.privacy.discrete import geometric_exp, grid_sensitivity, rounded_laplace
@@ -144,9 +146,11 @@ def test_a_tiny_gamma_shape_draws_without_error_and_releases_a_clamped_grid_valu
         noise_parameters=tiny | {"grid": 64},
     )
     unit = sigma * clip / 64
+    twin = distribute_estimator(estimator, WorkerGroup(0, 1))  # rank 0 adds the draw, reduces
     released = [
-        estimator.estimate(torch.tensor([0.3, -0.7])).projected_gradient * batch / unit
-        for _ in range(3000)
+        each.estimate(torch.tensor([0.3, -0.7])).projected_gradient * batch / unit
+        for each in (estimator, twin)
+        for _ in range(1500)
     ]
     assert all(math.isfinite(value) for value in released)
     assert all(abs(value) <= RELEASE_LIMIT for value in released)
