@@ -45,12 +45,13 @@ MECHANISM_ACCOUNTANTS = {
     "laplace": ("pld", "pure", "numeric"),
     "lmo": ("numeric",),
 }
-# Algorithms whose noise is one scalar per step, drawn on privacy.noise_grid (gaussian, laplace).
+# Algorithms whose noise is one scalar per step, drawn on privacy.noise_grid.
 SCALAR_NOISE_ALGORITHMS = ("dpzero", "dpzo-laplace")
-GRIDDED_MECHANISMS = ("gaussian", "laplace")
-# Accountants that bound the discrete (gridded) mechanisms: dp_accounting's discrete PLDs and
-# the pure ε-DP of the discrete Laplace.
-GRID_ACCOUNTANTS = ("pld", "pure")
+GRIDDED_MECHANISMS = ("gaussian", "laplace", "lmo")
+# Accountants that bound each mechanism on the grid: dp_accounting's discrete PLDs and the pure
+# ε-DP of the discrete Laplace; LMO's gridded noise rounds the continuous LMO output, so the
+# numeric accountant bounds it (at the grid's sensitivity).
+GRID_ACCOUNTANTS = {"gaussian": ("pld",), "laplace": ("pld", "pure"), "lmo": ("numeric",)}
 DEFAULT_NOISE_GRID = 1024
 
 
@@ -361,10 +362,11 @@ class PrivacyConfig(_Section):
         DEFAULT_NOISE_GRID,
         ge=16,
         le=2**20,
-        description="Grid points per noise scale σC of a zeroth-order run's gaussian or laplace "
-        "noise: γ·k with γ = σC/noise_grid and k an exact discrete Gaussian / Laplace drawn with "
-        "integer arithmetic (safe from floating-point attacks) and accounted as such. null = "
-        "numpy's float sampler and the continuous accountants (not safe from those attacks).",
+        description="Grid points per noise scale σC of a zeroth-order run's scalar noise: γ·k "
+        "with γ = σC/noise_grid and k an exact discrete Gaussian / Laplace (or, for lmo, the "
+        "rounded Laplace given its random scale) drawn with integer arithmetic (safe from "
+        "floating-point attacks) and accounted as such. null = numpy's float sampler and the "
+        "continuous accountants (not safe from those attacks).",
     )
 
     @field_validator("clip")
@@ -466,15 +468,15 @@ class RunConfig(_Section):
                 f"privacy.accountant={self.privacy.accountant!r} cannot account the "
                 f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
             )
-        if self.noise_grid is not None and self.privacy.accountant not in GRID_ACCOUNTANTS:
+        grid_accountants = GRID_ACCOUNTANTS.get(mechanism, ())
+        if self.noise_grid is not None and self.privacy.accountant not in grid_accountants:
             raise ValueError(
                 f"privacy.accountant={self.privacy.accountant!r} with privacy.noise_grid="
                 f"{self.noise_grid}: it accounts only the continuous {mechanism} mechanism, and "
-                f"the run draws discrete noise on a grid; allowed: {list(GRID_ACCOUNTANTS)}, or "
+                f"the run draws discrete noise on a grid; allowed: {list(grid_accountants)}, or "
                 "privacy.noise_grid=null for the float sampler (not safe from floating-point "
                 "attacks)"
             )
-        _check_float_noise_is_chosen(self)
         _check_test_split_is_not_private(self)
         return self
 
@@ -499,23 +501,6 @@ class RunConfig(_Section):
         if not self.optimizer.is_private:
             return None
         return self.privacy.mechanism or ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
-
-
-def _check_float_noise_is_chosen(config: RunConfig) -> None:
-    """A scalar mechanism without a discrete sampler (lmo) draws float noise: only when the
-    config says so (``privacy.noise_grid: null``), never silently under the default grid."""
-    mechanism = config.mechanism
-    if config.optimizer.algorithm not in SCALAR_NOISE_ALGORITHMS or mechanism is None:
-        return
-    if mechanism in GRIDDED_MECHANISMS or config.privacy.noise_grid is None:
-        return
-    raise ValueError(
-        f"privacy.mechanism={mechanism!r} with privacy.noise_grid={config.privacy.noise_grid}: "
-        f"{mechanism} has no discrete sampler, so its noise comes from numpy's float samplers, "
-        "whose low bits floating-point attacks can read (Mironov 2012); its numeric accountant "
-        "bounds the continuous mechanism only. Set privacy.noise_grid=null to run it on that "
-        f"float noise, or use {' or '.join(GRIDDED_MECHANISMS)} (drawn exactly on the grid)"
-    )
 
 
 def _check_test_split_is_not_private(config: RunConfig) -> None:

@@ -48,8 +48,7 @@ def _overrides(algorithm: str, layout: str, mechanism: str | None) -> list[str]:
     if mechanism is not None:
         overrides.append(f"privacy.mechanism={mechanism}")
     if mechanism == "lmo":
-        overrides.append("privacy.accountant=numeric")  # the one that accounts lmo
-        overrides.append("privacy.noise_grid=null")  # lmo's float noise, chosen explicitly
+        overrides.append("privacy.accountant=numeric")  # the one that accounts lmo (gridded)
     return overrides
 
 

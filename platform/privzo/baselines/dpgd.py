@@ -5,7 +5,10 @@ Per step, with one public direction z (scaled by the sampler's factor s, so the 
 example contributes the d-dimensional zeroth-order gradient g_i = d_i·s·z. DPGD-0th clips each
 g_i in ℓ2 norm to C, sums, adds N(0, σ²C²·I_d) and divides by the expected batch size B:
 
-    θ ← θ − η · (Σ_i clip_C(g_i) + ξ) / B,   ξ ~ N(0, σ²C² I_d) from a secret generator.
+    θ ← θ − η · (Σ_i clip_C(g_i) + ξ) / B,   ξ ~ N(0, σ²C² I_d) from a secret generator,
+
+ξ drawn in fp32 as half the sum of four independent draws (Holohan & Braghin 2021, as Opacus'
+secure_mode) so that a floating-point attack on one draw's low bits does not apply.
 
 Since ‖g_i‖ = |d_i|·s·‖z‖, clipping g_i is scaling d_i by min(1, C / (|d_i|·s·‖z‖)): the
 released vector's signal part lies along z, but its noise is d-dimensional, which is the point
@@ -13,7 +16,8 @@ of the comparison (DPZero noises one scalar). One step is the Poisson-subsampled
 mechanism with ℓ2 sensitivity C under add/remove adjacency, accounted exactly as dpzero.
 
 Memory: the noise vector ξ has d entries and is materialised once per run (one extra copy of
-the trainable weights in fp32, plus ‖z‖ costs one extra generation pass of z), which is why
+the trainable weights in fp32, plus a 1 MiB scratch its four draws are summed through, and ‖z‖
+costs one extra generation pass of z), which is why
 the run refuses more than ``optimizer.dpgd_max_parameters`` trainable parameters. The noise
 is not public, so no trajectory can rebuild the weights: the run saves them instead.
 """
@@ -27,7 +31,7 @@ import torch
 
 from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
 from privzo.config import ConfigError
-from privzo.privacy.mechanisms import secret_torch_generator
+from privzo.privacy.mechanisms import secret_torch_generator, secure_gaussian_
 from privzo.privacy.plan import make_sampler
 from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.zo.directions import DirectionSampler, step_seed
@@ -134,13 +138,15 @@ class DpgdStepper(Stepper):
 
     @torch.no_grad()
     def _add_noise(self, coefficient: float) -> None:
-        """θ += coefficient·ξ with ξ ~ N(0, σ²C² I_d), drawn whole into the d-dim buffer.
+        """θ += coefficient·ξ with ξ ~ N(0, σ²C² I_d), drawn whole into the d-dim fp32 buffer
+        as a sum of four secret draws (``secure_gaussian_``, as Opacus' secure_mode), so the
+        floating-point attack on one Gaussian draw does not apply.
 
         The sum is formed in fp32 and rounded once to the weights' dtype: casting ξ to bf16
         first would round the noise itself, and its low bits are what hides the signal.
         """
         assert self._noise is not None and self._generator is not None
-        self._noise.normal_(0.0, self.noise_std, generator=self._generator)
+        secure_gaussian_(self._noise, self.noise_std, self._generator)
         offset = 0
         for shard in self.context.shards:
             size = shard.tensor.numel()

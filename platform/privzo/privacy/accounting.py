@@ -22,7 +22,9 @@ is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and th
 rounded to the grid with sensitivity Δ = ⌈K/σ⌉ grid units. ``pld`` then composes
 dp_accounting's discrete Gaussian / discrete Laplace PLDs at (K, Δ) and ``pure`` uses the
 discrete Laplace's Δ/K per step; ``rdp`` and ``numeric`` bound only continuous noise and refuse
-a grid. Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or slightly above the continuous one.
+a grid, except that ``numeric`` accounts LMO on the grid (a rounding of the continuous LMO
+output, see ``privzo.privacy.numeric``). Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or
+slightly above the continuous one.
 """
 
 from __future__ import annotations
@@ -245,7 +247,8 @@ class Accountant(ABC):
             able = [name for name, acc in ACCOUNTANTS.items() if acc.supports_grid]
             raise ValueError(
                 f"accountant={cls.name!r} bounds only continuous noise, and this noise is "
-                f"discrete (grid={grid}); accountants for discrete noise: {able} (or draw "
+                f"discrete (grid={grid}); accountants for discrete noise: {able} (numeric for "
+                "lmo only; or draw "
                 "continuous noise: privacy.noise_grid=null)"
             )
         return grid

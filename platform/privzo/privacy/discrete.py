@@ -10,7 +10,10 @@ post-processing of k, so no floating-point artefact depends on the secret.
 The algorithms are those of the paper (Algorithms 1 to 3): ``bernoulli_exp`` draws
 Bernoulli(e^{−γ}) for a rational γ ≥ 0, ``discrete_laplace`` draws P(k) ∝ e^{−|k|/t} by a
 geometric number of e^{−1} coins, and ``discrete_gaussian`` draws P(k) ∝ e^{−k²/2σ²} by
-rejection from a discrete Laplace of scale ⌊σ⌋ + 1.
+rejection from a discrete Laplace of scale ⌊σ⌋ + 1. ``rounded_laplace`` draws round(X) for X
+continuous Laplace of any rational scale b (LMO's noise on the grid), with a geometric of ratio
+e^{−1/b} drawn as the paper draws its discrete Laplace (a uniform remainder plus whole units),
+so a large b costs no more coins than a small one.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ __all__ = [
     "check_grid",
     "discrete_gaussian",
     "discrete_laplace",
+    "geometric_exp",
     "grid_sensitivity",
     "noise_units",
+    "rounded_laplace",
     "unit_interval_units",
 ]
 
@@ -75,6 +80,37 @@ def discrete_laplace(scale: int) -> int:
         if negative and magnitude == 0:
             continue  # 0 would otherwise be drawn twice as often
         return -magnitude if negative else magnitude
+
+
+def geometric_exp(rate: Fraction) -> int:
+    """G ≥ 0 with P(G = g) = (1 − e^{−rate})·e^{−rate·g} for a rational rate = n/d > 0.
+
+    X = U + d·V, with U uniform on {0..d−1} kept with probability e^{−U/d} and V geometric of
+    ratio e^{−1}, has P(X = x) ∝ e^{−x/d} on every integer x ≥ 0; then ⌊X/n⌋ = g collects n
+    consecutive x and has P ∝ e^{−gn/d}. Each try keeps U with probability at least 1 − e^{−1}
+    and V needs about 0.6 coins on average, whatever n and d: a tiny rate (a huge scale) does
+    not make the draw longer, only its integers bigger."""
+    assert rate > 0, rate
+    numerator, denominator = rate.numerator, rate.denominator
+    while True:
+        remainder = secrets.randbelow(denominator)
+        if not bernoulli_exp(Fraction(remainder, denominator)):
+            continue
+        whole = 0
+        while bernoulli_exp(_ONE):
+            whole += 1
+        return (remainder + denominator * whole) // numerator
+
+
+def rounded_laplace(scale: Fraction) -> int:
+    """round(X) for X ~ Laplace(0, b = ``scale``), a positive rational, exactly (ties have
+    probability 0): P(0) = 1 − e^{−1/(2b)}; otherwise a fair sign and |k| = 1 + G with G
+    geometric of ratio e^{−1/b}, since P(|k| = j) = e^{−(j − ½)/b}·(1 − e^{−1/b}) for j ≥ 1."""
+    assert scale > 0, scale
+    if not bernoulli_exp(1 / (2 * scale)):
+        return 0
+    magnitude = 1 + geometric_exp(1 / scale)
+    return -magnitude if secrets.randbelow(2) else magnitude
 
 
 def discrete_gaussian(sigma: int) -> int:

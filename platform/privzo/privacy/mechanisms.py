@@ -3,8 +3,10 @@
 Gaussian and Laplace noise are drawn on a grid by default: with ``grid`` = K, the noise of scale
 σC is γ·k with γ = σC/K and k an exact discrete Gaussian N_Z(0, K²) or discrete Laplace of scale
 K (``privzo.privacy.discrete``), so floating-point artefacts of a sampler cannot reveal the
-un-noised value (Mironov, 2012). ``grid=None`` keeps numpy's float samplers; it is chosen only
-explicitly (``privacy.noise_grid: null``) and LMO, which has no discrete sampler here, uses them.
+un-noised value (Mironov, 2012). LMO's noise on the grid is round(X/γ) for X its continuous
+Laplace(σC/R) noise, drawn exactly given R (``privzo.privacy.discrete.rounded_laplace``).
+``grid=None`` keeps numpy's float samplers; it is chosen only explicitly
+(``privacy.noise_grid: null``).
 
 DPZero / DP-ZO privatize a single scalar per step, so a mechanism here draws one value at a time.
 The noise must be unpredictable to anyone holding the run's logs: perturbation seeds and data
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 from abc import ABC, abstractmethod
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,6 +31,7 @@ from privzo.privacy.discrete import (
     discrete_gaussian,
     discrete_laplace,
     grid_sensitivity,
+    rounded_laplace,
 )
 
 __all__ = [
@@ -39,6 +43,8 @@ __all__ = [
     "SecretGenerator",
     "get_mechanism",
     "grid_sensitivity",
+    "secure_gaussian_",
+    "units_as_float",
 ]
 
 
@@ -82,6 +88,15 @@ class SecretGenerator:
         return f"{type(self).__name__}(<secret>)"
 
 
+def units_as_float(units: int) -> float:
+    """An integer number of grid units as the nearest float, ±inf beyond the float range
+    (LMO's k can exceed it when R is tiny); a function of the integer alone."""
+    try:
+        return float(units)
+    except OverflowError:
+        return math.copysign(math.inf, units)
+
+
 def _check_scale(scale: float) -> float:
     """Reject scales that would silently produce no noise (0) or NaN noise."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -112,7 +127,7 @@ class Mechanism(ABC):
         the grid γ = scale/K when the mechanism has one, a float draw otherwise."""
         scale = _check_scale(scale)
         if self.grid is not None:
-            return scale / self.grid * self.sample_units()
+            return scale / self.grid * units_as_float(self.sample_units())
         return self._draw(scale)
 
     def sample_units(self) -> int:
@@ -176,9 +191,17 @@ class LmoMechanism(Mechanism):
 
     The random inverse scale R is part of the noise (secret, from the same generator); the
     numeric accountant (privzo.privacy.numeric) accounts the resulting heavy-tailed mixture.
+
+    On a grid of K points per σC, the noise is the integer k = round(X/γ), X ~ Laplace(σC/R),
+    drawn exactly given R: X/γ is Laplace of scale b = K/R, an exact rational since R is a
+    float. R itself is numpy's float draw: it does not depend on the data, so it carries no
+    secret low bits, and the released γ·(S + k) = γ·round((γS + X)/γ) rounds the continuous
+    LMO output of the gridded sum γS to the grid, a post-processing of what the numeric
+    accountant bounds (at R's float law, which approximates the mixture's to float64).
     """
 
     name: ClassVar[str] = "lmo"
+    has_grid: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -188,8 +211,9 @@ class LmoMechanism(Mechanism):
         exponential_rate: float,
         uniform_low: float,
         uniform_high: float,
+        grid: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(grid)
         if len(weights) != 3 or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
             raise ValueError(f"weights={weights!r}: three non-negative weights summing to 1")
         for label, value in (
@@ -221,15 +245,26 @@ class LmoMechanism(Mechanism):
             return self._generator.exponential(1.0 / self.exponential_rate)
         return self._generator.uniform_between(self.uniform_low, self.uniform_high)
 
-    def _draw(self, scale: float) -> float:
+    def positive_inverse_scale(self) -> float:
+        """One R > 0: a draw that underflowed to 0 (< 1e-16 at a valid shape) is redrawn, as
+        an infinite noise scale would make the release meaningless (and divide by zero)."""
         inverse_scale = self.draw_inverse_scale()
-        while inverse_scale == 0.0:  # a floating-point underflow (< 1e-16 at a valid shape)
+        while inverse_scale == 0.0:
             inverse_scale = self.draw_inverse_scale()
-        return self._generator.laplace(scale / inverse_scale)
+        return inverse_scale
+
+    def _draw(self, scale: float) -> float:
+        return self._generator.laplace(scale / self.positive_inverse_scale())
+
+    def sample_units(self) -> int:
+        """k = round(X/γ), X ~ Laplace(0, σC/R): X/γ has scale b = K/R (exact: R is a float)."""
+        assert self.grid is not None
+        return rounded_laplace(Fraction(self.grid) / Fraction(self.positive_inverse_scale()))
 
     def variance(self, scale: float) -> float:
         """scale²·2·E[1/R²]: infinite when any part with weight > 0 has E[1/R²] = ∞
-        (the Exponential always; Gamma with shape ≤ 2)."""
+        (the Exponential always; Gamma with shape ≤ 2). On the grid the rounding moves each
+        draw by at most γ/2, so the standard deviation by at most γ/2 = scale/2K."""
         scale = _check_scale(scale)
         w_gamma, w_exp, w_uniform = self.weights
         if w_exp > 0 or (w_gamma > 0 and self.gamma_shape <= 2):
@@ -266,3 +301,32 @@ def secret_torch_generator(device: str | object = "cpu") -> Any:
     generator = torch.Generator(device=device)  # type: ignore[arg-type]
     generator.manual_seed(secrets.randbits(63))
     return generator
+
+
+SECURE_DRAWS = 4  # ξ = (ξ₁ + ξ₂ + ξ₃ + ξ₄)/2: n = 4 draws, as Opacus' secure_mode
+SECURE_BLOCK = 2**18  # elements drawn at a time: the scratch the draws are summed through (1 MiB)
+
+
+def secure_gaussian_(out: Any, std: float, generator: Any) -> Any:
+    """Fill the fp32 tensor ``out`` with N(0, std²) noise that resists floating-point attacks.
+
+    One float draw's low bits show which values a sampler can return, and so a noisy value's
+    un-noised part (Mironov 2012; for torch's Gaussian, arXiv 2112.05307). Holohan & Braghin
+    (2021, arXiv 2107.10138) make that attack infeasible by releasing a sum of several
+    independent draws, scaled back to the same variance: here four draws of N(0, std²) summed
+    in fp32 and halved (exact: a power of two), block by block through a small scratch so the
+    memory is ``out`` plus one block. ``generator`` must be a secret one
+    (``secret_torch_generator``).
+    """
+    import torch  # local: the scalar mechanisms above need only numpy
+
+    assert out.dtype == torch.float32 and out.dim() == 1, (out.dtype, out.shape)
+    scratch = torch.empty(min(out.numel(), SECURE_BLOCK), dtype=out.dtype, device=out.device)
+    for start in range(0, out.numel(), SECURE_BLOCK):
+        block = out[start : start + SECURE_BLOCK]
+        draw = scratch[: block.numel()]
+        block.normal_(0.0, std, generator=generator)
+        for _ in range(SECURE_DRAWS - 1):
+            block.add_(draw.normal_(0.0, std, generator=generator))
+        block.mul_(1.0 / math.sqrt(SECURE_DRAWS))
+    return out

@@ -48,6 +48,7 @@ from privzo.privacy.accounting import (
     check_positive,
     noise_hint,
 )
+from privzo.privacy.discrete import grid_sensitivity
 
 __all__ = ["NOISE_DISTRIBUTIONS", "NumericAccountant", "noise_distribution"]
 
@@ -166,10 +167,13 @@ NOISE_DISTRIBUTIONS: dict[str, type[NoiseDistribution]] = {
 
 
 def noise_distribution(mechanism: str, parameters: dict[str, Any] | None) -> NoiseDistribution:
+    """The unit-scale continuous noise of ``mechanism`` (a grid in ``parameters`` is not the
+    noise's business: see ``NumericAccountant``)."""
     if mechanism == "lmo":
-        if not parameters:
+        mixture = {key: value for key, value in (parameters or {}).items() if key != "grid"}
+        if not mixture:
             raise ValueError("mechanism='lmo' needs its noise_parameters (privacy.lmo)")
-        return LmoNoise(**parameters)
+        return LmoNoise(**mixture)
     return NOISE_DISTRIBUTIONS[mechanism]()
 
 
@@ -268,10 +272,18 @@ def one_step_pld(
 
 
 class NumericAccountant(Accountant):
-    """Numeric PLD accounting (see the module docstring): Gaussian, Laplace and LMO noise."""
+    """Numeric PLD accounting (see the module docstring): Gaussian, Laplace and LMO noise.
+
+    LMO on a grid (``noise_parameters`` with ``"grid": K``): the run releases γ·round((γS + X)/γ)
+    for the gridded sum γS, whose sensitivity is γΔ with Δ = ⌈K/σ⌉, and X the continuous LMO
+    noise of scale σC = Kγ. That is a post-processing of the continuous LMO at noise-to-
+    sensitivity ratio K/Δ (≤ σ), which is what is accounted. The discrete Gaussian and discrete
+    Laplace are not roundings of their continuous twins: they are refused here (``pld``).
+    """
 
     name: ClassVar[str] = "numeric"
     mechanisms: ClassVar[tuple[str, ...]] = ("gaussian", "laplace", "lmo")
+    supports_grid: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -282,7 +294,14 @@ class NumericAccountant(Accountant):
         value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
     ) -> None:
         super().__init__(mechanism, noise_multiplier, sample_rate)
-        type(self).grid_of(noise_parameters)  # refuses discrete noise (its bins are continuous)
+        grid = type(self).grid_of(noise_parameters)
+        if grid is not None and mechanism != "lmo":
+            raise ValueError(
+                f"accountant='numeric' bounds the {mechanism} mechanism's continuous noise only, "
+                f"and this noise is discrete (grid={grid}): account it with 'pld' (or draw "
+                "continuous noise: privacy.noise_grid=null)"
+            )
+        self._grid = grid
         self._noise_parameters = dict(noise_parameters) if noise_parameters else None
         self._noise = noise_distribution(mechanism, self._noise_parameters)
         self._interval = check_positive(
@@ -293,6 +312,13 @@ class NumericAccountant(Accountant):
     @property
     def noise_parameters(self) -> dict[str, Any] | None:
         return self._noise_parameters
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """σ, or on a grid K/Δ with Δ = ⌈K/σ⌉: noise scale over the gridded sensitivity."""
+        if self._grid is None:
+            return self._noise_multiplier
+        return self._grid / grid_sensitivity(self._grid, self._noise_multiplier)
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {
@@ -312,7 +338,7 @@ class NumericAccountant(Accountant):
     def _compute_epsilon(self, steps: int, delta: float) -> float:
         if self._one_step is None:
             self._one_step = one_step_pld(
-                self._noise, self._noise_multiplier, self._sample_rate, self._interval
+                self._noise, self.effective_noise_multiplier, self._sample_rate, self._interval
             )
         return float(self._one_step.self_compose(steps).get_epsilon_for_delta(delta))
 

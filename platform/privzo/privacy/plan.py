@@ -76,13 +76,14 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
 
 
 def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
-    """The configured parameters of a parametrised mechanism: lmo's, or the grid of gridded
-    scalar noise ({"grid": K}); None for continuous noise."""
+    """The configured parameters of a parametrised mechanism (lmo's) and the grid of gridded
+    scalar noise ({"grid": K}); None for continuous noise without parameters."""
+    parameters: dict[str, Any] = {}
     if config.mechanism == "lmo":
-        return config.privacy.lmo.model_dump(mode="json")
+        parameters |= config.privacy.lmo.model_dump(mode="json")
     if config.noise_grid is not None:
-        return {"grid": config.noise_grid}
-    return None
+        parameters["grid"] = config.noise_grid
+    return parameters or None
 
 
 def make_sampler(config: RunConfig, plan: PrivacyPlan, dataset_size: int) -> Sampler:

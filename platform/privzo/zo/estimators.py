@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from privzo.privacy.mechanisms import get_mechanism, grid_sensitivity
+from privzo.privacy.mechanisms import get_mechanism, grid_sensitivity, units_as_float
+
+# On a grid the released total is clamp(S + k, ±RELEASE_LIMIT) grid units: a function of the
+# exact integer S + k even when LMO's k is too large for a float to hold exactly. The noise is
+# drawn clamped to ±DRAW_LIMIT and added in float64, and the batch's |S| must stay below
+# SUM_LIMIT: then |S + k| < RELEASE_LIMIT leaves every partial sum (here, and in a distributed
+# all-reduce) an integer below 2⁵³, so exact, and |S + k| ≥ RELEASE_LIMIT leaves the float sum
+# beyond RELEASE_LIMIT with the same sign. 2⁵² units are ≥ 2³² noise scales: nothing is lost.
+RELEASE_LIMIT = 2**52
+DRAW_LIMIT = 2**53
+SUM_LIMIT = 2**50
 
 if TYPE_CHECKING:
     from privzo.config import RunConfig
@@ -102,6 +112,10 @@ class PrivateEstimator(GradientEstimator):
         units = self.to_units(self.clip_each(values))
         total, count = self.aggregate(float(units.sum()), units.numel())
         noisy_total = total + self.draw_noise()
+        if self.sensitivity_units is not None:
+            # Δ ≤ 2²⁰/0.05 < 2²⁵ units: a batch would need 2²⁵ examples to reach the limit
+            assert count * self.sensitivity_units < SUM_LIMIT, (count, self.sensitivity_units)
+            noisy_total = min(max(noisy_total, -RELEASE_LIMIT), RELEASE_LIMIT)
         return ScalarEstimate(noisy_total * self.unit / self.expected_batch_size, count, nonfinite)
 
     def clip_each(self, values: torch.Tensor) -> torch.Tensor:
@@ -119,7 +133,8 @@ class PrivateEstimator(GradientEstimator):
         """One draw in the units of ``to_units`` (the integer k on a grid, else a float of scale
         σC) from the mechanism's secret generator (the distribution seam)."""
         if self.mechanism.grid is not None:
-            return float(self.mechanism.sample_units())
+            units = self.mechanism.sample_units()
+            return units_as_float(min(max(units, -DRAW_LIMIT), DRAW_LIMIT))  # exact: ≤ 2⁵³
         return self.mechanism.sample(self.noise_multiplier * self.clip)
 
 

@@ -358,8 +358,39 @@ def test_dpsgd_zeroes_and_counts_a_non_finite_per_example_gradient(tiny_run_conf
         loop.finish()
 
 
+def _secure_draw(size: int, std: float, seed: int) -> torch.Tensor:
+    """The secure-mode noise recomputed from its definition: per block of 2¹⁸ elements, four
+    fp32 draws N(0, std²) in order, summed and halved."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = []
+    for start in range(0, size, 2**18):
+        count = min(2**18, size - start)
+        draws = [torch.empty(count).normal_(0.0, std, generator=generator) for _ in range(4)]
+        blocks.append((((draws[0] + draws[1]) + draws[2]) + draws[3]) * 0.5)
+    return torch.cat(blocks)
+
+
+def test_secure_gaussian_noise_has_the_variance_of_one_draw_and_stays_fp32():
+    """Half the sum of four N(0, s²) draws is N(0, s²): 2.1M values (3 blocks and a part)
+    give the variance to ±0.3 % (5 standard errors) and a Gaussian's fourth moment."""
+    from privzo.privacy.mechanisms import secret_torch_generator, secure_gaussian_
+
+    std, size = 1.7, 8 * 2**18 + 12345
+    noise = secure_gaussian_(torch.empty(size), std, secret_torch_generator())
+    assert noise.dtype == torch.float32
+    values = noise.double()
+    variance = float(values.var())
+    assert variance == pytest.approx(std**2, rel=5 * (2 / size) ** 0.5)
+    assert abs(float(values.mean())) < 5 * std / size**0.5
+    kurtosis = float((values**4).mean()) / float((values**2).mean()) ** 2
+    assert kurtosis == pytest.approx(3.0, abs=0.03)
+    with pytest.raises(AssertionError):
+        secure_gaussian_(torch.empty(8, dtype=torch.bfloat16), std, secret_torch_generator())
+
+
 def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(tiny_run_config, cache_dir):
-    """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ)."""
+    """θ_bf16 ← round(θ + c·ξ) computed in fp32, never θ + c·round_bf16(ξ), with ξ the
+    secure-mode sum of four draws (a single draw would not match the recomputation)."""
     from privzo.baselines.dpgd import DpgdStepper
 
     config = tiny_run_config(
@@ -375,9 +406,8 @@ def test_dpgd_adds_its_noise_in_fp32_to_half_precision_weights(tiny_run_config, 
     loop._generator = torch.Generator().manual_seed(7)  # a known draw, to recompute it here
     before = [shard.tensor.detach().clone() for shard in context.shards]
     loop._add_noise(-0.3)
-    noise = torch.empty(sum(t.numel() for t in before)).normal_(
-        0.0, loop.noise_std, generator=torch.Generator().manual_seed(7)
-    )
+    assert loop._noise.dtype == torch.float32  # the vector added is fp32
+    noise = _secure_draw(sum(t.numel() for t in before), loop.noise_std, 7)
     offset = 0
     for shard, old in zip(context.shards, before, strict=True):
         part = noise[offset : offset + old.numel()].view_as(old)

@@ -320,14 +320,3 @@ def test_the_search_bounds_a_gridded_step_in_both_directions_at_every_order():
             assert closed[index] == pytest.approx(remove, rel=1e-9)
         else:
             assert lattice[index] == pytest.approx(max(remove, add), rel=1e-9)
-
-
-def test_a_smaller_shift_than_the_sensitivity_diverges_less_on_the_lattice():
-    """A record whose rounded value is below C moves the sum by |v| < Δ grid units; the bound
-    is computed at Δ. At K = 16 every such v diverges less, in both directions (brute force)."""
-    grid, shift, rate = 16, 13, 0.1
-    for alpha in (1.5, 2.0, 3.5, 8.0, 16.0):
-        full = _lattice_divergences(grid, shift, rate, alpha)
-        for smaller in range(1, shift):
-            remove, add = _lattice_divergences(grid, smaller, rate, alpha)
-            assert remove <= full[0] and add <= full[1]

@@ -204,9 +204,8 @@ def test_lmo_variance_is_infinite_with_an_exponential_part_and_finite_without():
     ("overrides", "field"),
     [
         (["privacy.mechanism=lmo"], "privacy.accountant"),  # pld cannot account lmo
-        # lmo has no discrete sampler: its float noise only when chosen, never on the default
-        (["privacy.mechanism=lmo", "privacy.accountant=numeric"], "privacy.noise_grid=null"),
-        (["privacy.mechanism=lmo", "privacy.accountant=numeric", "privacy.noise_grid=64"], "float"),
+        # on the grid lmo is accounted by the numeric accountant only
+        (["privacy.mechanism=lmo", "privacy.accountant=pure"], "privacy.accountant"),
         (["privacy.mechanism=cauchy"], "privacy.mechanism"),
         (
             [
@@ -257,7 +256,7 @@ def test_lmo_run_records_its_mechanism_parameters_and_epsilon(tmp_path, sentimen
             "privacy.epsilon=3",
             "privacy.mechanism=lmo",
             "privacy.accountant=numeric",
-            "privacy.noise_grid=null",  # lmo draws float noise, by explicit choice only
+            "privacy.noise_grid=null",  # the float sampler, chosen explicitly
             "privacy.lmo.gamma_shape=4",
         ],
     )
