@@ -347,6 +347,131 @@ def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tm
     _check_released_once(uri, summary["tracking_run_id"], rows, seed)
 
 
+# The CLI itself (``privzo.cli.main``, argv as given), with rank 0 of the run pausing at a step
+# until the test has killed the driver: the same ``after_window`` wait as above, installed by
+# wrapping ``privzo.run.run`` (which the CLI imports when it runs). Defined in ``__main__``, so
+# cloudpickle ships the wait by value to the Ray Train workers.
+PAUSING_CLI = """
+import os, sys, time
+from pathlib import Path
+
+import privzo.run as pipeline
+
+pid_file, step = Path(os.environ["FAULT_PID_FILE"]), int(os.environ["FAULT_STEP"])
+limit, real = float(os.environ["FAULT_PAUSE_LIMIT_S"]), pipeline.run
+
+
+def pause(_context, done, _metrics):
+    if done != step or pid_file.exists():
+        return
+    written = pid_file.with_suffix(".tmp")
+    written.write_text(str(os.getpid()))
+    written.rename(pid_file)
+    time.sleep(limit)
+    raise RuntimeError(f"paused {limit} s at step {step} and was not killed")
+
+
+def paused_run(*args, **kwargs):
+    return real(*args, hooks=pipeline.RunHooks(after_window=pause), **kwargs)
+
+
+pipeline.run = paused_run
+from privzo.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _gone(pid: int, limit_s: float) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
+    tmp_path, cache_dir
+):
+    """``privzo run`` of a two-worker replica DPZero run, SIGKILLed (the driver, so nothing
+    of it runs after the kill) while rank 0 waits at a drawn step; the same command again
+    goes on from the newest checkpoint the killed launch committed, in the same MLflow run."""
+    from privzo.distributed.launch import CHECKPOINTS_KEPT
+    from privzo.distributed.resume import committed
+
+    seed = _fault_seed()
+    step = random.Random(seed).randrange(2, RAY_STEPS - 2)
+    print(f"seed {seed}: kill the driver at step {step} of {RAY_STEPS}")
+    output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
+    command = [
+        *(sys.executable, "-c", PAUSING_CLI, "run", str(TINY_DPZERO), "--quiet"),
+        *("--cache-dir", str(cache_dir), "--output-dir", str(output)),
+        *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
+        *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
+        *("parallel.strategy=replica", "parallel.workers=2", "tracking.experiment=driver"),
+    ]
+    environment = {
+        **os.environ,
+        **RAY_TEST_ENV,
+        "PYTHONUNBUFFERED": "1",
+        "FAULT_PID_FILE": str(pid_file),
+        "FAULT_STEP": str(step),
+        "FAULT_PAUSE_LIMIT_S": str(PAUSE_LIMIT_S),
+    }
+    log = tmp_path / "killed.log"
+    with log.open("w") as sink:
+        driver = subprocess.Popen(command, env=environment, stdout=sink, stderr=sink)
+        deadline = time.monotonic() + RUN_LIMIT_S
+        while not pid_file.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), f"seed {seed}: rank 0 never paused\n{log.read_text()[-3000:]}"
+        assert driver.poll() is None, f"seed {seed}: the driver ended while rank 0 paused"
+        driver.kill()  # SIGKILL: no handler of the driver runs (no salvage, no MLflow status)
+        driver.wait(timeout=120)
+    rank0 = int(pid_file.read_text())
+    # Ray's controller and workers share the fate of the driver that owns them
+    assert _gone(rank0, 300), f"seed {seed}: rank 0 ({rank0}) outlived its driver"
+    (ray_run,) = (output / "ray").iterdir()
+    newest = committed(str(ray_run))
+    assert newest.steps == step, f"seed {seed}: committed {newest.steps}"
+    released = _released_checkpoint(output / "ray", step)
+    point = json.loads((output / "resume.json").read_text())
+    assert point["ray_run"] == ray_run.name and not (output / "trajectory.parquet").exists()
+
+    with log.open("w") as sink:  # the same command again
+        done = subprocess.run(
+            command, env=environment, stdout=sink, stderr=sink, timeout=RUN_LIMIT_S
+        )
+    assert done.returncode == 0, f"seed {seed}\n{log.read_text()[-4000:]}"
+
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == step, f"seed {seed}"
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    _check_trajectory(rows, released, RAY_STEPS, seed)
+    _check_accounted_once(output, summary, RAY_STEPS, seed)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    runs = find_runs(uri, "driver")
+    assert [(r.run_id, r.status) for r in runs] == [(point["tracking_run_id"], "FINISHED")]
+    assert summary["tracking_run_id"] == point["tracking_run_id"]
+    _check_released_once(uri, summary["tracking_run_id"], rows, seed)
+    # one Ray Train run for both launches, holding only its newest checkpoints
+    assert [path.name for path in (output / "ray").iterdir()] == [ray_run.name]
+    states = sorted(ray_run.glob("checkpoint_*/state.json"))
+    kept = [json.loads(path.read_text())["steps_done"] for path in states]
+    assert sorted(kept) == list(range(RAY_STEPS - CHECKPOINTS_KEPT + 1, RAY_STEPS + 1))
+    assert len([path for path in ray_run.glob("checkpoint_*") if path.is_dir()]) == CHECKPOINTS_KEPT
+    assert not (output / "resume.json").exists()
+
+
 def _pausing_trials(step: int, pid_file: Path):
     """A Ray worker setup hook: a trial's run gets the trial's own ``after_window`` (its Tune
     report) followed by the wait at ``step``. A closure, shipped by value like the wait."""
