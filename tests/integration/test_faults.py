@@ -499,6 +499,14 @@ def _pausing_trials(step: int, pid_file: Path):
     return setup
 
 
+def _wait_for_reports(output: Path, steps: list[int], seed: int) -> None:
+    """Until Tune has recorded the score reports of ``steps`` (the run waits meanwhile)."""
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while [report["step"] for report in _tune_reports(output)] != steps:
+        assert time.monotonic() < deadline, f"seed {seed}: Tune never recorded {steps}"
+        time.sleep(0.1)
+
+
 def _tune_reports(output: Path) -> list[dict]:
     """What Tune recorded of the trials' reports (every attempt's, from its result files)."""
     reports = []
@@ -510,12 +518,15 @@ def _tune_reports(output: Path) -> list[dict]:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["single", "replica"])
 def test_a_search_trial_killed_at_a_random_step_loses_nothing(
-    ray_with, tmp_path, make_search, cache_dir
+    ray_with, tmp_path, make_search, cache_dir, strategy
 ):
-    """A one-trial private search with ASHA scores every 5 steps: the trial's process SIGKILLed
-    at a drawn step (after that window's report); the trial ends in error, and the same search
-    run again resumes the trial from its last window."""
+    """A one-trial private search with ASHA scores every 5 steps: the trial's process (a
+    single run, or the driver of a two-worker replica run) SIGKILLed while the run waits at a
+    drawn step (after that window's report); the trial ends in error, and the same search run
+    again resumes the trial from its last window (a distributed one from the newest checkpoint
+    its Ray Train run committed)."""
     from privzo.dirlock import LOCK_FILE, read_holder
     from privzo.tracking import find_runs
     from privzo.tuning import load_search_config, run_search
@@ -523,12 +534,13 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
 
     seed = _fault_seed()
     step = random.Random(seed).randrange(2, RAY_STEPS - 2)
-    print(f"seed {seed}: kill the trial at step {step} of {RAY_STEPS}")
+    print(f"seed {seed}: kill the {strategy} trial at step {step} of {RAY_STEPS}")
     every = 5
+    layout = {} if strategy == "single" else {"parallel.strategy": strategy, "parallel.workers": 2}
     search = load_search_config(
         make_search(
             space={"privacy.clip": [0.5], "optimizer.steps": [RAY_STEPS]},
-            overrides={"tracking.log_every": 1},
+            overrides={"tracking.log_every": 1, **layout},
             scheduler={"type": "asha", "evaluate_every": every},
         )
     )
@@ -536,20 +548,28 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
     options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _line: None}
     thread, outcome = _in_thread(run_search, search, output, **options)
-    victim = _wait_for(pid_file, thread, outcome, seed)
+    paused = _wait_for(pid_file, thread, outcome, seed)
     (trial_dir,) = (output / "trials").iterdir()
     holder = read_holder(trial_dir / LOCK_FILE)  # the PID the trial's run recorded itself
-    assert holder is not None and holder.pid == victim, f"seed {seed}: {holder} != {victim}"
+    assert holder is not None, f"seed {seed}: no lock holder"
+    # a single trial's run pauses in the trial's process; a distributed one on its rank 0
+    assert (holder.pid == paused) == (strategy == "single"), f"seed {seed}: {holder} {paused}"
     ours = _descendants("")  # this test's own processes (its Ray's workers among them)
-    assert victim in ours, f"seed {seed}: the trial's PID {victim} is not this test's"
-    _kill(ours[victim], seed)  # the kill happened before anything is asserted of the resume
+    assert {holder.pid, paused} <= set(ours), f"seed {seed}: {holder.pid} is not this test's"
+    scores = list(range(every, step + 1, every))
+    _wait_for_reports(output, scores, seed)  # rank 0's go through Ray's queue to the trial
+    _kill(ours[holder.pid], seed)  # the kill happened before anything is asserted of the resume
     first = _join(thread, outcome, seed)
     assert [row["status"] for row in first["trials"]] == ["error"], f"seed {seed}: {first}"
-    released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    if strategy == "single":
+        released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    else:  # Ray's workers share the fate of the trial that owns them
+        assert _gone(paused, 300), f"seed {seed}: rank 0 ({paused}) outlived its trial"
+        released = _released_checkpoint(trial_dir / "ray", step)
     assert len(released) == step, f"seed {seed}"
     killed_run = json.loads((trial_dir / "resume.json").read_text())["tracking_run_id"]
     killed_reports = [report["step"] for report in _tune_reports(output)]
-    assert killed_reports == list(range(every, step + 1, every)), f"seed {seed}"
+    assert killed_reports == scores, f"seed {seed}"
 
     summary = run_search(search, output, **options)  # the same search again: it resumes
     assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"

@@ -1,4 +1,7 @@
-"""Resuming a single-process zeroth-order run from its directory (``RunDirectoryProgress``).
+"""Resuming a run: its resume point (``resume.json``), and a single-process zeroth-order run's
+progress in its directory (``RunDirectoryProgress``). A distributed run's driver writes the
+resume point too, naming the Ray Train run whose checkpoints hold its steps
+(``privzo.distributed.resume``).
 
 At the end of every window (before its metrics are logged) the run writes its trajectory so far,
 its privacy state (``privacy.json``: the ledger's budget, accountant settings and steps booked)
