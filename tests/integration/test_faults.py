@@ -557,10 +557,16 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     ours = _descendants("")  # this test's own processes (its Ray's workers among them)
     assert {holder.pid, paused} <= set(ours), f"seed {seed}: {holder.pid} is not this test's"
     scores = list(range(every, step + 1, every))
-    _wait_for_reports(output, scores, seed)  # rank 0's go through Ray's queue to the trial
+    if strategy != "single":  # rank 0's scores go through Ray's queue to the trial
+        _wait_for_reports(output, scores, seed)
     _kill(ours[holder.pid], seed)  # the kill happened before anything is asserted of the resume
     first = _join(thread, outcome, seed)
-    assert [row["status"] for row in first["trials"]] == ["error"], f"seed {seed}: {first}"
+    # Tune records the trial as errored; killed a while after its last report (the replica
+    # case waits for its reports), Tune's saved experiment state still reads RUNNING, which the
+    # search reports as pending: unfinished either way, and run again by the resumed search
+    ended = {"error"} if strategy == "single" else {"error", "pending"}
+    statuses = [row["status"] for row in first["trials"]]
+    assert len(statuses) == 1 and statuses[0] in ended, f"seed {seed}: {first}"
     if strategy == "single":
         released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
     else:  # Ray's workers share the fate of the trial that owns them
@@ -571,7 +577,14 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     killed_reports = [report["step"] for report in _tune_reports(output)]
     assert killed_reports == scores, f"seed {seed}"
 
-    summary = run_search(search, output, **options)  # the same search again: it resumes
+    # The same search again, in a new Ray session as the same command gets: the killed trial's
+    # Ray Train placement group outlives it in this one (Ray Train's cleaner polls the State
+    # API, which a local Ray without a dashboard does not serve), holding the workers' CPUs
+    import ray
+
+    ray.shutdown()
+    ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
+    summary = run_search(search, output, **options)  # it resumes
     assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"
     trial = json.loads((trial_dir / "summary.json").read_text())
     assert trial["steps"] == RAY_STEPS and trial["resumed_steps"] == step, f"seed {seed}"
@@ -588,8 +601,10 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     assert trial["tracking_run_id"] == killed_run
     _check_released_once(uri, killed_run, rows, seed)
 
-    # Tune: each score step reported once over both attempts, all counted by the records
-    scored = [report["step"] for report in _tune_reports(output)]
+    # Tune: each score step reported once over both attempts, all counted by the records (the
+    # new Tune session starts the trial's result file anew: the killed attempt's reports are
+    # the ones read before the resume)
+    scored = killed_reports + [report["step"] for report in _tune_reports(output)]
     assert sorted(scored) == sorted(set(scored)), f"seed {seed}: a score released twice"
     assert set(scored) == {*range(every, RAY_STEPS, every), RAY_STEPS}, f"seed {seed}"
     assert trial["selection_releases"] == len(scored), f"seed {seed}: releases not all counted"
