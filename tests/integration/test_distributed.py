@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -442,7 +443,8 @@ def test_distributed_benchmark_measures_the_layouts(ray_session, cache_dir):
 @pytest.mark.slow
 def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_dir):
     """No failures allowed: a killed worker fails the run, which keeps the trajectory of its
-    latest checkpoint (like a failed single-process run) and writes no summary."""
+    latest checkpoint (like a failed single-process run) and writes no summary; the same
+    config again resumes from that trajectory where Ray's checkpoints are gone."""
     config = _config(
         TINY_MEZO,
         *_layout("replica", 2),
@@ -465,6 +467,17 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
     assert PAUSE_AT - 5 <= len(kept) < 80 and len(kept) % 5 == 0
     assert list(kept["step"]) == list(range(len(kept)))
 
+    # the same config again, with Ray's checkpoints lost meanwhile: the run goes on from the
+    # trajectory the failed launch kept, each of its steps kept as it was and booked once
+    shutil.rmtree(output / "ray")
+    summary = _run(config, output, cache_dir)
+    trajectory = pq.read_table(output / "trajectory.parquet").to_pandas()
+    assert summary["resumed_steps"] == len(kept) and summary["steps"] == 80
+    assert list(trajectory["step"]) == list(range(80))
+    prefix = trajectory.iloc[: len(kept)].reset_index(drop=True)
+    for column in ("seed", "projected_gradient", "learning_rate", "direction_scale"):
+        assert list(prefix[column]) == list(kept[column]), column
+    assert not (output / "resume.json").exists()
 
 @pytest.mark.ray
 @pytest.mark.slow

@@ -347,6 +347,131 @@ def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tm
     _check_released_once(uri, summary["tracking_run_id"], rows, seed)
 
 
+# The CLI itself (``privzo.cli.main``, argv as given), with rank 0 of the run pausing at a step
+# until the test has killed the driver: the same ``after_window`` wait as above, installed by
+# wrapping ``privzo.run.run`` (which the CLI imports when it runs). Defined in ``__main__``, so
+# cloudpickle ships the wait by value to the Ray Train workers.
+PAUSING_CLI = """
+import os, sys, time
+from pathlib import Path
+
+import privzo.run as pipeline
+
+pid_file, step = Path(os.environ["FAULT_PID_FILE"]), int(os.environ["FAULT_STEP"])
+limit, real = float(os.environ["FAULT_PAUSE_LIMIT_S"]), pipeline.run
+
+
+def pause(_context, done, _metrics):
+    if done != step or pid_file.exists():
+        return
+    written = pid_file.with_suffix(".tmp")
+    written.write_text(str(os.getpid()))
+    written.rename(pid_file)
+    time.sleep(limit)
+    raise RuntimeError(f"paused {limit} s at step {step} and was not killed")
+
+
+def paused_run(*args, **kwargs):
+    return real(*args, hooks=pipeline.RunHooks(after_window=pause), **kwargs)
+
+
+pipeline.run = paused_run
+from privzo.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _gone(pid: int, limit_s: float) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
+    tmp_path, cache_dir
+):
+    """``privzo run`` of a two-worker replica DPZero run, SIGKILLed (the driver, so nothing
+    of it runs after the kill) while rank 0 waits at a drawn step; the same command again
+    goes on from the newest checkpoint the killed launch committed, in the same MLflow run."""
+    from privzo.distributed.launch import CHECKPOINTS_KEPT
+    from privzo.distributed.resume import committed
+
+    seed = _fault_seed()
+    step = random.Random(seed).randrange(2, RAY_STEPS - 2)
+    print(f"seed {seed}: kill the driver at step {step} of {RAY_STEPS}")
+    output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
+    command = [
+        *(sys.executable, "-c", PAUSING_CLI, "run", str(TINY_DPZERO), "--quiet"),
+        *("--cache-dir", str(cache_dir), "--output-dir", str(output)),
+        *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
+        *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
+        *("parallel.strategy=replica", "parallel.workers=2", "tracking.experiment=driver"),
+    ]
+    environment = {
+        **os.environ,
+        **RAY_TEST_ENV,
+        "PYTHONUNBUFFERED": "1",
+        "FAULT_PID_FILE": str(pid_file),
+        "FAULT_STEP": str(step),
+        "FAULT_PAUSE_LIMIT_S": str(PAUSE_LIMIT_S),
+    }
+    log = tmp_path / "killed.log"
+    with log.open("w") as sink:
+        driver = subprocess.Popen(command, env=environment, stdout=sink, stderr=sink)
+        deadline = time.monotonic() + RUN_LIMIT_S
+        while not pid_file.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), f"seed {seed}: rank 0 never paused\n{log.read_text()[-3000:]}"
+        assert driver.poll() is None, f"seed {seed}: the driver ended while rank 0 paused"
+        driver.kill()  # SIGKILL: no handler of the driver runs (no salvage, no MLflow status)
+        driver.wait(timeout=120)
+    rank0 = int(pid_file.read_text())
+    # Ray's controller and workers share the fate of the driver that owns them
+    assert _gone(rank0, 300), f"seed {seed}: rank 0 ({rank0}) outlived its driver"
+    (ray_run,) = (output / "ray").iterdir()
+    newest = committed(str(ray_run))
+    assert newest.steps == step, f"seed {seed}: committed {newest.steps}"
+    released = _released_checkpoint(output / "ray", step)
+    point = json.loads((output / "resume.json").read_text())
+    assert point["ray_run"] == ray_run.name and not (output / "trajectory.parquet").exists()
+
+    with log.open("w") as sink:  # the same command again
+        done = subprocess.run(
+            command, env=environment, stdout=sink, stderr=sink, timeout=RUN_LIMIT_S
+        )
+    assert done.returncode == 0, f"seed {seed}\n{log.read_text()[-4000:]}"
+
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == step, f"seed {seed}"
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    _check_trajectory(rows, released, RAY_STEPS, seed)
+    _check_accounted_once(output, summary, RAY_STEPS, seed)
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    runs = find_runs(uri, "driver")
+    assert [(r.run_id, r.status) for r in runs] == [(point["tracking_run_id"], "FINISHED")]
+    assert summary["tracking_run_id"] == point["tracking_run_id"]
+    _check_released_once(uri, summary["tracking_run_id"], rows, seed)
+    # one Ray Train run for both launches, holding only its newest checkpoints
+    assert [path.name for path in (output / "ray").iterdir()] == [ray_run.name]
+    states = sorted(ray_run.glob("checkpoint_*/state.json"))
+    kept = [json.loads(path.read_text())["steps_done"] for path in states]
+    assert sorted(kept) == list(range(RAY_STEPS - CHECKPOINTS_KEPT + 1, RAY_STEPS + 1))
+    assert len([path for path in ray_run.glob("checkpoint_*") if path.is_dir()]) == CHECKPOINTS_KEPT
+    assert not (output / "resume.json").exists()
+
+
 def _pausing_trials(step: int, pid_file: Path):
     """A Ray worker setup hook: a trial's run gets the trial's own ``after_window`` (its Tune
     report) followed by the wait at ``step``. A closure, shipped by value like the wait."""
@@ -374,6 +499,14 @@ def _pausing_trials(step: int, pid_file: Path):
     return setup
 
 
+def _wait_for_reports(output: Path, steps: list[int], seed: int) -> None:
+    """Until Tune has recorded the score reports of ``steps`` (the run waits meanwhile)."""
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while [report["step"] for report in _tune_reports(output)] != steps:
+        assert time.monotonic() < deadline, f"seed {seed}: Tune never recorded {steps}"
+        time.sleep(0.1)
+
+
 def _tune_reports(output: Path) -> list[dict]:
     """What Tune recorded of the trials' reports (every attempt's, from its result files)."""
     reports = []
@@ -385,12 +518,15 @@ def _tune_reports(output: Path) -> list[dict]:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["single", "replica"])
 def test_a_search_trial_killed_at_a_random_step_loses_nothing(
-    ray_with, tmp_path, make_search, cache_dir
+    ray_with, tmp_path, make_search, cache_dir, strategy
 ):
-    """A one-trial private search with ASHA scores every 5 steps: the trial's process SIGKILLed
-    at a drawn step (after that window's report); the trial ends in error, and the same search
-    run again resumes the trial from its last window."""
+    """A one-trial private search with ASHA scores every 5 steps: the trial's process (a
+    single run, or the driver of a two-worker replica run) SIGKILLed while the run waits at a
+    drawn step (after that window's report); the trial ends in error, and the same search run
+    again resumes the trial from its last window (a distributed one from the newest checkpoint
+    its Ray Train run committed)."""
     from privzo.dirlock import LOCK_FILE, read_holder
     from privzo.tracking import find_runs
     from privzo.tuning import load_search_config, run_search
@@ -398,12 +534,13 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
 
     seed = _fault_seed()
     step = random.Random(seed).randrange(2, RAY_STEPS - 2)
-    print(f"seed {seed}: kill the trial at step {step} of {RAY_STEPS}")
+    print(f"seed {seed}: kill the {strategy} trial at step {step} of {RAY_STEPS}")
     every = 5
+    layout = {} if strategy == "single" else {"parallel.strategy": strategy, "parallel.workers": 2}
     search = load_search_config(
         make_search(
             space={"privacy.clip": [0.5], "optimizer.steps": [RAY_STEPS]},
-            overrides={"tracking.log_every": 1},
+            overrides={"tracking.log_every": 1, **layout},
             scheduler={"type": "asha", "evaluate_every": every},
         )
     )
@@ -411,22 +548,43 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
     options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _line: None}
     thread, outcome = _in_thread(run_search, search, output, **options)
-    victim = _wait_for(pid_file, thread, outcome, seed)
+    paused = _wait_for(pid_file, thread, outcome, seed)
     (trial_dir,) = (output / "trials").iterdir()
     holder = read_holder(trial_dir / LOCK_FILE)  # the PID the trial's run recorded itself
-    assert holder is not None and holder.pid == victim, f"seed {seed}: {holder} != {victim}"
+    assert holder is not None, f"seed {seed}: no lock holder"
+    # a single trial's run pauses in the trial's process; a distributed one on its rank 0
+    assert (holder.pid == paused) == (strategy == "single"), f"seed {seed}: {holder} {paused}"
     ours = _descendants("")  # this test's own processes (its Ray's workers among them)
-    assert victim in ours, f"seed {seed}: the trial's PID {victim} is not this test's"
-    _kill(ours[victim], seed)  # the kill happened before anything is asserted of the resume
+    assert {holder.pid, paused} <= set(ours), f"seed {seed}: {holder.pid} is not this test's"
+    scores = list(range(every, step + 1, every))
+    if strategy != "single":  # rank 0's scores go through Ray's queue to the trial
+        _wait_for_reports(output, scores, seed)
+    _kill(ours[holder.pid], seed)  # the kill happened before anything is asserted of the resume
     first = _join(thread, outcome, seed)
-    assert [row["status"] for row in first["trials"]] == ["error"], f"seed {seed}: {first}"
-    released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    # Tune records the trial as errored; killed a while after its last report (the replica
+    # case waits for its reports), Tune's saved experiment state still reads RUNNING, which the
+    # search reports as pending: unfinished either way, and run again by the resumed search
+    ended = {"error"} if strategy == "single" else {"error", "pending"}
+    statuses = [row["status"] for row in first["trials"]]
+    assert len(statuses) == 1 and statuses[0] in ended, f"seed {seed}: {first}"
+    if strategy == "single":
+        released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
+    else:  # Ray's workers share the fate of the trial that owns them
+        assert _gone(paused, 300), f"seed {seed}: rank 0 ({paused}) outlived its trial"
+        released = _released_checkpoint(trial_dir / "ray", step)
     assert len(released) == step, f"seed {seed}"
     killed_run = json.loads((trial_dir / "resume.json").read_text())["tracking_run_id"]
     killed_reports = [report["step"] for report in _tune_reports(output)]
-    assert killed_reports == list(range(every, step + 1, every)), f"seed {seed}"
+    assert killed_reports == scores, f"seed {seed}"
 
-    summary = run_search(search, output, **options)  # the same search again: it resumes
+    # The same search again, in a new Ray session as the same command gets: the killed trial's
+    # Ray Train placement group outlives it in this one (Ray Train's cleaner polls the State
+    # API, which a local Ray without a dashboard does not serve), holding the workers' CPUs
+    import ray
+
+    ray.shutdown()
+    ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
+    summary = run_search(search, output, **options)  # it resumes
     assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"
     trial = json.loads((trial_dir / "summary.json").read_text())
     assert trial["steps"] == RAY_STEPS and trial["resumed_steps"] == step, f"seed {seed}"
@@ -443,8 +601,10 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     assert trial["tracking_run_id"] == killed_run
     _check_released_once(uri, killed_run, rows, seed)
 
-    # Tune: each score step reported once over both attempts, all counted by the records
-    scored = [report["step"] for report in _tune_reports(output)]
+    # Tune: each score step reported once over both attempts, all counted by the records (the
+    # new Tune session starts the trial's result file anew: the killed attempt's reports are
+    # the ones read before the resume)
+    scored = killed_reports + [report["step"] for report in _tune_reports(output)]
     assert sorted(scored) == sorted(set(scored)), f"seed {seed}: a score released twice"
     assert set(scored) == {*range(every, RAY_STEPS, every), RAY_STEPS}, f"seed {seed}"
     assert trial["selection_releases"] == len(scored), f"seed {seed}: releases not all counted"

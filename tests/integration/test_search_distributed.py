@@ -12,12 +12,13 @@ import pandas as pd
 import pytest
 
 from privzo.config import ConfigError, ParallelConfig, dump_config
+from privzo.layouts.record import RAY_STATE_DIR
+from privzo.layouts.resume import ResumePoint, write_resume_point
 from privzo.privacy import compute_epsilon
-from privzo.run import CONFIG_FILE
+from privzo.run import CONFIG_FILE, can_resume, unfinished_steps
 from privzo.tracking import open_client
 from privzo.tuning import load_search_config, plan_search, run_search
 from privzo.tuning.resources import DRIVER_MEMORY_BYTES, check_trial_resources
-from privzo.tuning.trial import check_no_unresumable_attempt
 
 REPLICA_2 = {"parallel.strategy": "replica", "parallel.workers": 2}
 # Margins for a loaded machine (2 cores shared by several jobs), not timings: Ray Train's worker
@@ -56,18 +57,29 @@ def test_distributed_trial_resources_are_its_workers_and_a_driver_holding_no_cpu
         plan_search(small, cache_dir)
 
 
-def test_an_interrupted_distributed_trial_is_not_run_again(tmp_path, make_search, cache_dir):
-    """A new attempt would redraw steps the killed one released; a single trial resumes."""
+def test_an_interrupted_distributed_trial_resumes_unless_its_checkpoints_are_unreadable(
+    tmp_path, make_search, cache_dir
+):
+    """A distributed trial's attempt leaves its resume point (the MLflow run and the Ray Train
+    run, written before any step): a new attempt goes on from the newest checkpoint that run
+    committed (none here: 0 steps, nothing released yet); where Ray's record of them cannot be
+    read, it is refused before anything starts instead of drawing released steps again."""
     search = load_search_config(make_search(overrides=REPLICA_2))
     config = plan_search(search, cache_dir).base
     trial_dir = tmp_path / "trials" / "t0"
-    check_no_unresumable_attempt(config, trial_dir, resumes=False)  # a first attempt starts
+    assert not can_resume(config, trial_dir) and unfinished_steps(config, trial_dir) == 0
     trial_dir.mkdir(parents=True)
     (trial_dir / CONFIG_FILE).write_text(dump_config(config))  # what an attempt writes first
-    with pytest.raises(ConfigError, match=r"trial t0: an earlier attempt on parallel.strategy="):
-        check_no_unresumable_attempt(config, trial_dir, resumes=False)
+    assert not can_resume(config, trial_dir)  # killed before its launch: nothing released
+    write_resume_point(trial_dir, ResumePoint("run-id", None, "t0-0123abcd"))
+    assert can_resume(config, trial_dir) and unfinished_steps(config, trial_dir) == 0
+    ray_run = trial_dir / RAY_STATE_DIR / "t0-0123abcd"
+    ray_run.mkdir(parents=True)
+    (ray_run / "checkpoint_manager_snapshot.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"cannot resume the distributed run.*--overwrite"):
+        unfinished_steps(config, trial_dir)
     single = config.model_copy(update={"parallel": ParallelConfig()})
-    check_no_unresumable_attempt(single, trial_dir, resumes=False)  # run() decides, as before
+    assert can_resume(single, trial_dir) is False  # another config: not this run's to resume
 
 
 @pytest.mark.ray

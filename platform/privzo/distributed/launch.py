@@ -17,6 +17,7 @@ from typing import Any
 
 from privzo.config import ConfigError, RunConfig
 from privzo.distributed.console import WORKER_SETUP_HOOK
+from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.context import RunHooks
 from privzo.layouts.record import RAY_STATE_DIR, TRAJECTORY_FILE
@@ -54,15 +55,26 @@ def train_on_ray(
     tracker: Tracker,
     tracking_root: Path | None,
     hooks: RunHooks | None,
+    ray_run: str,
 ) -> dict[str, Any]:
     """Train on Ray Train workers, rank 0 logging into ``tracker``'s run; rank 0's records
     (``summary``, ``trajectory`` as parquet bytes, ``privacy``) for the run pipeline to write.
 
-    ``hooks`` are the caller's (``after_window``, ``final_scores``), shipped to the workers and
-    run where the layout says (``Layout.rank_hooks``)."""
+    ``ray_run`` names the Ray Train run: a new one (``ray_run_name``) for a new run, the
+    earlier launch's to resume it (``privzo.distributed.resume``). ``hooks`` are the caller's
+    (``after_window``, ``final_scores``), shipped to the workers and run where the layout says
+    (``Layout.rank_hooks``)."""
     settings = worker_settings(config, cache_dir, output_dir, tracker, tracking_root)
     settings["hooks"] = hooks  # callables: Ray pickles them with cloudpickle
-    return fit(config, settings, output_dir)
+    return fit(config, settings, output_dir, ray_run)
+
+
+def resumed_steps(config: RunConfig, output_dir: Path, ray_run: str) -> int:
+    """The steps an earlier launch of the run left to resume from: the newest checkpoint Ray
+    Train committed, or the trajectory a failed launch kept in the run directory if that holds
+    more (Ray's storage lost). Raises ``ConfigError`` where the checkpoints cannot be read."""
+    path = ray_run_path(ray_storage(config, output_dir), ray_run)
+    return max(committed(path).steps, salvaged_rows(output_dir / TRAJECTORY_FILE))
 
 
 def check_layout(config: RunConfig) -> None:
@@ -208,7 +220,9 @@ def worker_settings(
 CHECKPOINTS_KEPT = 2
 
 
-def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+def fit(
+    config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: str
+) -> dict[str, Any]:
     """Run the workers under a TorchTrainer and return rank 0's result."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -217,10 +231,8 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     from privzo.distributed.worker import train_worker
 
     parallel = config.parallel
-    storage = ray_storage(config, output_dir)
-    # a name of its own per launch: Ray Train resumes a run whose name it finds in storage, and
-    # a new run must never continue an old one's checkpoints (their noise was already drawn)
-    ray_run = ray_run_name(output_dir)
+    run_path = ray_run_path(ray_storage(config, output_dir), ray_run)
+    settings["salvaged"] = _resume_from(run_path, output_dir)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config=settings,
@@ -231,8 +243,11 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
             resources_per_worker={"CPU": 1, **({"GPU": 1} if parallel.use_gpu else {})},
         ),
         run_config=RayRunConfig(
+            # one Ray Train run per privzo run, every launch under its name: Ray restores the
+            # checkpoints earlier launches committed (a new run gets a new name, and never
+            # continues an old run's checkpoints, whose noise was already drawn)
             name=ray_run,
-            storage_path=storage,
+            storage_path=ray_storage(config, output_dir),
             failure_config=FailureConfig(max_failures=parallel.max_failures),
             # the newest checkpoint is what a restart resumes from; one more in case the newest
             # is incomplete when a worker dies (each holds the whole trajectory so far)
@@ -245,13 +260,24 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path) -> dict[s
     try:
         result = trainer.fit()
     except Exception:
-        _keep_checkpointed_steps(f"{storage.rstrip('/')}/{ray_run}", output_dir)
+        _keep_checkpointed_steps(run_path, output_dir)
         raise
     value = result.return_value
     assert value is not None, "rank 0 returns the run's summary and trajectory"
-    if "://" not in storage:  # remote storage is Ray's to manage
-        _prune_checkpoints(Path(storage) / ray_run)
+    remove_uncommitted(run_path, committed(run_path).registered)  # only Ray's newest stay
     return value
+
+
+def _resume_from(run_path: str, output_dir: Path) -> bytes | None:
+    """Before a launch: remove checkpoints no launch committed, and return the trajectory a
+    failed launch kept in the run directory where it holds more steps than Ray's newest
+    checkpoint (the workers resume from the newer; None: Ray's, or a fresh start)."""
+    newest = committed(run_path)
+    remove_uncommitted(run_path, newest.registered)
+    salvaged = output_dir / TRAJECTORY_FILE
+    if salvaged_rows(salvaged) > newest.steps:
+        return salvaged.read_bytes()
+    return None
 
 
 def ray_storage(config: RunConfig, output_dir: Path) -> str:
@@ -264,29 +290,18 @@ def ray_storage(config: RunConfig, output_dir: Path) -> str:
 
 
 def ray_run_name(output_dir: Path) -> str:
-    """The Ray Train run's name: the output directory's, plus a fresh suffix per launch."""
+    """A new run's Ray Train run name: the output directory's, plus a fresh suffix (a run in
+    another directory of the same name, in shared storage, never meets it)."""
     return f"{output_dir.name}-{uuid.uuid4().hex[:8]}"
-
-
-def _prune_checkpoints(checkpoints: Path) -> None:
-    """Ray keeps the newest registered checkpoints, but not one a killed attempt uploaded and
-    never registered: after a finished run, only the newest ``CHECKPOINTS_KEPT`` stay."""
-    if not checkpoints.is_dir():  # remote storage (a URI) is Ray's to manage
-        return
-    found = sorted(path for path in checkpoints.glob("checkpoint_*") if path.is_dir())
-    for stale in found[:-CHECKPOINTS_KEPT]:
-        shutil.rmtree(stale)
 
 
 def _keep_checkpointed_steps(run_path: str, output_dir: Path) -> None:
     """A failed run keeps the steps it made (as a single-process run does): the trajectory of
-    the latest checkpoint Ray Train registered, read through ``Result.from_path`` so that
+    the newest checkpoint Ray Train committed, read through ``Result.from_path`` so that
     checkpoints in cloud storage are found as well as local ones."""
-    from ray.train import Result
-
     try:
-        checkpoint = Result.from_path(run_path).checkpoint
-    except RuntimeError:  # no run directory or no checkpoint registered: no steps to keep
+        checkpoint = committed(run_path).checkpoint
+    except ConfigError:  # unreadable: the same command says so when it tries to resume
         return
     if checkpoint is None:
         return

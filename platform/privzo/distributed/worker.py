@@ -37,7 +37,7 @@ from privzo.privacy.plan import privacy_record
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
-from privzo.zo.trajectory import TrajectoryRecorder
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, read_trajectory
 
 
 def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -56,7 +56,7 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         tracker,
         layout,
         group.rank,
-        RayTrainCheckpoints(layout, group),
+        RayTrainCheckpoints(layout, group, settings.get("salvaged")),
         model_dir=Path(settings["output_dir"]) / MODEL_DIR,
         make_stepper=_rank_stepper(context, group, layout),
         figures=_layout_figures(context, group),
@@ -137,29 +137,56 @@ def _rank_stepper(context: RunContext, group: WorkerGroup, layout: Layout) -> St
 class RayTrainCheckpoints:
     """A rank's progress store (``privzo.layouts.train.ProgressStore``): after each window,
     ``ray.train.report`` on every rank (a barrier), with the reporting rank's checkpoint
-    attached, before the window's metrics are logged anywhere; a restarted worker group
-    resumes from the latest checkpoint Ray Train registered."""
+    attached, before the window's metrics are logged anywhere. A restarted worker group, and a
+    later launch of the same run (``privzo.distributed.resume``), resume from the newest
+    checkpoint Ray Train committed, or from ``salvaged`` (the trajectory a failed launch kept in
+    the run directory, where the driver found it newer)."""
 
-    def __init__(self, layout: Layout, group: WorkerGroup):
-        self.layout, self.group = layout, group
+    def __init__(self, layout: Layout, group: WorkerGroup, salvaged: bytes | None = None):
+        self.layout, self.group, self.salvaged = layout, group, salvaged
+        self.start = 0
 
     def before(self, measure: Callable[[], Evaluation | None]) -> tuple[Evaluation | None, bool]:
-        return measure(), True  # a restarted rank measures again (logged only on a fresh run)
+        """Measured on every attempt (the summary's), logged with the first window (``watch``):
+        an attempt that resumes after it never logs them again."""
+        return measure(), False
 
     def restore(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
         """Rebuild θ, the trajectory, the ledger and the public sampler's position from the
-        latest checkpoint (0 steps on a fresh run)."""
+        newest of Ray's checkpoint and the salvaged trajectory (0 steps on a fresh run)."""
+        model = loop.context.config.model.name_or_path
+        found = [c for c in (self._checkpointed(model), self._salvaged()) if c is not None]
+        if not found:
+            return 0
+        table, meta, ledger = max(found, key=lambda candidate: candidate[0].num_rows)
+        expected = loop.context.trajectory_meta()
+        if meta != expected:
+            raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
+        self.start = loop.restore(recorder, table, meta, ledger_state=ledger)
+        return self.start
+
+    def _checkpointed(
+        self, model: str
+    ) -> tuple[pa.Table, TrajectoryMeta, dict[str, Any] | None] | None:
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
-            return 0
+            return None
         with checkpoint.as_directory() as directory:
             table, meta, state = read_checkpoint(Path(directory))
-        expected = loop.context.trajectory_meta()
-        if meta != expected or state.model != loop.context.config.model.name_or_path:
-            raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
-        return loop.restore(recorder, table, meta, ledger_state=state.ledger)
+        if state.model != model:
+            raise ValueError(f"checkpoint is for another model: {state.model!r} != {model!r}")
+        return table, meta, state.ledger
+
+    def _salvaged(self) -> tuple[pa.Table, TrajectoryMeta, None] | None:
+        if self.salvaged is None:
+            return None
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "trajectory.parquet"
+            path.write_bytes(self.salvaged)
+            table, meta = read_trajectory(path)  # checked: checksum, columns
+        return table, meta, None  # no ledger state: every row is booked once on restore
 
     def watch(
         self,
@@ -168,7 +195,8 @@ class RayTrainCheckpoints:
         tracker: Tracker,
         before: Evaluation | None,
     ) -> None:
-        loop.on_window = _Reporter(loop, self.group, recorder, self.layout)
+        first = before if self.start == 0 and self.layout.reports(self.group.rank) else None
+        loop.on_window = _Reporter(loop, self.group, recorder, self.layout, (tracker, first))
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         """Nothing to write: the driver keeps the latest checkpoint's steps of a failed run."""
@@ -184,8 +212,12 @@ class _Reporter:
         group: WorkerGroup,
         recorder: TrajectoryRecorder,
         layout: Layout,
+        before: tuple[Tracker, Evaluation | None],
     ):
+        """``before``: the run's tracker and the test metrics before training, logged (at
+        step 0) after the first window's checkpoint is committed; None: not to be logged."""
         self.loop, self.group, self.recorder, self.layout = loop, group, recorder, layout
+        self.tracker, self.before = before
 
     def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
         import ray.train
@@ -212,6 +244,9 @@ class _Reporter:
         ray.train.get_all_reported_checkpoints(
             consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED
         )
+        if self.before is not None:  # a launch that resumes from here never logs them again
+            metrics_before, self.before = self.before[0], None
+            self.tracker.log_metrics({f"test_{k}": v for k, v in metrics_before.items()}, step=0)
 
 
 def _layout_figures(context: RunContext, group: WorkerGroup) -> LayoutFigures:

@@ -1,4 +1,7 @@
-"""Resuming a single-process zeroth-order run from its directory (``RunDirectoryProgress``).
+"""Resuming a run: its resume point (``resume.json``), and a single-process zeroth-order run's
+progress in its directory (``RunDirectoryProgress``). A distributed run's driver writes the
+resume point too, naming the Ray Train run whose checkpoints hold its steps
+(``privzo.distributed.resume``).
 
 At the end of every window (before its metrics are logged) the run writes its trajectory so far,
 its privacy state (``privacy.json``: the ledger's budget, accountant settings and steps booked)
@@ -37,10 +40,14 @@ RESUME_FILE = "resume.json"
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """What a resumed run needs besides the trajectory."""
+    """What a resumed run needs besides its steps (the trajectory in the run directory, or a
+    distributed run's Ray Train checkpoints)."""
 
     tracking_run_id: str | None
     before: tuple[dict[str, float], float] | None  # test metrics before training, their time
+    # a distributed run's Ray Train run (its name in the checkpoint storage), which every
+    # launch of the run continues; None for a single-process run
+    ray_run: str | None = None
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -62,6 +69,11 @@ def save_progress(
     trajectory_file, privacy_file = files
     recorder.write(output_dir / trajectory_file)  # atomic too
     write_json_atomically(output_dir / privacy_file, privacy)
+    write_resume_point(output_dir, point)
+
+
+def write_resume_point(output_dir: Path, point: ResumePoint) -> None:
+    """What the same command needs to go on with this run (atomically)."""
     write_atomically(output_dir / RESUME_FILE, json.dumps(asdict(point)).encode())
 
 
@@ -82,7 +94,7 @@ def find_resume_point(
         return None
     saved = json.loads(path.read_text())
     before = tuple(saved["before"]) if saved["before"] is not None else None
-    return ResumePoint(saved["tracking_run_id"], before)
+    return ResumePoint(saved["tracking_run_id"], before, saved.get("ray_run"))
 
 
 def clear_resume_point(output_dir: Path) -> None:

@@ -22,7 +22,7 @@ from privzo.layouts.record import (
 )
 from privzo.models.loading import model_parameters
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
-from privzo.run.directory import can_resume, finished_summary
+from privzo.run.directory import can_resume, finished_summary, unfinished_steps
 from privzo.run.pipeline import run
 
 __all__ = [
@@ -47,4 +47,5 @@ __all__ = [
     "plan_privacy",
     "prepare_output_dir",
     "run",
+    "unfinished_steps",
 ]

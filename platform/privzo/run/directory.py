@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from privzo.algorithms.registry import writes_trajectory
 from privzo.config import RunConfig, dump_config
 from privzo.layouts.record import CONFIG_FILE, PRIVACY_FILE, SUMMARY_FILE, TRAJECTORY_FILE
@@ -39,15 +41,34 @@ def finished_summary(output_dir: Path, config: RunConfig) -> dict[str, Any] | No
 
 def can_resume(config: RunConfig, output_dir: Path) -> bool:
     """Whether ``run(config, output_dir)`` would go on with an unfinished run there: a
-    single-process zeroth-order run (its trajectory rebuilds θ) of exactly this config."""
+    zeroth-order run (its trajectory rebuilds θ) of exactly this config, on any layout."""
     return find_unfinished(config, Path(output_dir)) is not None
 
 
 def find_unfinished(config: RunConfig, output_dir: Path) -> ResumePoint | None:
-    """The resume point of an unfinished run of ``config`` that can go on, if any."""
-    if config.parallel.strategy != "single" or not writes_trajectory(config):
+    """The resume point of an unfinished run of ``config`` that can go on, if any: a single
+    run's steps are in the directory, a distributed run's in the Ray Train run it names."""
+    if not writes_trajectory(config):
         return None
-    return find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
+    point = find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
+    if point is not None and config.parallel.strategy != "single" and point.ray_run is None:
+        return None  # no Ray Train run to go on with: the steps' record is not found
+    return point
+
+
+def unfinished_steps(config: RunConfig, output_dir: Path) -> int:
+    """The steps an unfinished run of ``config`` in ``output_dir`` made and released, which a
+    resumed run keeps (0 if there is none to resume): a single run's trajectory rows, a
+    distributed run's newest committed checkpoint (``privzo.distributed.resume``)."""
+    point = find_unfinished(config, Path(output_dir))
+    if point is None:
+        return 0
+    if point.ray_run is not None:
+        from privzo.distributed.launch import resumed_steps
+
+        return resumed_steps(config, Path(output_dir), point.ray_run)
+    trajectory = Path(output_dir) / TRAJECTORY_FILE
+    return pq.read_metadata(trajectory).num_rows if trajectory.is_file() else 0
 
 
 def resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:

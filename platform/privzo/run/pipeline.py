@@ -10,6 +10,7 @@ run directory, params, records, artifacts); what differs is where it trains: in 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +29,7 @@ from privzo.layouts.record import (
     TRAJECTORY_FILE,
     prepare_output_dir,
 )
-from privzo.layouts.resume import ResumePoint, RunDirectoryProgress
+from privzo.layouts.resume import ResumePoint, RunDirectoryProgress, write_resume_point
 from privzo.layouts.train import train_and_evaluate
 from privzo.preflight import Preflight, preflight
 from privzo.privacy.plan import privacy_record
@@ -36,6 +37,8 @@ from privzo.replay import MODEL_LOADER, write_model_data
 from privzo.run.directory import RunRecords, resume_point, write_records
 from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
+
+logger = logging.getLogger(__name__)
 
 
 @locks_output_dir  # one run per directory, held before anything is checked or loaded
@@ -155,7 +158,7 @@ class InProcess:
 class OnRayTrain:
     """The replica and zero3 layouts: Ray Train workers build their contexts and train
     (``privzo.distributed``); rank 0 logs into this run and returns its records. The cluster
-    is reached and checked when this is made."""
+    is reached and checked when this is made, and so is what a resumed run goes on from."""
 
     def __init__(
         self,
@@ -166,9 +169,11 @@ class OnRayTrain:
         progress: bool,
         hooks: RunHooks | None,
         tracking: tuple[Path | None, str | None],
+        ray_run: str | None,
     ):
-        """``tracking``: the run's tracking root and the caller's tracking URI."""
-        from privzo.distributed.launch import start_cluster
+        """``tracking``: the run's tracking root and the caller's tracking URI; ``ray_run``:
+        the Ray Train run an unfinished run's earlier launch started (None: a new run)."""
+        from privzo.distributed.launch import ray_run_name, resumed_steps, start_cluster
 
         if hooks is not None and hooks.training_rows is not None:
             raise ConfigError(
@@ -176,6 +181,10 @@ class OnRayTrain:
                 "training rows in this process; use strategy 'single'"
             )
         start_cluster(config, output_dir, cache_dir, progress, tracking[1])
+        if ray_run is not None:  # refused here, before anything is written, if unreadable
+            steps = resumed_steps(config, output_dir, ray_run)
+            logger.warning("the distributed run goes on from step %d", steps)
+        self.ray_run = ray_run or ray_run_name(output_dir)
         self.config, self.private = config, checked.privacy.private
         self.output_dir, self.cache_dir, self.hooks = output_dir, cache_dir, hooks
         self.tracking_root = tracking[0]
@@ -193,8 +202,16 @@ class OnRayTrain:
     def train(self, tracker: Tracker) -> RunRecords:
         from privzo.distributed.launch import train_on_ray
 
+        # before any step: the same command finds this launch's Ray Train run and MLflow run
+        write_resume_point(self.output_dir, ResumePoint(tracker.run_id, None, self.ray_run))
         result = train_on_ray(
-            self.config, self.output_dir, self.cache_dir, tracker, self.tracking_root, self.hooks
+            self.config,
+            self.output_dir,
+            self.cache_dir,
+            tracker,
+            self.tracking_root,
+            self.hooks,
+            self.ray_run,
         )
         return RunRecords(result["summary"], result["privacy"], result["trajectory"])
 
@@ -211,7 +228,10 @@ def _training(
 ) -> Training:
     """Where the layout trains, built and checked; nothing written yet."""
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
-        return OnRayTrain(config, checked, output_dir, cache_dir, progress, hooks, tracking)
+        ray_run = resume.ray_run if resume is not None else None
+        return OnRayTrain(
+            config, checked, output_dir, cache_dir, progress, hooks, tracking, ray_run
+        )
     planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
     context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
     check_built(context)  # the algorithm's own checks (DPGD-0th's noise size): nothing written yet

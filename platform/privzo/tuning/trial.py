@@ -17,16 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError, RunConfig
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import (
-    CONFIG_FILE,
-    TRAJECTORY_FILE,
     RunContext,
     RunHooks,
     can_resume,
     finished_summary,
     run,
+    unfinished_steps,
 )
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
@@ -115,9 +113,9 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         return
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
     report = window_reporter(config.parallel.strategy) if evaluate_every else None
-    resumes = can_resume(config, output_dir)
-    check_no_unresumable_attempt(config, output_dir, resumes)
-    earlier = _earlier_scores(output_dir, config.optimizer.steps, evaluate_every) if resumes else 0
+    resumes = can_resume(config, output_dir)  # any layout: a distributed trial's checkpoints too
+    done = unfinished_steps(config, output_dir) if resumes else 0
+    earlier = _earlier_scores(done, config.optimizer.steps, evaluate_every)
     scorer = SelectionScorer(search, config.optimizer.is_private, earlier)
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
@@ -147,27 +145,6 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )
     tune.report(_report(summary, summary[SCORE]))
-
-
-def check_no_unresumable_attempt(config: RunConfig, output_dir: Path, resumes: bool) -> None:
-    """Refuse to start a trial again over an interrupted attempt that cannot resume.
-
-    A single-process trial resumes from its trajectory, so its released steps are not drawn
-    again. A distributed trial's attempt cannot be resumed by a new Tune attempt (its Ray Train
-    checkpoints belong to the killed run), and starting over would draw fresh noise for steps
-    whose noised gradients the killed attempt already released (its trajectory rows, MLflow
-    windows and Tune reports): those would be released twice, outside the trial's bound.
-    """
-    if resumes or config.parallel.strategy == "single":
-        return
-    if (output_dir / CONFIG_FILE).is_file():
-        raise ConfigError(
-            f"search trial {output_dir.name}: an earlier attempt on parallel.strategy="
-            f"{config.parallel.strategy!r} was interrupted in {str(output_dir)!r}; a distributed "
-            "trial cannot resume, and running it again would release its steps a second time. "
-            "Its records stay as they are; start the search again in a new --output-dir (a new "
-            "search, with its own privacy budget)"
-        )
 
 
 def window_reporter(strategy: str) -> Callable[[dict[str, Any]], None]:
@@ -203,16 +180,14 @@ class _ToTune:
             self.callback.after_report(None, [metrics], None)
 
 
-def _earlier_scores(output_dir: Path, steps: int, evaluate_every: int | None) -> int:
+def _earlier_scores(done: int, steps: int, evaluate_every: int | None) -> int:
     """Intermediate scores an interrupted attempt released: one at each multiple of
-    ``evaluate_every`` (below ``steps``) it finished. A window's resume point is saved before
-    its score is reported, so this may count one score a kill kept from going out (the record
-    errs on the side of more releases)."""
+    ``evaluate_every`` (below ``steps``) of the ``done`` steps it kept. A window's steps are
+    kept (the single run's resume point, the distributed run's committed checkpoint) before its
+    score is reported, so this may count one score a kill kept from going out (the record errs
+    on the side of more releases)."""
     if not evaluate_every:
         return 0
-    import pyarrow.parquet as pq
-
-    done = pq.read_metadata(output_dir / TRAJECTORY_FILE).num_rows
     return min(done, steps - 1) // evaluate_every
 
 

@@ -134,10 +134,11 @@ def test_no_rank_receives_the_sum_without_noise(two_ranks):
     assert all(abs(total - 3.0) > 1e-9 for total in received_0)
 
 
-def test_a_new_launch_never_continues_an_old_ray_run(tmp_path):
-    """Ray Train resumes a run whose name it finds in storage: each launch names its run anew,
-    and preparing an overwritten directory removes the old run's Ray state (its checkpoints
-    hold that run's noised steps)."""
+def test_a_new_run_never_continues_an_old_ray_run(tmp_path):
+    """Ray Train resumes a run whose name it finds in storage: each new run names its Ray run
+    anew (only the same run's later launches reuse the name, from its resume point), and
+    preparing an overwritten directory removes the old run's Ray state (its checkpoints hold
+    that run's noised steps)."""
     from privzo.distributed.launch import ray_run_name
     from privzo.layouts.record import RAY_STATE_DIR, prepare_output_dir
 
@@ -149,6 +150,24 @@ def test_a_new_launch_never_continues_an_old_ray_run(tmp_path):
     (old / "state.json").write_text("{}")
     prepare_output_dir(output)
     assert output.is_dir() and not (output / RAY_STATE_DIR).exists()
+
+
+def test_checkpoints_ray_does_not_keep_are_removed(tmp_path):
+    """A killed launch's upload Ray never committed (and anything else Ray does not keep) is
+    deleted; the committed checkpoints and Ray's own files stay."""
+    from privzo.distributed.resume import committed, remove_uncommitted
+
+    run_path = tmp_path / "ray" / "run-0123abcd"
+    for name in ("checkpoint_1", "checkpoint_2", "checkpoint_3"):
+        (run_path / name).mkdir(parents=True)
+        (run_path / name / "state.json").write_text("{}")
+    (run_path / "checkpoint_manager_snapshot.json").write_text("{}")
+    kept = frozenset({str(run_path / "checkpoint_2"), str(run_path / "checkpoint_3") + "/"})
+    remove_uncommitted(str(run_path), kept)
+    left = sorted(path.name for path in run_path.iterdir())
+    assert left == ["checkpoint_2", "checkpoint_3", "checkpoint_manager_snapshot.json"]
+    remove_uncommitted(str(tmp_path / "ray" / "never-launched"), frozenset())  # nothing there
+    assert committed(str(tmp_path / "ray" / "never-launched")).steps == 0
 
 
 # A node's mount table: a local disk, a RAM disk and an NFS share every node mounts.
