@@ -479,6 +479,7 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
         assert list(prefix[column]) == list(kept[column]), column
     assert not (output / "resume.json").exists()
 
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(ray_session, tmp_path, cache_dir):
