@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO
+from conftest import REPO, local_ray
 from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
@@ -38,30 +38,12 @@ SMALL = [
 ]
 PERTURBATION_SCALE = 1e-3  # both twins'
 ONE_LOSS_BIT_IN_G = float(np.spacing(np.float32(1.0))) / (2 * PERTURBATION_SCALE)
-# Reports every 0.1 s instead of 2 s; and a worker group may take up to 20 minutes to start, not
-# Ray's 60 s (under load 8-12 on 2 cores, starting two workers that import torch took longer
-# than 60 s; at load 7, 283 s).
-RAY_TEST_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
-}
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray = pytest.importorskip("ray")
-    from privzo.distributed.launch import ray_runtime_env
-
-    previous = {name: os.environ.get(name) for name in RAY_TEST_ENV}
-    os.environ.update(RAY_TEST_ENV)  # the driver side (entry point) and the cluster it starts
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env(RAY_TEST_ENV))
-    yield ray
-    ray.shutdown()
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with local_ray() as ray:
+        yield ray
 
 
 def _config(path: Path, *extra: str):

@@ -12,6 +12,7 @@ FINISHED, whose ε windows are each logged at most once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -24,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO
+from conftest import RAY_TEST_ENV, REPO, local_ray
 from privzo.privacy import compute_epsilon
 from privzo.tracking import find_runs, read_run
 
@@ -132,12 +133,6 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
 # rank 0; a trial's hooks are the search's own, so a Ray worker setup hook (the test's, given to
 # ``ray.init``) wraps the trial's ``after_window`` with the same wait.
 
-# Reports every 0.1 s instead of 2 s; a worker group may take 20 minutes to start, not 60 s
-# (under load 8-12 on 2 cores starting two workers that import torch took longer than 60 s).
-RAY_TEST_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
-}
 RAY_STEPS = 30  # one window per step (log_every=1): any step can be the one killed at
 PAUSE_LIMIT_S = 900  # a paused victim nobody kills fails its run instead of hanging
 RUN_LIMIT_S = 2400  # margins for a loaded machine (a search's first trial took 6 min at load 7)
@@ -163,25 +158,10 @@ def _pause_at(step: int, pid_file: Path):
 
 @pytest.fixture
 def ray_with():
-    """``ray_with(**runtime_env)`` starts a 2-CPU local Ray for one test (stopped after it) with
-    this privzo shipped to its workers, the test's Ray settings and ``runtime_env``'s extras."""
-    ray = pytest.importorskip("ray")
-    from privzo.distributed.launch import ray_runtime_env
-
-    previous = {name: os.environ.get(name) for name in RAY_TEST_ENV}
-    os.environ.update(RAY_TEST_ENV)  # the driver side too
-
-    def start(**runtime_env) -> None:
-        env = {**ray_runtime_env(RAY_TEST_ENV), **runtime_env}
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env=env)
-
-    yield start
-    ray.shutdown()
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    """``ray_with(**runtime_env)`` starts a 2-CPU local Ray for one test (stopped after it):
+    conftest's ``local_ray`` with ``runtime_env``'s extras."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **runtime_env: stack.enter_context(local_ray(**runtime_env))
 
 
 def _descendants(marker: str) -> dict[int, object]:

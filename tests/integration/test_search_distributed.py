@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import RAY_TEST_ENV
 from privzo.config import ConfigError, ParallelConfig, dump_config
 from privzo.layouts.record import RAY_STATE_DIR
 from privzo.layouts.resume import ResumePoint, write_resume_point
@@ -98,14 +99,8 @@ def test_search_over_distributed_trials_of_two_workers(tmp_path, make_search, ca
     output = tmp_path / "search"
     command = [sys.executable, "-m", "privzo.cli", "tune", str(search_path), "--quiet"]
     command += ["--output-dir", str(output), "--cache-dir", str(cache_dir)]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-        # the local Ray's workers inherit this environment: a loaded machine may take minutes
-        # to start a Train worker group, not Ray's 60 s
-        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
-    }
+    # the local Ray's workers inherit this environment (conftest's Ray settings for tests)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **RAY_TEST_ENV}
     log = tmp_path / "tune.log"
     with log.open("wb") as sink:
         done = subprocess.run(
