@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
 # different depths under tests/, so none computes it from its own __file__).
 REPO = Path(__file__).resolve().parents[1]
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` for a child a test stops with SIGINT (Ctrl+C): a shell without job control
+    starts background commands (``pytest ... &``, ``nohup``) with SIGINT ignored, children
+    inherit that, and Python then installs no KeyboardInterrupt handler, so the signal would be
+    lost (the Ctrl+C test hung for its 120 s in a backgrounded suite)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 
 # Ray Train for tests: reports every 0.1 s instead of 2 s; a worker group may take 20 minutes to
 # start, not Ray's 60 s (under load 8-12 on 2 cores, starting two workers that import torch took

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, ctrl_c_reaches_it
 from privzo.dirlock import LOCK_FILE
 from privzo.tracking import read_run
 
@@ -39,7 +39,11 @@ def test_ctrl_c_prints_one_line_exits_130_and_marks_the_run_killed(
     command += [f"task.train_path={sentiment_files[0]}", f"task.test_path={sentiment_files[1]}"]
     command += ["optimizer.steps=1000000", "optimizer.batch_size=8", "model.name_or_path=tiny-opt"]
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     try:
         run_id = _running_run_id(tmp_path / "runs" / "mlflow.db", process)

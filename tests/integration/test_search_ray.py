@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tracking import open_client
@@ -32,7 +33,13 @@ class TuneProcess:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
         self.log = log
         with log.open("wb") as sink:
-            self.process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                preexec_fn=ctrl_c_reaches_it,  # the test's Ctrl+C must reach it
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
