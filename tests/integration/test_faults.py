@@ -541,12 +541,13 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
         _wait_for_reports(output, scores, seed)
     _kill(ours[holder.pid], seed)  # the kill happened before anything is asserted of the resume
     first = _join(thread, outcome, seed)
-    # Tune records the trial as errored; killed a while after its last report (the replica
-    # case waits for its reports), Tune's saved experiment state still reads RUNNING, which the
-    # search reports as pending: unfinished either way, and run again by the resumed search
-    ended = {"error"} if strategy == "single" else {"error", "pending"}
+    # Tune records the trial as errored, but its saved experiment state (which the search's
+    # statuses come from) is a snapshot that can still read RUNNING, reported as pending: it
+    # did for a single trial killed at step 4 in a full marked run, seed 2752134727, as for
+    # replica trials, which wait for their reports. Unfinished either way, and run again by
+    # the resumed search; which one is Tune's snapshot timing, not privzo's to assert.
     statuses = [row["status"] for row in first["trials"]]
-    assert len(statuses) == 1 and statuses[0] in ended, f"seed {seed}: {first}"
+    assert len(statuses) == 1 and statuses[0] in {"error", "pending"}, f"seed {seed}: {first}"
     if strategy == "single":
         released = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()
     else:  # Ray's workers share the fate of the trial that owns them
