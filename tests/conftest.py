@@ -66,6 +66,40 @@ def local_ray(**runtime_env: Any) -> Iterator[Any]:
                 os.environ[name] = value
 
 
+# LMO's parameters in the privacy tests: a mixture with weight on every part
+LMO_PARAMETERS = {
+    "weights": [0.4, 0.3, 0.3],
+    "gamma_shape": 3.0,
+    "gamma_scale": 0.5,
+    "exponential_rate": 1.0,
+    "uniform_low": 0.5,
+    "uniform_high": 1.5,
+}
+
+
+def adapter_against_replay(tracking_uri: str, adapter_uri: str, trajectory: Path, cache_dir: Path):
+    """Load a run's logged adapter (MLflow's transformers flavor) and replay its trajectory on
+    tiny-opt; returns (the loaded components, their logits, the replay's logits, steps replayed)
+    on two short texts, for the caller to compare."""
+    import mlflow
+    import mlflow.transformers
+    import torch
+
+    from privzo.replay import replay
+
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
+    finally:
+        mlflow.set_tracking_uri(None)
+    _base, replayed, steps = replay("tiny-opt", trajectory, cache_dir=cache_dir, progress=False)
+    tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        loaded = parts["model"].eval()(**tokens).logits
+        expected = replayed.eval()(**tokens).logits
+    return parts, loaded, expected, steps
+
+
 POSITIVE = ["good", "fine", "nice", "happy", "bright"]
 NEGATIVE = ["bad", "poor", "sad", "dull", "awful"]
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, local_ray
+from conftest import REPO, adapter_against_replay, local_ray
 from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
@@ -468,11 +468,6 @@ def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(ray_session, tmp_p
     """A LoRA run on 2 replica workers (zero3 refuses adapters): rank 0 logs the adapter in
     MLflow's transformers flavor; loaded back, it computes what the trajectory replays to."""
     strategy = "replica"
-    import mlflow
-    import mlflow.transformers
-
-    from privzo.replay import replay
-
     lora = ("model.trainable=lora", "model.peft.lora_rank=2", "tracking.backend=mlflow")
     config = _config(TINY_MEZO, *_layout(strategy, 2), *lora)
     output = tmp_path / "runs" / strategy
@@ -482,19 +477,10 @@ def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(ray_session, tmp_p
     adapter_uri = record["tags"]["privzo.adapter_uri"]
     assert "adapter/peft/adapter_model.safetensors" in record["artifacts"]
 
-    mlflow.set_tracking_uri(uri)
-    try:
-        parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
-    finally:
-        mlflow.set_tracking_uri(None)
-    _base, replayed, steps = replay(
-        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    parts, loaded, expected, steps = adapter_against_replay(
+        uri, adapter_uri, output / "trajectory.parquet", cache_dir
     )
     assert steps == 12
-    tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        loaded = parts["model"].eval()(**tokens).logits
-        expected = replayed.eval()(**tokens).logits
     torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
     trained_b = [p for name, p in parts["model"].named_parameters() if "lora_B" in name]
     assert trained_b and all(p.abs().max() > 0 for p in trained_b)  # B starts at 0: steps moved it

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import LMO_PARAMETERS
 from privzo.config import ConfigError, load_config
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
@@ -23,14 +24,7 @@ from privzo.privacy.numeric import LmoNoise
 from privzo.privacy.plan import mechanism_parameters, plan_privacy
 from privzo.zo.estimators import RELEASE_LIMIT, estimator_for, make_estimator
 
-LMO = {
-    "weights": [0.4, 0.3, 0.3],
-    "gamma_shape": 3.0,
-    "gamma_scale": 0.5,
-    "exponential_rate": 1.0,
-    "uniform_low": 0.5,
-    "uniform_high": 1.5,
-}
+LMO = LMO_PARAMETERS
 
 
 def _chi_square(counts: dict[int, int], pmf: dict[int, float], draws: int) -> tuple[float, int]:

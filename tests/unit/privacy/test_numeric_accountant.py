@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import pld
 
+from conftest import LMO_PARAMETERS
 from privzo.config import ConfigError, load_config
 from privzo.privacy import (
     accountant_from_state,
@@ -19,14 +20,7 @@ from privzo.privacy import (
 )
 from privzo.privacy.numeric import GaussianNoise, LaplaceNoise, LmoNoise, one_step_pld
 
-LMO = {
-    "weights": [0.4, 0.3, 0.3],
-    "gamma_shape": 3.0,
-    "gamma_scale": 0.5,
-    "exponential_rate": 1.0,
-    "uniform_low": 0.5,
-    "uniform_high": 1.5,
-}
+LMO = LMO_PARAMETERS
 
 
 def _dp_accounting_epsilon(mechanism, sigma, sample_rate, steps, delta):

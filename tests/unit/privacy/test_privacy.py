@@ -20,6 +20,7 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 from scipy import optimize, stats
 
+from conftest import LMO_PARAMETERS
 from privzo.privacy import (
     ACCOUNTANTS,
     MECHANISMS,
@@ -233,14 +234,7 @@ def test_calibrate_does_not_search_below_the_noise_floor():
 
 def test_mechanism_registry_and_names():
     assert set(MECHANISMS) == {"gaussian", "laplace", "lmo"}
-    lmo = {
-        "weights": [0.4, 0.3, 0.3],
-        "gamma_shape": 3.0,
-        "gamma_scale": 0.5,
-        "exponential_rate": 1.0,
-        "uniform_low": 0.5,
-        "uniform_high": 1.5,
-    }
+    lmo = LMO_PARAMETERS
     for name, cls in MECHANISMS.items():
         mechanism = get_mechanism(name, **(lmo if name == "lmo" else {}))
         assert isinstance(mechanism, cls)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import mlflow
 import mlflow.pyfunc
-import mlflow.transformers
 import pytest
 import torch
 
+from conftest import adapter_against_replay
 from privzo.replay import replay
 from privzo.run import run
 from privzo.tracking import read_run
@@ -82,16 +82,8 @@ def test_an_adapter_run_logs_its_adapter_as_a_transformers_model(
     weights = [path for path in logged if path.endswith(".safetensors")]
     assert weights == ["adapter/peft/adapter_model.safetensors"], logged
 
-    mlflow.set_tracking_uri(uri)
-    try:
-        parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
-    finally:
-        mlflow.set_tracking_uri(None)
-    _base, expected, steps = replay(
-        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    _parts, loaded, expected, steps = adapter_against_replay(
+        uri, adapter_uri, output / "trajectory.parquet", cache_dir
     )
     assert steps == 6
-    tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
-    loaded = parts["model"].eval()
-    with torch.no_grad():
-        assert torch.equal(loaded(**tokens).logits, expected.eval()(**tokens).logits)
+    assert torch.equal(loaded, expected)
