@@ -249,6 +249,18 @@ def test_planner_refuses_a_model_that_does_not_fit(tmp_path, cache_dir):
 
 
 @pytest.mark.ray
+def test_the_test_rays_workers_are_not_niced(ray_session):
+    """conftest sets RAY_worker_niceness=0: at Ray's default 15 a CPU-bound neighbour starves
+    the workers (a 38 s test took 9.3 min next to one busy process per core)."""
+
+    @ray_session.remote
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray_session.get(niceness.remote(), timeout=600) == 0
+
+
+@pytest.mark.ray
 def test_more_workers_than_cpus_is_refused(ray_session, tmp_path, cache_dir):
     config = _config(TINY_MEZO, *_layout("replica", 3))
     with pytest.raises(ConfigError, match=r"parallel.workers=3 needs 3 CPUs .* has 2"):
