@@ -334,6 +334,31 @@ def _bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_kernels_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from privzo.bench.kernel_check import check_kernels
+
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"--device={args.device!r}: allowed: cpu, cuda")
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--device=cpu: Triton's kernels run on CPU tensors only under its interpreter; "
+            "set TRITON_INTERPRET=1"
+        )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device=cuda, but this machine (or this torch build) has no CUDA")
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else None
+    result = check_kernels(
+        device or torch.device("cpu"),
+        size=args.size,
+        projection_size=args.projection_size,
+        projection_steps=args.projection_steps,
+    )
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    return 0 if result.passed else 1
+
+
 def _bench_memory_command(args: argparse.Namespace) -> int:
     from privzo.bench_memory import memory_benchmark
 
@@ -745,6 +770,21 @@ def build_parser() -> argparse.ArgumentParser:
     zo_step.add_argument("--repeats", type=int, default=5)
     _add_verbose(zo_step)
     zo_step.set_defaults(handler=_bench_command)
+    kernel_check = bench_commands.add_parser(
+        "kernels",
+        help="the fused kernels on a device against their CPU twin; half-precision update "
+        "projection (exit 1 where a check fails)",
+    )
+    kernel_check.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    kernel_check.add_argument(
+        "--size", type=int, default=1 << 16, help="elements per agreement check"
+    )
+    kernel_check.add_argument(
+        "--projection-size", type=int, default=1 << 20, help="weights per projection"
+    )
+    kernel_check.add_argument("--projection-steps", type=int, default=100)
+    kernel_check.add_argument("--json", action="store_true", help="print one JSON object")
+    kernel_check.set_defaults(handler=_bench_kernels_command)
     memory = bench_commands.add_parser(
         "memory", help="time and peak memory per step of every algorithm vs inference"
     )

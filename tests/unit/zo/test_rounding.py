@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from privzo.zo.directions import DirectionSampler, step_seed
-from privzo.zo.perturbation import rounded_update
+from privzo.bench.kernel_check import update_projection
 from privzo.zo.rounding import stochastic_round
-from privzo.zo.sweeps import ParameterShard
 
 HALF = [torch.bfloat16, torch.float16]
 
@@ -42,20 +40,7 @@ def test_stochastic_rounding_is_unbiased_for_one_value(dtype):
 
 
 def _projection(dtype: torch.dtype, magnitude: float, size: int, steps: int) -> float:
-    """⟨applied, intended⟩ / ‖intended‖² after ``steps`` updates of ±magnitude·z on weights of
-    size ~0.02 (the issue's measurement; 1 means the expected update is the intended one)."""
-    torch.manual_seed(0)
-    base = (torch.randn(size) * 0.02).to(dtype)
-    signs = torch.randint(0, 2, (steps,)) * 2 - 1
-    shard = ParameterShard("w", base.clone(), size)
-    sampler = DirectionSampler("gaussian")
-    intended = torch.zeros(size, dtype=torch.float64)
-    for step in range(steps):
-        seed, coefficient = step_seed(5, step), magnitude * float(signs[step])
-        rounded_update(shard, sampler, seed, coefficient)
-        intended += coefficient * sampler.slice(seed, "w", size, 0, size).double()
-    applied = shard.tensor.double() - base.double()
-    return float(applied @ intended / (intended @ intended))
+    return update_projection(torch.device("cpu"), dtype, magnitude, size, steps)
 
 
 @pytest.mark.parametrize("dtype", HALF)

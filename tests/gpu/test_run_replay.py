@@ -1,0 +1,134 @@
+"""(d) ``privzo run model.device=cuda`` of DPZero in float32, bfloat16 and float16 on a
+``privzo models init`` model of the OPT-125m shape: the run finishes, spends the planned ε, and
+``privzo replay --device cpu`` rebuilds its weights within replay's stated tolerance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privzo.bench.kernel_check import FLIPPED_ROUNDINGS_BOUND, flipped_roundings
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+DTYPES = ("float32", "bfloat16", "float16")
+STEPS = 10
+DEVICE = "cuda"
+# replay's tolerance for float32 weights trained on another device type (z's last bits)
+FLOAT32_RTOL, FLOAT32_ATOL = 1e-5, 1e-6
+
+
+def _privzo(*arguments: str | Path, threads: int | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    command = [sys.executable, "-m", "privzo", *map(str, arguments)]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _wait(processes: dict[str, subprocess.Popen[str]], timeout: float) -> None:
+    for name, process in processes.items():
+        output, _ = process.communicate(timeout=timeout)
+        assert process.returncode == 0, f"{name} failed:\n{output[-4000:]}"
+
+
+def train_and_replay(root: Path, device: str = DEVICE, shape: str = "opt-125m") -> Path:
+    """The three runs at once on ``device``, then their three replays at once on the CPU."""
+    base = root / "base"
+    init = _privzo("models", "init", "--shape", shape, "--output-dir", base)
+    _wait({"models init": init}, 300)
+    started = {
+        dtype: _privzo(
+            "run",
+            CONFIG,
+            f"model.name_or_path={base}",
+            f"model.device={device}",
+            f"model.dtype={dtype}",
+            "optimizer.generator=philox",
+            "tracking.backend=none",
+            f"optimizer.steps={STEPS}",
+            "task.test_size=200",
+            "save_model=true",
+            "--output-dir",
+            root / f"run-{dtype}",
+        )
+        for dtype in DTYPES
+    }
+    _wait(started, 600)
+    threads = max(1, (os.cpu_count() or 3) // len(DTYPES))
+    replays = {
+        dtype: _privzo(
+            "replay",
+            "--base",
+            base,
+            "--trajectory",
+            root / f"run-{dtype}" / "trajectory.parquet",
+            "--output-dir",
+            root / f"replay-{dtype}",
+            "--device",
+            "cpu",
+            threads=threads,
+        )
+        for dtype in DTYPES
+    }
+    _wait(replays, 600)
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_and_replay(tmp_path_factory.mktemp("gpu-runs"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_gpu_run_spends_its_epsilon_and_replays_on_cpu(runs: Path, dtype: str, gpu_record):
+    summary = json.loads((runs / f"run-{dtype}" / "summary.json").read_text())
+    assert summary["device"].startswith(DEVICE) and summary["dtype"] == dtype
+    assert summary["steps"] == STEPS
+    assert 0.99 * summary["epsilon_target"] <= summary["epsilon"] <= summary["epsilon_target"]
+    trained = load_file(runs / f"run-{dtype}" / "model" / "model.safetensors")
+    replayed = load_file(runs / f"replay-{dtype}" / "model.safetensors")
+    base = load_file(runs / "base" / "model.safetensors")
+    assert trained.keys() == replayed.keys()
+    figures: dict[str, object] = {
+        "dtype": dtype,
+        "steps": STEPS,
+        "epsilon": summary["epsilon"],
+        "epsilon_target": summary["epsilon_target"],
+        "accuracy_before": summary["metric_before"],
+        "accuracy_after": summary["metric_after"],
+    }
+    moved = sum(not torch.equal(trained[n], base[n].to(trained[n].dtype)) for n in trained)
+    assert moved > 0  # training changed the weights
+    if dtype == "float32":
+        worst = max(
+            float(
+                (
+                    (trained[n] - replayed[n]).abs()
+                    / (FLOAT32_ATOL + FLOAT32_RTOL * replayed[n].abs())
+                ).max()
+            )
+            for n in trained
+        )
+        figures["worst_error_over_tolerance"] = worst
+        gpu_record("run_replay", **figures)
+        assert worst <= 1.0
+        return
+    flips = {n: flipped_roundings(trained[n], replayed[n]) for n in trained}
+    elements = sum(t.numel() for t in trained.values())
+    fraction = sum(flips[n][0] * trained[n].numel() for n in trained) / elements
+    figures["flipped_fraction"] = fraction
+    figures["largest_flipped_fraction_of_a_tensor"] = max(f for f, _within in flips.values())
+    figures["flips_within_one_ulp"] = all(within for _f, within in flips.values())
+    gpu_record("run_replay", **figures)
+    assert fraction <= FLIPPED_ROUNDINGS_BOUND
+    assert figures["flips_within_one_ulp"]
