@@ -1,0 +1,139 @@
+"""The GPU suite's CPU-side pieces: tests/gpu collects and skips without CUDA, the one-call check
+claims nothing without a GPU, its report renders real measurements, its wheel list is pinned and
+meets privzo's requirements, and the GPU path imports and runs without Ray, MLflow, DeepSpeed or
+Opacus (the bare GPU nodes it is meant for lack them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import tomllib
+import torch
+from packaging.requirements import Requirement
+
+from conftest import REPO
+
+if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
+    pytest.skip("these check the suite where no GPU is visible", allow_module_level=True)
+
+ABSENT_ON_GPU_NODES = ("ray", "mlflow", "deepspeed", "opacus")
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_are_collected_and_skipped_without_cuda():
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-rs", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 skipped" in done.stdout, done.stdout
+    assert "no CUDA device visible" in done.stdout
+
+
+def test_the_gpu_tests_are_not_in_the_default_suites():
+    options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "not gpu" in options["addopts"]
+    assert "gpu:" in " ".join(options["markers"])
+    ci = (REPO / ".ci" / "run").read_text()
+    assert '-m "slow or ray or integration"' in ci  # the marked run selects no gpu test
+
+
+@pytest.mark.slow
+def test_the_check_without_a_gpu_says_so_and_claims_nothing(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "tools/gpu_check.py", "--output-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0
+    assert "no CUDA device visible: nothing was checked" in done.stdout
+    assert json.loads((tmp_path / "gpu-check.json").read_text()) == {
+        "checked": False,
+        "reason": "no CUDA device visible",
+    }
+    assert not (tmp_path / "gpu-check.md").exists()
+
+
+@pytest.mark.slow
+def test_the_report_renders_measured_benchmarks_and_kernel_checks(tmp_path):
+    """A CPU benchmark and a CPU (interpreter) kernel check through the same code the GPU call
+    uses: each row shows the measured figures."""
+    from privzo.bench.kernel_check import check_kernels
+
+    gpu_check = _gpu_check_module()
+    check = gpu_check.Check(tmp_path, deadline=float("inf"))
+    check.environment = gpu_check.environment("cpu")
+    entry = gpu_check.run_bench(check, gpu_check.Bench("tiny", "float32", 32, "cpu"), repeats=1)
+    assert entry["status"] == "passed", entry.get("error")
+    kernels = check_kernels(torch.device("cpu"), size=256, projection_size=4096, projection_steps=4)
+    check.records_path.write_text(json.dumps({"part": "kernels", **kernels.to_json()}) + "\n")
+    check.write()
+    table = (tmp_path / "gpu-check.md").read_text()
+    seconds = entry["result"]["seconds"]
+    assert f"| tiny float32 16x32 | {seconds['forward']:.4f} | {seconds['dpzero']:.4f} |" in table
+    assert "| sign directions | float32 | 256 | 0 | 0 | bit-exact |" in table
+    record = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert record["benchmarks"][0]["result"]["ratios"] == entry["result"]["ratios"]
+
+
+def test_the_wheel_list_is_pinned_and_meets_privzos_requirements():
+    lines = (REPO / "tools" / "gpu-wheels.txt").read_text().splitlines()
+    pins = {
+        Requirement(line).name: Requirement(line)
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    }
+    for requirement in pins.values():
+        assert (
+            len(requirement.specifier) == 1 and next(iter(requirement.specifier)).operator == "=="
+        )
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {Requirement(spec).name: Requirement(spec) for spec in project["dependencies"]}
+    for name in ("pydantic", "dp-accounting"):  # privzo's own needs the bare nodes lack
+        version = next(iter(pins[name].specifier)).version
+        assert wanted[name].specifier.contains(version), (name, version)
+    assert {"pytest", "pydantic-core", "dm-tree"} <= pins.keys()
+    assert not pins.keys() & set(ABSENT_ON_GPU_NODES)
+
+
+BLOCKED_CLI = (
+    "import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
+    "from privzo.cli import main; sys.exit(main())"
+)
+
+
+@pytest.mark.slow
+def test_the_gpu_path_runs_without_ray_mlflow_deepspeed_or_opacus(tmp_path):
+    """What tests/gpu runs, with those packages made unimportable: models init, a DPZero run
+    with tracking.backend=none, and its replay."""
+    cli = [sys.executable, "-c", BLOCKED_CLI.format(blocked=ABSENT_ON_GPU_NODES)]
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+    commands = [
+        ["models", "init", "--shape", "tiny", "--output-dir", str(tmp_path / "base")],
+        ["run", str(config), f"model.name_or_path={tmp_path / 'base'}", "tracking.backend=none",
+         "optimizer.steps=1", "task.test_size=16", "optimizer.generator=philox",
+         "--output-dir", str(tmp_path / "run")],
+        ["replay", "--base", str(tmp_path / "base"), "--trajectory",
+         str(tmp_path / "run" / "trajectory.parquet"), "--output-dir", str(tmp_path / "replay")],
+    ]  # fmt: skip
+    for command in commands:
+        done = subprocess.run([*cli, *command], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "replay" / "model.safetensors").exists()
