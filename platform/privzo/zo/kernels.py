@@ -140,17 +140,21 @@ def _table(
     """The int64 table of a multi-tensor launch (``triton_kernels.COLUMNS`` wide) from rows of
     (source address, target address, count, offset, key), and the launch's program count: each
     row's programs follow the previous row's."""
-    layout = _compiled()
+    kernels = _compiled()
     table = []
     programs = 0
     for source, target, count, offset, key in rows:
-        row = [0] * layout.COLUMNS
-        row[layout.SOURCE], row[layout.TARGET] = source, target
-        row[layout.COUNT], row[layout.OFFSET] = count, offset
-        row[layout.FIRST_COUNTER] = offset // LANES
-        row[layout.FIRST_PROGRAM] = programs
-        row[layout.KEY0], row[layout.KEY1] = key
-        table.append(row)
+        values = {
+            "SOURCE": source,
+            "TARGET": target,
+            "COUNT": count,
+            "OFFSET": offset,
+            "FIRST_COUNTER": offset // LANES,
+            "FIRST_PROGRAM": programs,
+            "KEY0": key[0],
+            "KEY1": key[1],
+        }
+        table.append([values[name] for name in kernels.TABLE_COLUMNS])
         programs += _programs(offset, count)
     return torch.tensor(table, dtype=torch.int64).to(device), programs
 

@@ -32,12 +32,12 @@ PASS_UPDATE = 2
 TRANSFORM_NORMAL = 0
 TRANSFORM_SIGN = 1
 
-_M0: tl.constexpr = 0xD2511F53
-_M1: tl.constexpr = 0xCD9E8D57
-_W0: tl.constexpr = 0x9E3779B9
-_W1: tl.constexpr = 0xBB67AE85
-_TWO_PI: tl.constexpr = 6.283185307179586
-_TWO_TO_MINUS_24: tl.constexpr = 5.960464477539063e-08
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
+_TWO_PI = tl.constexpr(6.283185307179586)
+_TWO_TO_MINUS_24 = tl.constexpr(5.960464477539063e-08)
 
 
 @triton.jit
@@ -216,15 +216,25 @@ def direction_pass_kernel(
 # Columns of a multi-tensor launch's segment table (int64, one row per segment): where the
 # segment's elements are, in elements from the source / target base pointer; its element count
 # and offset in the whole parameter; its first counter; its first program; its Philox key.
-SOURCE: tl.constexpr = 0
-TARGET: tl.constexpr = 1
-COUNT: tl.constexpr = 2
-OFFSET: tl.constexpr = 3
-FIRST_COUNTER: tl.constexpr = 4
-FIRST_PROGRAM: tl.constexpr = 5
-KEY0: tl.constexpr = 6
-KEY1: tl.constexpr = 7
-COLUMNS: tl.constexpr = 8
+SOURCE = tl.constexpr(0)
+TARGET = tl.constexpr(1)
+COUNT = tl.constexpr(2)
+OFFSET = tl.constexpr(3)
+FIRST_COUNTER = tl.constexpr(4)
+FIRST_PROGRAM = tl.constexpr(5)
+KEY0 = tl.constexpr(6)
+KEY1 = tl.constexpr(7)
+COLUMNS = tl.constexpr(8)
+TABLE_COLUMNS = (
+    "SOURCE",
+    "TARGET",
+    "COUNT",
+    "OFFSET",
+    "FIRST_COUNTER",
+    "FIRST_PROGRAM",
+    "KEY0",
+    "KEY1",
+)  # the columns above, in order (the host builds rows by name)
 
 
 @triton.jit
