@@ -1,11 +1,13 @@
 """Fused direction passes: the Philox directions generated inside the weight sweep itself.
 
 The CPU path (``privzo.zo.sweeps``, ``privzo.zo.perturbation``) draws z in blocks and issues one
-small kernel per block from Python: on OPT-13B about 600,000 launches per step (issue 11). Here
-each pass over a parameter is one Triton launch that reads θ once and writes it once, computing
-z (and the rounding uniforms) in registers from the same counter-based function as
-``privzo.zo.philox``, so the two paths compute the same values: integer words bit for bit, the
-normals to a few fp32 ulps (the devices' log/sin/cos differ in the last bits).
+small kernel per block from Python: on OPT-13B about 600,000 launches per step. Here a pass
+reads θ once and writes it once, in one Triton launch per parameter or, in the multi-tensor
+forms (``add_directions_``, ``rounded_updates_``, ``perturbed_copies``,
+``direction_squares_total``), per group of same-dtype tensors, computing z (and the rounding
+uniforms) in registers from the same counter-based function as ``privzo.zo.philox``, so the two
+paths compute the same values: integer words bit for bit, the normals to a few fp32 ulps (the
+devices' log/sin/cos differ in the last bits). Both forms give the same bits.
 
 Triton is imported on first use only (``privzo.zo.triton_kernels``): it ships with torch's CUDA
 builds and is an optional test dependency on CPU, where the kernels run under its interpreter.

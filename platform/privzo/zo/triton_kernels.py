@@ -12,8 +12,10 @@ passes to those elements:
   from stream 1 (``privzo.zo.rounding`` on the same bit patterns).
 
 A fourth kernel sums z² per program (the sphere's norm) into a buffer, so the total is summed in
-a fixed order and replay is deterministic. The z's never reach memory: a sweep is bound by the
-weights' traffic, not by Python-issued launches (one launch per parameter).
+a fixed order and replay is deterministic. The z's never reach memory. Each kernel has a
+multi-tensor form that covers many parameters of one dtype in one launch, each program finding
+its parameter in a table, so a sweep over hundreds of tensors is bound by the weights' traffic,
+not by launches.
 
 Importing this module imports Triton; ``privzo.zo.kernels`` imports it only when a fused pass
 is first asked for, so CPU installs without Triton never touch it. With ``TRITON_INTERPRET=1``
