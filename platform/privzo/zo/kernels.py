@@ -158,7 +158,11 @@ def _table(
         }
         table.append([values[name] for name in kernels.TABLE_COLUMNS])
         programs += _programs(offset, count)
-    return torch.tensor(table, dtype=torch.int64).to(device), programs
+    host = torch.tensor(table, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device), programs
+    # pinned and non-blocking: a plain copy from pageable memory would wait for the stream
+    return host.pin_memory().to(device, non_blocking=True), programs
 
 
 def _groups(segments: Sequence[Segment]) -> list[list[int]]:
@@ -246,7 +250,7 @@ def perturbed_copies(
 ) -> list[torch.Tensor]:
     """``perturbed_copy`` of every segment, one launch per (device, dtype) group (a module's
     weight and bias at once); a group's copies are views of one new buffer."""
-    copies = [torch.empty_like(segment.tensor) for segment in segments]
+    copies = [segment.tensor.new_empty(0) for segment in segments]  # kept where empty
     for group in _groups(segments):
         sources = [segments[index] for index in group]
         sizes = [source.tensor.numel() for source in sources]
