@@ -242,7 +242,8 @@ TABLE_COLUMNS = (
 @triton.jit
 def _find_segment(table_ptr, segments, program):
     """The row whose programs include ``program``: a binary search of the first-program column
-    (increasing), a few scalar loads from a table that stays in cache."""
+    (increasing), a few scalar loads from a table that stays in cache, rather than a program →
+    row table, which for a large model would hold millions of entries to build and copy."""
     low = program * 0
     high = low + segments
     while high - low > 1:
