@@ -158,15 +158,12 @@ class DirectionSampler:
         return math.sqrt(dimension / squares)
 
     def _fused_scale(self, seed: int, named_sizes: list[tuple[str, int]]) -> float:
-        """The sphere's factor from per-parameter sums left on the device: one sync."""
-        squares = [
-            kernels.direction_squares(
-                philox_key(seed, name), size, self.philox_transform, self.device
-            )
-            for name, size in named_sizes
-        ]
+        """The sphere's factor from one launch over every parameter, summed on the device:
+        one sync."""
+        keyed_sizes = [(philox_key(seed, name), size) for name, size in named_sizes]
+        squares = kernels.direction_squares_total(keyed_sizes, self.philox_transform, self.device)
         dimension = sum(size for _name, size in named_sizes)
-        return math.sqrt(dimension / float(torch.stack(squares).sum()))
+        return math.sqrt(dimension / float(squares))
 
 
 def resolve_fused(fused: bool | None, generator: str, device: torch.device) -> bool:

@@ -1,11 +1,13 @@
 """Fused direction passes: the Philox directions generated inside the weight sweep itself.
 
 The CPU path (``privzo.zo.sweeps``, ``privzo.zo.perturbation``) draws z in blocks and issues one
-small kernel per block from Python: on OPT-13B about 600,000 launches per step (issue 11). Here
-each pass over a parameter is one Triton launch that reads θ once and writes it once, computing
-z (and the rounding uniforms) in registers from the same counter-based function as
-``privzo.zo.philox``, so the two paths compute the same values: integer words bit for bit, the
-normals to a few fp32 ulps (the devices' log/sin/cos differ in the last bits).
+small kernel per block from Python: on OPT-13B about 600,000 launches per step. Here a pass
+reads θ once and writes it once, in one Triton launch per parameter or, in the multi-tensor
+forms (``add_directions_``, ``rounded_updates_``, ``perturbed_copies``,
+``direction_squares_total``), per group of same-dtype tensors, computing z (and the rounding
+uniforms) in registers from the same counter-based function as ``privzo.zo.philox``, so the two
+paths compute the same values: integer words bit for bit, the normals to a few fp32 ulps (the
+devices' log/sin/cos differ in the last bits). Both forms give the same bits.
 
 Triton is imported on first use only (``privzo.zo.triton_kernels``): it ships with torch's CUDA
 builds and is an optional test dependency on CPU, where the kernels run under its interpreter.
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 
@@ -57,15 +61,13 @@ def _launch(
 ) -> None:
     kernels = _compiled()
     count = source.numel()
-    first = offset // LANES
-    last = (offset + count - 1) // LANES + 1
-    grid = (math.ceil((last - first) / COUNTERS_PER_PROGRAM),)
+    grid = (_programs(offset, count),)
     kernels.direction_pass_kernel[grid](
         source,
         target,
         count,
         offset,
-        first,
+        offset // LANES,
         key[0],
         key[1],
         coefficient,
@@ -110,6 +112,176 @@ def rounded_update_(
     _check_flat(tensor)
     assert tensor.dtype in (torch.bfloat16, torch.float16)
     _launch(tensor, tensor, key, offset, coefficient, transform, _compiled().PASS_UPDATE)
+
+
+class Segment(NamedTuple):
+    """Elements [offset, offset + numel) of one parameter's direction, held flat in ``tensor``."""
+
+    tensor: torch.Tensor
+    key: tuple[int, int]
+    offset: int
+
+
+def _programs(offset: int, count: int) -> int:
+    """Programs of ``COUNTERS_PER_PROGRAM`` counters covering elements [offset, offset + count)."""
+    first = offset // LANES
+    last = (offset + count - 1) // LANES + 1
+    return math.ceil((last - first) / COUNTERS_PER_PROGRAM)
+
+
+def _address(tensor: torch.Tensor, base: torch.Tensor) -> int:
+    """Where ``tensor`` starts, in elements from ``base``'s first element (same dtype)."""
+    distance = tensor.data_ptr() - base.data_ptr()
+    assert distance % tensor.element_size() == 0
+    return distance // tensor.element_size()
+
+
+def _table(
+    rows: Sequence[tuple[int, int, int, int, tuple[int, int]]], device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """The int64 table of a multi-tensor launch (``triton_kernels.COLUMNS`` wide) from rows of
+    (source address, target address, count, offset, key), and the launch's program count: each
+    row's programs follow the previous row's."""
+    kernels = _compiled()
+    table = []
+    programs = 0
+    for source, target, count, offset, key in rows:
+        values = {
+            "SOURCE": source,
+            "TARGET": target,
+            "COUNT": count,
+            "OFFSET": offset,
+            "FIRST_COUNTER": offset // LANES,
+            "FIRST_PROGRAM": programs,
+            "KEY0": key[0],
+            "KEY1": key[1],
+        }
+        table.append([values[name] for name in kernels.TABLE_COLUMNS])
+        programs += _programs(offset, count)
+    host = torch.tensor(table, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device), programs
+    # pinned and non-blocking: a plain copy from pageable memory would wait for the stream
+    return host.pin_memory().to(device, non_blocking=True), programs
+
+
+def _groups(segments: Sequence[Segment]) -> list[list[int]]:
+    """Indices of the non-empty segments, grouped by (device, dtype), each group in order."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for index, segment in enumerate(segments):
+        tensor = segment.tensor
+        assert tensor.dim() == 1 and tensor.is_contiguous()
+        if tensor.numel():
+            groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+    return list(groups.values())
+
+
+def _launch_group(
+    sources: Sequence[Segment],
+    targets: Sequence[torch.Tensor],
+    coefficient: float,
+    transform: str,
+    mode: int,
+) -> None:
+    """One launch of a pass over every segment of a group (same dtype, one device).
+
+    Each segment is addressed by its element offset from the group's lowest-addressed tensor
+    (one for the sources, one for the targets), so the tensors need not be contiguous with each
+    other: Triton adds an int64 offset to a pointer alike when compiled and when interpreted
+    (on CPU tensors, whose memory the interpreter uses in place).
+    """
+    kernels = _compiled()
+    source_base = min((source.tensor for source in sources), key=torch.Tensor.data_ptr)
+    target_base = min(targets, key=torch.Tensor.data_ptr)
+    rows = [
+        (
+            _address(source.tensor, source_base),
+            _address(target, target_base),
+            source.tensor.numel(),
+            source.offset,
+            source.key,
+        )
+        for source, target in zip(sources, targets, strict=True)
+    ]
+    table, programs = _table(rows, source_base.device)
+    kernels.multi_tensor_pass_kernel[(programs,)](
+        source_base,
+        target_base,
+        table,
+        len(rows),
+        coefficient,
+        PASS=mode,
+        TRANSFORM=TRANSFORMS[transform],
+        COUNTERS=COUNTERS_PER_PROGRAM,
+    )
+
+
+def _in_place(
+    segments: Sequence[Segment],
+    coefficient: float,
+    transform: str,
+    mode: int,
+    dtypes: tuple[torch.dtype, ...],
+) -> None:
+    for group in _groups(segments):
+        sources = [segments[index] for index in group]
+        assert sources[0].tensor.dtype in dtypes
+        targets = [source.tensor for source in sources]
+        _launch_group(sources, targets, coefficient, transform, mode)
+
+
+@torch.no_grad()
+def add_directions_(segments: Sequence[Segment], coefficient: float, transform: str) -> None:
+    """``add_direction_`` on every segment, one launch per (device, dtype) group: with one
+    launch per tensor, a sweep over a model of hundreds of tensors is bound by launches."""
+    _in_place(segments, coefficient, transform, _compiled().PASS_ADD, (torch.float32,))
+
+
+@torch.no_grad()
+def rounded_updates_(segments: Sequence[Segment], coefficient: float, transform: str) -> None:
+    """``rounded_update_`` on every segment, one launch per (device, dtype) group."""
+    halves = (torch.bfloat16, torch.float16)
+    _in_place(segments, coefficient, transform, _compiled().PASS_UPDATE, halves)
+
+
+@torch.no_grad()
+def perturbed_copies(
+    segments: Sequence[Segment], coefficient: float, transform: str
+) -> list[torch.Tensor]:
+    """``perturbed_copy`` of every segment, one launch per (device, dtype) group (a module's
+    weight and bias at once); a group's copies are views of one new buffer."""
+    copies = [segment.tensor.new_empty(0) for segment in segments]  # kept where empty
+    for group in _groups(segments):
+        sources = [segments[index] for index in group]
+        sizes = [source.tensor.numel() for source in sources]
+        buffer = sources[0].tensor.new_empty(sum(sizes))
+        targets = buffer.split(sizes)
+        _launch_group(sources, targets, coefficient, transform, _compiled().PASS_COPY)
+        for index, target in zip(group, targets, strict=True):
+            copies[index] = target
+    return copies
+
+
+def direction_squares_total(
+    keyed_sizes: Sequence[tuple[tuple[int, int], int]], transform: str, device: torch.device
+) -> torch.Tensor:
+    """Σ z² over the whole of every (key, size) parameter in one launch, as a 0-dim fp64 tensor
+    left on ``device``: the per-program sums are summed in a fixed order, so replay computes the
+    same bits (not those of summing ``direction_squares`` per parameter: the order differs)."""
+    kernels = _compiled()
+    rows = [(0, 0, size, 0, key) for key, size in keyed_sizes if size]
+    if not rows:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    table, programs = _table(rows, device)
+    partial = torch.empty(programs, dtype=torch.float64, device=device)
+    kernels.multi_tensor_squares_kernel[(programs,)](
+        partial,
+        table,
+        len(rows),
+        TRANSFORM=TRANSFORMS[transform],
+        COUNTERS=COUNTERS_PER_PROGRAM,
+    )
+    return partial.sum()
 
 
 def direction_squares(

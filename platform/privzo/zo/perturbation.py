@@ -27,7 +27,7 @@ from privzo.zo import kernels
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
 from privzo.zo.rounding import stochastic_round
-from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, sweep
+from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, segments, sweep
 
 
 class Perturber(ABC):
@@ -100,8 +100,7 @@ class VirtualPerturber(Perturber):
 
     def update(self, seed: int, coefficient: float) -> None:
         self._coefficient = 0.0
-        for shard in self.shards:
-            rounded_update(shard, self.sampler, seed, coefficient)
+        rounded_updates(self.shards, self.sampler, seed, coefficient)
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -111,8 +110,11 @@ class VirtualPerturber(Perturber):
         def hook(module: nn.Module, _inputs: Any) -> None:
             if self._coefficient == 0.0:
                 return
-            for attribute, (parameter, shard) in owned.items():
-                perturbed = _perturbed_copy(shard, self.sampler, self._seed, self._coefficient)
+            shards = [shard for _parameter, shard in owned.values()]
+            copies = _perturbed_copies(shards, self.sampler, self._seed, self._coefficient)
+            for (attribute, (parameter, _shard)), perturbed in zip(
+                owned.items(), copies, strict=True
+            ):
                 module._parameters[attribute] = nn.Parameter(
                     perturbed.view_as(parameter), requires_grad=False
                 )
@@ -138,6 +140,17 @@ def _match_owned(
         if shard is not None and shard.tensor.numel() == parameter.numel():
             owned[attribute] = (parameter, shard)
     return owned
+
+
+def _perturbed_copies(
+    shards: list[ParameterShard], sampler: DirectionSampler, seed: int, coefficient: float
+) -> list[torch.Tensor]:
+    """``_perturbed_copy`` of each of a module's shards; fused, one launch for all of them."""
+    if sampler.fused:
+        return kernels.perturbed_copies(
+            segments(shards, seed), coefficient, sampler.philox_transform
+        )
+    return [_perturbed_copy(shard, sampler, seed, coefficient) for shard in shards]
 
 
 @torch.no_grad()
@@ -182,6 +195,19 @@ def rounded_update(
         )
         updated = view.float().add_(direction, alpha=coefficient)
         view.copy_(stochastic_round(updated, uniforms, view.dtype))
+
+
+def rounded_updates(
+    shards: list[ParameterShard], sampler: DirectionSampler, seed: int, coefficient: float
+) -> None:
+    """``rounded_update`` on every shard; fused, one launch per dtype for all of them."""
+    if coefficient == 0.0:
+        return
+    if sampler.fused:
+        kernels.rounded_updates_(segments(shards, seed), coefficient, sampler.philox_transform)
+        return
+    for shard in shards:
+        rounded_update(shard, sampler, seed, coefficient)
 
 
 def make_perturber(

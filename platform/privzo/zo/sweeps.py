@@ -51,20 +51,24 @@ def sweep(
     seed: int,
     coefficient: float,
 ) -> None:
-    """θ += coefficient · z(seed) on every shard: one fused kernel per shard, or (unfused)
-    one direction block at a time."""
+    """θ += coefficient · z(seed) on every shard: one fused launch per dtype for all shards, or
+    (unfused) one direction block at a time."""
     if coefficient == 0.0:
         return
     if sampler.fused:
-        for shard in shards:
-            key = philox_key(seed, shard.name)
-            kernels.add_direction_(
-                shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
-            )
+        kernels.add_directions_(segments(shards, seed), coefficient, sampler.philox_transform)
         return
     for shard in shards:
         for local, direction in iter_direction_blocks(shard, sampler, seed):
             shard.tensor[local].add_(direction, alpha=coefficient)
+
+
+def segments(shards: list[ParameterShard], seed: int) -> list[kernels.Segment]:
+    """The shards as the fused kernels' segments: each with its parameter's key for ``seed``."""
+    return [
+        kernels.Segment(shard.tensor, philox_key(seed, shard.name), shard.offset)
+        for shard in shards
+    ]
 
 
 def iter_direction_blocks(

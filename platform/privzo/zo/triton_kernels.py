@@ -12,8 +12,10 @@ passes to those elements:
   from stream 1 (``privzo.zo.rounding`` on the same bit patterns).
 
 A fourth kernel sums z² per program (the sphere's norm) into a buffer, so the total is summed in
-a fixed order and replay is deterministic. The z's never reach memory: a sweep is bound by the
-weights' traffic, not by Python-issued launches (one launch per parameter).
+a fixed order and replay is deterministic. The z's never reach memory. Each kernel has a
+multi-tensor form that covers many parameters of one dtype in one launch, each program finding
+its parameter in a table, so a sweep over hundreds of tensors is bound by the weights' traffic,
+not by launches.
 
 Importing this module imports Triton; ``privzo.zo.kernels`` imports it only when a fused pass
 is first asked for, so CPU installs without Triton never touch it. With ``TRITON_INTERPRET=1``
@@ -32,12 +34,12 @@ PASS_UPDATE = 2
 TRANSFORM_NORMAL = 0
 TRANSFORM_SIGN = 1
 
-_M0: tl.constexpr = 0xD2511F53
-_M1: tl.constexpr = 0xCD9E8D57
-_W0: tl.constexpr = 0x9E3779B9
-_W1: tl.constexpr = 0xBB67AE85
-_TWO_PI: tl.constexpr = 6.283185307179586
-_TWO_TO_MINUS_24: tl.constexpr = 5.960464477539063e-08
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
+_TWO_PI = tl.constexpr(6.283185307179586)
+_TWO_TO_MINUS_24 = tl.constexpr(5.960464477539063e-08)
 
 
 @triton.jit
@@ -147,10 +149,11 @@ def _apply_lane(source_ptr, target_ptr, local, count, z, uniform, coefficient, P
         tl.store(target_ptr + local, rounded, mask=inside)
 
 
-@triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1", "coefficient"])
-def direction_pass_kernel(
+@triton.jit
+def _pass_block(
     source_ptr,
     target_ptr,
+    block,
     count,
     offset,
     first_counter,
@@ -161,9 +164,9 @@ def direction_pass_kernel(
     TRANSFORM: tl.constexpr,
     COUNTERS: tl.constexpr,
 ):
-    """One pass over elements [offset, offset + count) of a parameter, held locally at
-    [0, count): element e is lane e % 4 of counter e // 4."""
-    block = tl.program_id(0).to(tl.int64) * COUNTERS
+    """The pass over counters [first_counter + block, + COUNTERS) of elements [offset, offset +
+    count) of a parameter, held locally at [0, count): element e is lane e % 4 of counter e // 4.
+    Shared by the per-parameter and the multi-tensor kernels, so both compute the same bits."""
     counters = first_counter + block + tl.arange(0, COUNTERS).to(tl.int64)
     k0 = key0.to(tl.uint32)
     k1 = key1.to(tl.uint32)
@@ -180,11 +183,125 @@ def direction_pass_kernel(
     _apply_lane(source_ptr, target_ptr, local + 3, count, z3, u3, coefficient, PASS)
 
 
+@triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1", "coefficient"])
+def direction_pass_kernel(
+    source_ptr,
+    target_ptr,
+    count,
+    offset,
+    first_counter,
+    key0,
+    key1,
+    coefficient,
+    PASS: tl.constexpr,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """One pass over elements [offset, offset + count) of one parameter."""
+    block = tl.program_id(0).to(tl.int64) * COUNTERS
+    _pass_block(
+        source_ptr,
+        target_ptr,
+        block,
+        count,
+        offset,
+        first_counter,
+        key0,
+        key1,
+        coefficient,
+        PASS,
+        TRANSFORM,
+        COUNTERS,
+    )
+
+
+# Columns of a multi-tensor launch's segment table (int64, one row per segment): where the
+# segment's elements are, in elements from the source / target base pointer; its element count
+# and offset in the whole parameter; its first counter; its first program; its Philox key.
+SOURCE = tl.constexpr(0)
+TARGET = tl.constexpr(1)
+COUNT = tl.constexpr(2)
+OFFSET = tl.constexpr(3)
+FIRST_COUNTER = tl.constexpr(4)
+FIRST_PROGRAM = tl.constexpr(5)
+KEY0 = tl.constexpr(6)
+KEY1 = tl.constexpr(7)
+COLUMNS = tl.constexpr(8)
+TABLE_COLUMNS = (
+    "SOURCE",
+    "TARGET",
+    "COUNT",
+    "OFFSET",
+    "FIRST_COUNTER",
+    "FIRST_PROGRAM",
+    "KEY0",
+    "KEY1",
+)  # the columns above, in order (the host builds rows by name)
+
+
+@triton.jit
+def _find_segment(table_ptr, segments, program):
+    """The row whose programs include ``program``: a binary search of the first-program column
+    (increasing), a few scalar loads from a table that stays in cache, rather than a program →
+    row table, which for a large model would hold millions of entries to build and copy."""
+    low = program * 0
+    high = low + segments
+    while high - low > 1:
+        middle = (low + high) // 2
+        start = tl.load(table_ptr + middle * COLUMNS + FIRST_PROGRAM)
+        low = tl.where(start <= program, middle, low)
+        high = tl.where(start <= program, high, middle)
+    return table_ptr + low * COLUMNS
+
+
+@triton.jit(do_not_specialize=["segments", "coefficient"])
+def multi_tensor_pass_kernel(
+    source_base,
+    target_base,
+    table_ptr,
+    segments,
+    coefficient,
+    PASS: tl.constexpr,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """One pass over every segment of a table (same dtype, one device) in one launch: each
+    program finds its segment's row and runs the per-parameter kernel's block on it."""
+    program = tl.program_id(0).to(tl.int64)
+    row = _find_segment(table_ptr, segments, program)
+    block = (program - tl.load(row + FIRST_PROGRAM)) * COUNTERS
+    _pass_block(
+        source_base + tl.load(row + SOURCE),
+        target_base + tl.load(row + TARGET),
+        block,
+        tl.load(row + COUNT),
+        tl.load(row + OFFSET),
+        tl.load(row + FIRST_COUNTER),
+        tl.load(row + KEY0),
+        tl.load(row + KEY1),
+        coefficient,
+        PASS,
+        TRANSFORM,
+        COUNTERS,
+    )
+
+
 @triton.jit
 def _lane_square(z, local, count):
     inside = (local >= 0) & (local < count)
     wide = z.to(tl.float64)
     return tl.sum(tl.where(inside, wide * wide, 0.0), axis=0)
+
+
+@triton.jit
+def _squares_block(block, count, offset, first_counter, key0, key1, TRANSFORM, COUNTERS):
+    counters = first_counter + block + tl.arange(0, COUNTERS).to(tl.int64)
+    w0, w1, w2, w3 = _counter_words(counters, 0, key0.to(tl.uint32), key1.to(tl.uint32))
+    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
+    local = counters * 4 - offset
+    total = _lane_square(z0, local, count) + _lane_square(z1, local + 1, count)
+    total += _lane_square(z2, local + 2, count) + _lane_square(z3, local + 3, count)
+    return total
 
 
 @triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1"])
@@ -200,10 +317,31 @@ def direction_squares_kernel(
 ):
     """Σ z² over this program's elements of [offset, offset + count), in fp64."""
     program = tl.program_id(0)
-    counters = first_counter + program.to(tl.int64) * COUNTERS + tl.arange(0, COUNTERS)
-    w0, w1, w2, w3 = _counter_words(counters, 0, key0.to(tl.uint32), key1.to(tl.uint32))
-    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
-    local = counters * 4 - offset
-    total = _lane_square(z0, local, count) + _lane_square(z1, local + 1, count)
-    total += _lane_square(z2, local + 2, count) + _lane_square(z3, local + 3, count)
+    block = program.to(tl.int64) * COUNTERS
+    total = _squares_block(block, count, offset, first_counter, key0, key1, TRANSFORM, COUNTERS)
+    tl.store(partial_ptr + program, total)
+
+
+@triton.jit(do_not_specialize=["segments"])
+def multi_tensor_squares_kernel(
+    partial_ptr,
+    table_ptr,
+    segments,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """Σ z² over this program's elements of its segment (a table as for the passes; the
+    address columns unused), in fp64: one launch for every parameter of the sphere."""
+    program = tl.program_id(0).to(tl.int64)
+    row = _find_segment(table_ptr, segments, program)
+    total = _squares_block(
+        (program - tl.load(row + FIRST_PROGRAM)) * COUNTERS,
+        tl.load(row + COUNT),
+        tl.load(row + OFFSET),
+        tl.load(row + FIRST_COUNTER),
+        tl.load(row + KEY0),
+        tl.load(row + KEY1),
+        TRANSFORM,
+        COUNTERS,
+    )
     tl.store(partial_ptr + program, total)

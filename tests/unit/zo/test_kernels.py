@@ -8,6 +8,11 @@ interpreter), torch's CPU kernels and the GPU, so they agree to a few fp32 ulps.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -183,3 +188,51 @@ def test_fused_training_follows_the_cpu_path(dtype):
         assert differs.float().mean() <= 0.02, (name, float(differs.float().mean()))
         ulp = cpu.float().abs() * torch.finfo(dtype).eps
         assert ((fused.float() - cpu.float()).abs() <= ulp * 1.01)[differs].all(), name
+
+
+_COMPILE = textwrap.dedent(
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from privzo.zo import triton_kernels as K
+
+    def compile(kernel, signature, constexprs):
+        constexprs = {"TRANSFORM": 0, "COUNTERS": 256, **constexprs}
+        signature = {**signature, **{name: "constexpr" for name in constexprs}}
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
+
+    scalars = {name: "i64" for name in ["count", "offset", "first_counter", "key0", "key1"]}
+    compile(
+        K.direction_pass_kernel,
+        {"source_ptr": "*bf16", "target_ptr": "*bf16", **scalars, "coefficient": "fp32"},
+        {"PASS": 2},
+    )
+    compile(
+        K.multi_tensor_pass_kernel,
+        {"source_base": "*bf16", "target_base": "*bf16", "table_ptr": "*i64", "segments": "i32",
+         "coefficient": "fp32"},
+        {"PASS": 2},
+    )
+    compile(K.direction_squares_kernel, {"partial_ptr": "*fp64", **scalars}, {})
+    compile(
+        K.multi_tensor_squares_kernel,
+        {"partial_ptr": "*fp64", "table_ptr": "*i64", "segments": "i32"},
+        {},
+    )
+    """
+)
+
+
+def test_the_kernels_compile_for_a_gpu():
+    """The interpreter runs Python the compiler refuses (globals only annotated as constexpr,
+    say), so the kernels are also compiled for an H100 (sm_90), which needs no GPU."""
+    backends = pytest.importorskip("triton.backends")
+    if "nvidia" not in backends.backends:
+        pytest.skip("this Triton has no CUDA backend")
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPILE], env=environment, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
