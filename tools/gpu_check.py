@@ -270,6 +270,7 @@ RATIO_COLUMNS = (
     ("dpzero_over_mezo_reference_time", "step/MeZO ref", 0.55),
     ("sweep_over_read_write_time", "sweep/rw", 2.2),
     ("dpzero_step_over_forward_memory", "mem step/fwd", 1.02),
+    ("sweep_over_per_tensor_sweep_time", "sweep/per-tensor sweep", None),
 )
 
 
@@ -340,7 +341,9 @@ def _replay_lines(replays: list[dict[str, Any]]) -> list[str]:
 
 def _bench_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
     columns = ["case", "forward s", "dpzero step s", "MeZO ref s", "sweep s", "read+write s"]
-    columns += [f"{label} (≤ {bound})" for _key, label, bound in RATIO_COLUMNS]
+    columns += [
+        label if bound is None else f"{label} (≤ {bound})" for _k, label, bound in RATIO_COLUMNS
+    ]
     lines = [
         "## ZO step against inference (`privzo bench zo-step`, batch 16, median of the repeats)",
         "",
@@ -357,7 +360,7 @@ def _bench_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
             for name in ("forward", "dpzero", "mezo_reference", "one_sweep", "read_write")
         ]
         shown = [f"{value:.4f}" for value in cells]
-        shown += [f"{ratios[key]:.3f}" for key, _label, _bound in RATIO_COLUMNS]
+        shown += [f"{ratios[key]:.3f}" if key in ratios else "-" for key, _l, _b in RATIO_COLUMNS]
         lines.append(f"| {entry['case']} | " + " | ".join(shown) + " |")
     return lines
 

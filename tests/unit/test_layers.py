@@ -52,6 +52,7 @@ LAYERS = {
     "privzo.audit": 4,  # a run with canaries, scored and bounded (privzo.privacy.audit)
     # 5: entry points
     "privzo.cli": 5,
+    "privzo.__main__": 5,  # python -m privzo: the CLI
     "privzo.demo": 5,
     "privzo.bench": 5,
     "privzo.bench_memory": 5,

@@ -22,6 +22,7 @@ TARGETS: dict[str, dict[str, float | None]] = {
     "sweep_over_read_write_time": {"cpu": None, "cuda": 2.2},
     "sweep_over_forward_time": {"cpu": None, "cuda": None},
     "philox_sweep_over_sweep_time": {"cpu": None, "cuda": None},
+    "sweep_over_per_tensor_sweep_time": {"cpu": None, "cuda": None},
     "host_batch_over_dpzero_time": {"cpu": None, "cuda": 0.02},
 }
 LABELS = {
@@ -33,6 +34,7 @@ LABELS = {
     "sweep_over_read_write_time": "one sweep / read+write pass (time)",
     "sweep_over_forward_time": "one sweep / forward (time)",
     "philox_sweep_over_sweep_time": "philox sweep / sweep (time)",
+    "sweep_over_per_tensor_sweep_time": "sweep / per-tensor launches (time)",
     "host_batch_over_dpzero_time": "sample + collate + copy / step (time)",
 }
 
@@ -52,6 +54,9 @@ def ratios(measured: dict[str, tuple[float, float]]) -> dict[str, float]:
     found["sweep_over_read_write_time"] = sweep_time / measured["read_write"][0]
     found["sweep_over_forward_time"] = sweep_time / forward_time
     found["host_batch_over_dpzero_time"] = measured["host_batch"][0] / measured["dpzero"][0]
+    if "one_sweep_per_tensor" in measured:
+        per_tensor = measured["one_sweep_per_tensor"][0]
+        found["sweep_over_per_tensor_sweep_time"] = sweep_time / per_tensor
     if "one_sweep_philox" in measured:
         found["philox_sweep_over_sweep_time"] = measured["one_sweep_philox"][0] / sweep_time
     return found

@@ -9,6 +9,7 @@ interleaved and each is timed and its peak memory taken:
   perturbation), through ``zo_step`` with the perturber a run would use on this device;
 * ``mezo_reference``: MeZO's step as its paper's code does it (``mezo_reference``);
 * ``one_sweep``: one update sweep of privzo's perturber over every weight;
+* ``one_sweep_per_tensor`` (fused kernels only): the same sweep launched once per parameter;
 * ``read_write``: one read and write of every weight (``p.add_(0)``), the floor of a sweep;
 * on CPU in fp32 also ``one_sweep_philox``: the same sweep with the counter-based generator.
 
@@ -39,9 +40,11 @@ from privzo.tasks.classification import (
     collate_examples,
     score_label_logits,
 )
+from privzo.zo import kernels
 from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
 from privzo.zo.estimators import make_estimator
 from privzo.zo.perturbation import Perturber, VirtualPerturber, make_perturber
+from privzo.zo.philox import philox_key
 from privzo.zo.step import zo_step
 from privzo.zo.sweeps import full_shards, sweep
 
@@ -143,6 +146,8 @@ def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]
         "read_write": Case(lambda: _read_write(parameters)),
         "host_batch": Case(_host_batch(setup)),
     }
+    if weights.sampler.fused:
+        cases["one_sweep_per_tensor"] = Case(lambda: _per_tensor_sweep(weights, 7, 1e-9))
     if setup.device.type == "cpu" and setup.dtype == "float32":
         philox = DirectionSampler("gaussian", generator="philox")
         cases["one_sweep_philox"] = Case(lambda: sweep(weights.shards, philox, 7, 1e-9))
@@ -172,6 +177,18 @@ def _host_batch(setup: BenchSetup) -> Callable[[], None]:
             batch.input_ids.to(setup.device), batch.attention_mask.to(setup.device)
 
     return draw_and_collate
+
+
+def _per_tensor_sweep(weights: PrivzoWeights, seed: int, coefficient: float) -> None:
+    """The update sweep with one fused launch per parameter instead of one per dtype group:
+    the reference the multi-tensor launch is measured against (same values, bit for bit)."""
+    transform = weights.sampler.philox_transform
+    for shard in weights.shards:
+        key = philox_key(seed, shard.name)
+        if shard.tensor.dtype == torch.float32:
+            kernels.add_direction_(shard.tensor, key, shard.offset, coefficient, transform)
+        else:
+            kernels.rounded_update_(shard.tensor, key, shard.offset, coefficient, transform)
 
 
 def _perturber(weights: PrivzoWeights) -> Perturber:
