@@ -91,7 +91,7 @@ class Check:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", type=Path, default=Path("gpu-check"))
-    parser.add_argument("--budget-s", type=float, default=450.0, help="overall time limit")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="overall time limit")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per benchmark")
     args = parser.parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +143,7 @@ def environment(gpu: str) -> dict[str, Any]:
         ),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
-        "commit": _command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+        "commit": _command_output(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
         **versions,
     }
 
@@ -330,7 +330,8 @@ def _replay_lines(replays: list[dict[str, Any]]) -> list[str]:
         else:
             agreement = (
                 f"{100 * r['flipped_fraction']:.3f} % of weights one rounding apart "
-                f"(within one ulp: {r['flips_within_one_ulp']})"
+                f"(largest difference {r['largest_difference_in_tensor_ulps']:.2f} ulp of "
+                "the tensor's largest weight)"
             )
         lines.append(
             f"| {r['dtype']} | {r['steps']} | {r['epsilon']:.4f} ({r['epsilon_target']}) | "

@@ -1,6 +1,7 @@
 """(d) ``privzo run model.device=cuda`` of DPZero in float32, bfloat16 and float16 on a
 ``privzo models init`` model of the OPT-125m shape: the run finishes, spends the planned ε, and
-``privzo replay --device cpu`` rebuilds its weights within replay's stated tolerance."""
+``privzo replay --device cpu`` rebuilds its weights within replay's stated tolerance
+(``privzo.bench.kernel_check``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from privzo.bench.kernel_check import FLIPPED_ROUNDINGS_BOUND, flipped_roundings
+from privzo.bench.kernel_check import (
+    FLIPPED_DIFFERENCE_ULPS,
+    FLIPPED_ROUNDINGS_BOUND,
+    flipped_roundings,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
 DTYPES = ("float32", "bfloat16", "float16")
-STEPS = 10
+STEPS = 6
 DEVICE = "cuda"
 # replay's tolerance for float32 weights trained on another device type (z's last bits)
 FLOAT32_RTOL, FLOAT32_ATOL = 1e-5, 1e-6
@@ -56,7 +61,7 @@ def train_and_replay(root: Path, device: str = DEVICE, shape: str = "opt-125m") 
             "optimizer.generator=philox",
             "tracking.backend=none",
             f"optimizer.steps={STEPS}",
-            "task.test_size=200",
+            "task.test_size=64",
             "save_model=true",
             "--output-dir",
             root / f"run-{dtype}",
@@ -127,8 +132,8 @@ def test_a_gpu_run_spends_its_epsilon_and_replays_on_cpu(runs: Path, dtype: str,
     elements = sum(t.numel() for t in trained.values())
     fraction = sum(flips[n][0] * trained[n].numel() for n in trained) / elements
     figures["flipped_fraction"] = fraction
-    figures["largest_flipped_fraction_of_a_tensor"] = max(f for f, _within in flips.values())
-    figures["flips_within_one_ulp"] = all(within for _f, within in flips.values())
+    figures["largest_flipped_fraction_of_a_tensor"] = max(f for f, _ulps in flips.values())
+    figures["largest_difference_in_tensor_ulps"] = max(ulps for _f, ulps in flips.values())
     gpu_record("run_replay", **figures)
     assert fraction <= FLIPPED_ROUNDINGS_BOUND
-    assert figures["flips_within_one_ulp"]
+    assert figures["largest_difference_in_tensor_ulps"] <= FLIPPED_DIFFERENCE_ULPS

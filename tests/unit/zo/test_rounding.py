@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from privzo.bench.kernel_check import update_projection
+from privzo.bench.kernel_check import (
+    FLIPPED_DIFFERENCE_ULPS,
+    FLIPPED_ROUNDINGS_BOUND,
+    NORMAL_RTOL,
+    flipped_roundings,
+    update_projection,
+)
 from privzo.zo.rounding import stochastic_round
 
 HALF = [torch.bfloat16, torch.float16]
@@ -56,3 +62,26 @@ def test_half_precision_update_lands_in_expectation(dtype, magnitude):
 @pytest.mark.parametrize("magnitude", [1e-7, 1e-6, 1e-5])
 def test_half_precision_update_projection_over_a_million_weights(dtype, magnitude):
     assert _projection(dtype, magnitude, 1 << 20, 100) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("scale", [0.02, 0.0])  # weights, and biases that start at zero
+def test_last_bit_differences_of_z_stay_within_replays_tolerance(dtype, scale):
+    """Two copies updated with the same uniforms and z apart by the kernels' stated tolerance
+    (as a GPU's and a CPU's normals are): few elements differ, each by at most two ulps of the
+    tensor's largest weight, though a flipped element that later shrinks is many of its own
+    ulps away."""
+    generator = torch.Generator().manual_seed(0)
+    size = 1 << 16
+    ours = (torch.randn(size, generator=generator) * scale).to(dtype)
+    theirs = ours.clone()
+    for _step in range(10):
+        z = torch.randn(size, generator=generator)
+        nearby = z * (1 + NORMAL_RTOL * torch.randn(size, generator=generator))
+        coefficient = float(torch.randn((), generator=generator)) * 1.5e-4
+        uniforms = torch.rand(size, generator=generator)
+        ours = stochastic_round(ours.float() + coefficient * z, uniforms, dtype)
+        theirs = stochastic_round(theirs.float() + coefficient * nearby, uniforms, dtype)
+    fraction, largest = flipped_roundings(theirs, ours)
+    assert 0 < fraction <= FLIPPED_ROUNDINGS_BOUND
+    assert largest <= FLIPPED_DIFFERENCE_ULPS
