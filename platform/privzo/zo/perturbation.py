@@ -145,7 +145,7 @@ def _match_owned(
 def _perturbed_copies(
     shards: list[ParameterShard], sampler: DirectionSampler, seed: int, coefficient: float
 ) -> list[torch.Tensor]:
-    """``_perturbed_copy`` of each of a module's shards; fused, one launch for all of them."""
+    """``_perturbed_copy`` of each of a module's shards; fused, grouped as the kernels do."""
     if sampler.fused:
         return kernels.perturbed_copies(
             segments(shards, seed), coefficient, sampler.philox_transform
@@ -200,7 +200,7 @@ def rounded_update(
 def rounded_updates(
     shards: list[ParameterShard], sampler: DirectionSampler, seed: int, coefficient: float
 ) -> None:
-    """``rounded_update`` on every shard; fused, one launch per dtype for all of them."""
+    """``rounded_update`` on every shard; fused, the small ones in one launch."""
     if coefficient == 0.0:
         return
     if sampler.fused:

@@ -51,8 +51,8 @@ def sweep(
     seed: int,
     coefficient: float,
 ) -> None:
-    """θ += coefficient · z(seed) on every shard: one fused launch per dtype for all shards, or
-    (unfused) one direction block at a time."""
+    """θ += coefficient · z(seed) on every shard: fused, the small shards of a dtype in one
+    launch, or (unfused) one direction block at a time."""
     if coefficient == 0.0:
         return
     if sampler.fused:

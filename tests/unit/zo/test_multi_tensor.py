@@ -170,3 +170,32 @@ def test_a_virtual_step_launches_once_per_module_and_once_for_the_update(launche
     perturber.update(3, 1e-2)
     assert launches["multi_tensor_pass_kernel"].launches == 3
     assert launches["direction_pass_kernel"].launches == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_shards_get_launches_of_their_own_with_the_same_bits(dtype, launches, monkeypatch):
+    """Shards of ``OWN_LAUNCH_ELEMENTS`` or more skip the table search (measured slower on large
+    matrices); the values stay those of the per-parameter kernels."""
+    monkeypatch.setattr(kernels, "OWN_LAUNCH_ELEMENTS", 1024)
+    shards, _buffer = _shards(dtype)
+    segments = _segments(shards)
+    expected = [shard.tensor.clone() for shard in shards]
+    for tensor, segment in zip(expected, segments, strict=True):
+        if dtype == torch.float32:
+            kernels.add_direction_(tensor, segment.key, segment.offset, 0.01, "normal")
+        else:
+            kernels.rounded_update_(tensor, segment.key, segment.offset, 0.01, "normal")
+    launches["direction_pass_kernel"].launches = 0
+    if dtype == torch.float32:
+        kernels.add_directions_(segments, 0.01, "normal")
+    else:
+        kernels.rounded_updates_(segments, 0.01, "normal")
+    for shard, tensor in zip(shards, expected, strict=True):
+        assert torch.equal(shard.tensor, tensor), shard.name
+    large = sum(size >= 1024 for size in SIZES)
+    assert launches["direction_pass_kernel"].launches == large
+    assert launches["multi_tensor_pass_kernel"].launches == 1
+    copies = kernels.perturbed_copies(segments, 0.01, "normal")
+    for copy, segment in zip(copies, segments, strict=True):
+        want = kernels.perturbed_copy(segment.tensor, segment.key, segment.offset, 0.01, "normal")
+        assert torch.equal(copy, want)
