@@ -3,7 +3,7 @@
 # update projection, DPZero runs on CUDA replayed on CPU) and the zo-step benchmarks, written to
 # OUTPUT_DIR/gpu-check.json and OUTPUT_DIR/gpu-check.md. Without a CUDA device it says so and
 # exits 0. On a node without a package index, put the wheels of tools/gpu-wheels.sh in .whl/.
-# Usage: tools/gpu-check.sh [--output-dir DIR] [--budget-s SECONDS] [--repeats N]
+# Usage: tools/gpu-check.sh [--output-dir DIR] [--budget-s SECONDS] [--repeats N] [--parts LIST]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=${PRIVZO_GPU_SITE:-/tmp/privzo-gpu-site}

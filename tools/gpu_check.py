@@ -49,6 +49,9 @@ LATER_BENCHES = (
     Bench("opt-13b", "float16", 512),
 )
 LARGEST_CANDIDATES = ("opt-66b", "opt-30b")  # the first whose fit check passes is measured
+# What --parts selects: the kernel tests, the benchmarks, the runs replayed on CPU, the largest
+# shape; they run interleaved in priority order (kernels, the first benchmarks, runs, the rest).
+PARTS = ("kernels", "bench", "runs", "largest")
 
 
 @dataclass
@@ -93,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=Path("gpu-check"))
     parser.add_argument("--budget-s", type=float, default=480.0, help="overall time limit")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per benchmark")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated subset of {', '.join(PARTS)} (default: all, in that priority order)",
+    )
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if not parts or any(part not in PARTS for part in parts):
+        parser.error(f"--parts={args.parts!r}: allowed: a comma-separated subset of {list(PARTS)}")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     gpu = _gpu_name()
     if gpu is None:
@@ -105,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     check.records_path.unlink(missing_ok=True)
     check.environment = environment(gpu)
     print(f"GPU check on {gpu}; output in {args.output_dir}", flush=True)
-    run_tests(check, "tests/gpu/test_kernels.py", limit=180)
-    for bench in FIRST_BENCHES:
+    if "kernels" in parts:
+        run_tests(check, "tests/gpu/test_kernels.py", limit=180)
+    for bench in FIRST_BENCHES if "bench" in parts else ():
         run_bench(check, bench, args.repeats)
-    run_tests(check, "tests/gpu/test_run_replay.py", limit=420)
-    for bench in LATER_BENCHES:
+    if "runs" in parts:
+        run_tests(check, "tests/gpu/test_run_replay.py", limit=420)
+    for bench in LATER_BENCHES if "bench" in parts else ():
         run_bench(check, bench, args.repeats)
-    run_largest(check, args.repeats)
+    if "largest" in parts:
+        run_largest(check, args.repeats)
     check.write()
     print(render_table(check.to_json()))
     return 0 if check.to_json()["passed"] else 1
