@@ -105,13 +105,15 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
 
 def _run_command(args: argparse.Namespace) -> int:
     from privzo.config import load_config
-    from privzo.run import run
 
-    _quiet_libraries(args)
-    # extra YAML files among the overrides merge over the first config, in order
+    # extra YAML files among the overrides merge over the first config, in order; read before
+    # torch and transformers are imported, so a typo is reported in a second, not half a minute
     extra_files = [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
     config = load_config([args.config, *extra_files], overrides)
+    _quiet_libraries(args)
+    from privzo.run import run
+
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
         _use_process_cores()
     try:
@@ -138,12 +140,13 @@ def _run_command(args: argparse.Namespace) -> int:
 def _check_command(args: argparse.Namespace) -> int:
     """What ``privzo run`` would do with this config, or why it would refuse (exit 2)."""
     from privzo.config import load_config
-    from privzo.preflight import preflight
 
-    _quiet_libraries(args)
     extra_files = [item for item in args.overrides if "=" not in item]
     overrides = [item for item in args.overrides if "=" in item]
-    config = load_config([args.config, *extra_files], overrides)
+    config = load_config([args.config, *extra_files], overrides)  # before torch: fast errors
+    _quiet_libraries(args)
+    from privzo.preflight import preflight
+
     checked = preflight(
         config,
         output_dir=args.output_dir,

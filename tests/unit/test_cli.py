@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -239,3 +241,29 @@ def test_run_json_prints_the_summary_as_one_parsable_line(tmp_path, capsys, sent
     summary = json.loads(last)["privzo_summary"]
     assert summary == json.loads((output / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["algorithm"] == "mezo"
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["configs/runs/tiny-dpzero.yaml", "optimizer.stepz=3"], "optimizer.stepz: unknown key"),
+    ],
+)
+def test_config_errors_come_before_torch_is_imported(command, arguments, message):
+    """A typo costs a second: the config is read before torch and transformers load."""
+    probe = (
+        "import sys; from privzo.cli import main; code = main(sys.argv[1:]); "
+        "print('torch' in sys.modules); sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, command, *arguments, "--output-dir", "unused"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert done.stdout.strip() == "False"
