@@ -96,7 +96,7 @@ def run_search(
     local = _local_resources(ray_address, num_cpus)
     if local is not None:  # a search the machine cannot run is refused before Ray starts
         check_trial_resources(search, plan.base, local)
-    _start_ray(ray_address, num_cpus)
+    start_ray(ray_address, num_cpus)
     _check_cluster(plan, output_dir, tracking_uri)  # before the tracker writes a local store
     resources = _check_resources(plan)
     tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
@@ -156,19 +156,29 @@ def _parent_tracker(
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
-def _start_ray(address: str | None, num_cpus: int | None) -> None:
+def start_ray(address: str | None, num_cpus: int | None) -> None:
+    """Connect to ``address``, or to the local Ray already running (``ray start --head``), or
+    start one with ``num_cpus``: a running Ray has its own CPU count, which Ray refuses to be
+    told again."""
     import ray
 
-    if not ray.is_initialized():
-        # a cluster's address brings its own CPU count; Ray refuses num_cpus when connecting
-        cpus = {"num_cpus": num_cpus} if address is None and num_cpus else {}
-        ray.init(
-            address=address,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env=ray_runtime_env({}),  # trials import this privzo, not a node's
-            **cpus,
-        )
+    if ray.is_initialized():
+        return
+    options = {
+        "address": address,
+        "include_dashboard": False,
+        "log_to_driver": True,
+        "runtime_env": ray_runtime_env({}),  # trials import this privzo, not a node's
+    }
+    if address is not None or not num_cpus:
+        ray.init(**options)
+        return
+    try:
+        ray.init(**options, num_cpus=num_cpus)
+    except ValueError as error:
+        if "existing cluster" not in str(error):
+            raise
+        ray.init(**options)  # Ray found a local cluster to join before starting its own
 
 
 def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
