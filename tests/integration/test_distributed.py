@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from conftest import REPO, adapter_against_replay, local_ray
 from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
+from privzo.distributed.worker import checkpoint_name
 from privzo.privacy import compute_epsilon
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
@@ -148,6 +149,10 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tm
     trajectory = pq.read_table(tmp_path / "two" / "trajectory.parquet")
     assert trajectory.column("batch_size").null_count == 12  # withheld, as on one process
     assert replica["peak_memory_mb_per_worker"] is None and replica["peak_memory_mb"] is None
+    # the kept checkpoints are named by their step, not by the time of their report
+    folders = _ray_run_dir(tmp_path / "two").iterdir()
+    kept = sorted(path.name for path in folders if path.is_dir())
+    assert kept == [checkpoint_name(steps) for steps in (4, 8, 12)][-CHECKPOINTS_KEPT:]
 
 
 @pytest.mark.ray

@@ -28,6 +28,7 @@ from privzo.config import build_config
 from privzo.distributed.checkpoint import RunState, read_checkpoint, write_checkpoint
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
+from privzo.distributed.resume import CHECKPOINT_PREFIX
 from privzo.distributed.sampling import worker_sampler
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout, get_layout
@@ -236,7 +237,11 @@ class _Reporter:
         )
         with tempfile.TemporaryDirectory() as directory:
             write_checkpoint(Path(directory), self.recorder, state)
-            ray.train.report(payload, checkpoint=ray.train.Checkpoint.from_directory(directory))
+            ray.train.report(
+                payload,
+                checkpoint=ray.train.Checkpoint.from_directory(directory),
+                checkpoint_dir_name=checkpoint_name(steps_done),
+            )
         # The controller registers a report when it next polls the workers, after ``report``
         # returned: a worker killed before then restarts the run from the checkpoint before,
         # and the steps in between, whose window rank 0 is about to log, would be drawn again.
@@ -247,6 +252,12 @@ class _Reporter:
         if self.before is not None:  # a launch that resumes from here never logs them again
             metrics_before, self.before = self.before[0], None
             self.tracker.log_metrics({f"test_{k}": v for k, v in metrics_before.items()}, step=0)
+
+
+def checkpoint_name(steps_done: int) -> str:
+    """A checkpoint's folder under the run's Ray storage, named by its step: Ray Train's own
+    names carry the time of the report, so two kept ones would give a window's duration."""
+    return f"{CHECKPOINT_PREFIX}{steps_done:09d}"
 
 
 def _layout_figures(context: RunContext, group: WorkerGroup) -> LayoutFigures:

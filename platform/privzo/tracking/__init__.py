@@ -44,8 +44,8 @@ def make_tracker(
 
     ``uri=None`` means a local sqlite store under ``output_root`` (see
     :func:`default_tracking_uri`); the library never reads ``MLFLOW_TRACKING_URI`` itself, the
-    caller decides. ``release_timing=False`` (a private run): no record carries wall-clock
-    time after the run's start (see :class:`MlflowTracker`).
+    caller decides. ``release_timing=False`` (private work): no record carries wall-clock
+    time, only the public one of ``privzo.tracking.clock`` (see :class:`MlflowTracker`).
     """
     try:
         cls = TRACKERS[backend]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from privzo.tracking.base import (
     DatasetLineage,
@@ -31,6 +31,7 @@ from privzo.tracking.base import (
     check_artifact_file,
     flatten_params,
 )
+from privzo.tracking.clock import PUBLIC_TIME_MS, PUBLIC_UTC_TIME_CREATED, stamp_public_time
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -241,9 +242,11 @@ class MlflowTracker(Tracker):
     slow), and on :meth:`flush` / :meth:`finish`: one ``log_metric`` call costs about 20 ms on
     sqlite, a 50-point batch about 100 ms. A failed send keeps the points buffered.
 
-    ``release_timing=False`` (a private run, whose step times follow the sampled batches): each
-    metric is stamped with the run's start time plus its step number in ms, and the run ends at
-    its start time, so nothing in the record measures how long steps or windows took.
+    ``release_timing=False`` (private work, whose step times follow the sampled batches): the
+    run starts and ends at the public time (``privzo.tracking.clock``), each metric is stamped
+    with it plus its step number in ms, every ``MLmodel`` carries it as its creation time, and
+    what the run writes into a local artifact store has it as its modification time, so nothing
+    in the record measures how long steps, windows or the run took.
     """
 
     def __init__(
@@ -272,6 +275,7 @@ class MlflowTracker(Tracker):
         self._flush_interval_s = flush_interval_s
         self.release_timing = release_timing
         self._start_ms: int | None = None  # the run's start: the clock of a timing-free record
+        self._artifact_uri: str | None = None
         self._client: MlflowClient | None = None
         self._run_id: str | None = None
         self.experiment_id: str | None = None
@@ -308,9 +312,12 @@ class MlflowTracker(Tracker):
         self.connect()
         client = self._client
         assert client is not None and self.experiment_id is not None
-        run = client.create_run(self.experiment_id, run_name=self.run_name, tags=self._tags)
+        start_time = None if self.release_timing else PUBLIC_TIME_MS  # None: MLflow's clock
+        run = client.create_run(
+            self.experiment_id, start_time=start_time, run_name=self.run_name, tags=self._tags
+        )
         self._client, self._run_id, self._active = client, run.info.run_id, True
-        self._start_ms = run.info.start_time
+        self._start_ms, self._artifact_uri = run.info.start_time, run.info.artifact_uri
         self._last_flush = time.monotonic()
 
     def attach(self, run_id: str) -> None:
@@ -326,6 +333,7 @@ class MlflowTracker(Tracker):
         if info.status != "RUNNING":
             client.update_run(run_id, status="RUNNING")
         self._run_id, self._active, self._start_ms = run_id, True, info.start_time
+        self._artifact_uri = info.artifact_uri
         self._last_flush = time.monotonic()
 
     def _require_active(self) -> tuple[MlflowClient, str]:
@@ -385,6 +393,7 @@ class MlflowTracker(Tracker):
             client.log_artifact(run_id, str(path), artifact_path=artifact_path)
         else:
             raise FileNotFoundError(path)
+        self._stamp_artifacts()
 
     def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str:
         """A pyfunc model (MLflow's ``loader_module`` form) saved beside the run's artifacts
@@ -405,7 +414,9 @@ class MlflowTracker(Tracker):
                 data_path=str(data_dir),
                 pip_requirements=[f"privzo=={__version__}"],
             )
+            self._stamp_model(local)
             client.log_artifacts(run_id, str(local), artifact_path=name)
+        self._stamp_artifacts()
         return f"runs:/{run_id}/{name}"
 
     def log_adapter_model(
@@ -432,7 +443,9 @@ class MlflowTracker(Tracker):
             except (MlflowException, OSError, ValueError) as error:
                 logger.warning("the adapter was not logged as an MLflow model: %s", error)
                 return None
+            self._stamp_model(local)
             client.log_artifacts(run_id, str(local), artifact_path=name)
+        self._stamp_artifacts()
         return f"runs:/{run_id}/{name}"
 
     def log_table(self, table: pd.DataFrame, artifact_file: str) -> None:
@@ -445,17 +458,44 @@ class MlflowTracker(Tracker):
         folder = posixpath.dirname(path) or None
         if path not in {info.path for info in client.list_artifacts(run_id, folder)}:
             client.log_table(run_id, table, path)
-            return
-        with tempfile.TemporaryDirectory() as scratch:
-            local = Path(scratch) / posixpath.basename(path)
-            table.to_json(local, orient="split", index=False, date_format="iso")
-            client.log_artifact(run_id, str(local), artifact_path=folder)
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                local = Path(scratch) / posixpath.basename(path)
+                table.to_json(local, orient="split", index=False, date_format="iso")
+                client.log_artifact(run_id, str(local), artifact_path=folder)
+        self._stamp_artifacts()
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         """``MlflowClient.log_figure``: the figure saved as a PNG artifact, at the report's dpi."""
         client, run_id = self._require_active()
         path = check_artifact_file(artifact_file, ".png")
         client.log_figure(run_id, figure, path, save_kwargs={"dpi": FIGURE_DPI})
+        self._stamp_artifacts()
+
+    def _stamp_model(self, local: Path) -> None:
+        """Without released timing, the saved model's ``MLmodel`` says it was created at the
+        public time, not when training ended."""
+        if self.release_timing:
+            return
+        import yaml
+
+        path = local / "MLmodel"
+        data = yaml.safe_load(path.read_text())
+        data["utc_time_created"] = PUBLIC_UTC_TIME_CREATED
+        path.write_text(yaml.safe_dump(data, default_flow_style=False))  # as MLflow writes it
+
+    def _stamp_artifacts(self) -> None:
+        """Without released timing, give what this run holds in a local artifact store the public
+        time: MLflow keeps a logged file's modification time (``shutil.copystat``) and creates
+        folders on the clock. The run's folder and the experiment's are stamped too (adding an
+        entry touches a folder). A remote store stamps uploads with its own clock."""
+        root = None if self.release_timing else _local_path(self._artifact_uri)
+        if root is None or not root.is_dir():
+            return
+        stamp_public_time(root)
+        if root.name == "artifacts" and root.parent.name == self._run_id:
+            for folder in (root.parent, root.parent.parent):  # not the other runs under them
+                stamp_public_time(folder, recursive=False)
 
     def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
         """``MlflowClient.log_inputs`` with entities built here, so MLflow computes no digest or
@@ -504,6 +544,16 @@ class MlflowTracker(Tracker):
         self._active = False
         end_time = None if self.release_timing else self._start_ms  # None: MLflow's clock
         client.set_terminated(run_id, status=status, end_time=end_time)
+
+
+def _local_path(uri: str | None) -> Path | None:
+    """The folder of a local artifact URI (``file://`` or a plain path); None for others."""
+    if not uri:
+        return None
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    return Path(uri) if parts.scheme == "" else None
 
 
 def _metric_key(key: str) -> str:

@@ -57,8 +57,13 @@ def set_run_tags(uri: str, run_id: str, tags: Mapping[str, str]) -> None:
         client.set_tag(run_id, key, value)
 
 
-def end_runs(uri: str, run_ids: Iterable[str], status: RunStatus) -> None:
-    """Set the runs' final status (a search ends its stopped or interrupted trials KILLED)."""
+def end_runs(
+    uri: str, run_ids: Iterable[str], status: RunStatus, *, release_timing: bool = True
+) -> None:
+    """Set the runs' final status (a search ends its stopped or interrupted trials KILLED).
+    ``release_timing=False`` (private trials): each ends at its own start, which is the public
+    time (``privzo.tracking.clock``), not when the search closed it."""
     client = open_client(uri)
     for run_id in run_ids:
-        client.set_terminated(run_id, status=status)
+        end_time = None if release_timing else client.get_run(run_id).info.start_time
+        client.set_terminated(run_id, status=status, end_time=end_time)

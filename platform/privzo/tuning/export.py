@@ -18,6 +18,7 @@ from typing import Any
 from privzo.config import ConfigError
 from privzo.run import CONFIG_FILE, MODEL_DIR, TRAJECTORY_FILE
 from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.tracking.clock import stamp_public_time
 from privzo.tuning.search import SUMMARY_FILE
 from privzo.tuning.trial import TRIALS_DIR
 
@@ -40,13 +41,19 @@ def export_best(search_dir: Path, output_dir: Path) -> dict[str, Any]:
     if output_dir.exists() and any(output_dir.iterdir()):
         raise ConfigError(f"--output-dir {str(output_dir)!r} is not empty; choose a new directory")
     output_dir.mkdir(parents=True, exist_ok=True)
+    # contents only: the trial's file times (config at its start, trajectory at its end) would
+    # give its duration
     for name in (CONFIG_FILE, TRAJECTORY_FILE):
         if (trial_dir / name).is_file():
-            shutil.copy2(trial_dir / name, output_dir / name)
+            shutil.copyfile(trial_dir / name, output_dir / name)
     if (trial_dir / MODEL_DIR).is_dir():
-        shutil.copytree(trial_dir / MODEL_DIR, output_dir / MODEL_DIR)
+        shutil.copytree(
+            trial_dir / MODEL_DIR, output_dir / MODEL_DIR, copy_function=shutil.copyfile
+        )
     summary = _export_summary(json.loads((trial_dir / RUN_SUMMARY_FILE).read_text()), search)
     (output_dir / RUN_SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    if search.get("private"):  # a non-private export keeps the times of its copying
+        stamp_public_time(output_dir)
     return summary
 
 

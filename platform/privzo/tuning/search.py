@@ -455,7 +455,7 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
         if child.status == "RUNNING"
         or (child.status == "FAILED" and child.tags.get("privzo.trial") in stopped)
     ]
-    end_runs(uri, unfinished, "KILLED")
+    end_runs(uri, unfinished, "KILLED", release_timing=plan.base.releases_diagnostics)
 
 
 def best_model_uri(rows: list[dict[str, Any]], best: str | None, plan: SearchPlan) -> str | None:

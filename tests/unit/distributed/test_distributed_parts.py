@@ -170,6 +170,18 @@ def test_checkpoints_ray_does_not_keep_are_removed(tmp_path):
     assert committed(str(tmp_path / "ray" / "never-launched")).steps == 0
 
 
+def test_checkpoints_are_named_by_their_step():
+    """Ray Train names a checkpoint by the time of its report, so two kept ones would time a
+    window: names come from the step instead, sort in step order and keep the prefix by which
+    uncommitted ones are found and removed."""
+    from privzo.distributed.resume import CHECKPOINT_PREFIX
+    from privzo.distributed.worker import checkpoint_name
+
+    names = [checkpoint_name(steps) for steps in (5, 40, 800, 75000)]
+    assert names[0] == "checkpoint_000000005"
+    assert sorted(names) == names and all(name.startswith(CHECKPOINT_PREFIX) for name in names)
+
+
 # A node's mount table: a local disk, a RAM disk and an NFS share every node mounts.
 MOUNTS = """\
 /dev/sda1 / ext4 rw,relatime 0 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -20,6 +22,7 @@ from privzo.tracking import (
     NoopTracker,
     default_artifact_location,
     default_tracking_uri,
+    end_runs,
     get_or_create_experiment,
     join_split_params,
     make_tracker,
@@ -28,6 +31,7 @@ from privzo.tracking import (
     read_table,
     split_param,
 )
+from privzo.tracking.clock import PUBLIC_TIME_MS
 
 EXPERIMENT = "privzo-tests"
 
@@ -262,8 +266,8 @@ def test_concurrent_start_on_fresh_store(tmp_path: Path) -> None:
 
 
 def test_timing_free_tracker_stamps_metrics_with_start_plus_step(root: Path) -> None:
-    """A private run's record must not time its windows: stamps are start + step, and the
-    run ends when it started, however long the steps took."""
+    """A private run's record must not time its windows: it starts and ends at the public
+    time, and stamps are that time + step, however long the steps took."""
     import time
 
     tracker = _tracker(root, "timing-free", release_timing=False)
@@ -273,12 +277,60 @@ def test_timing_free_tracker_stamps_metrics_with_start_plus_step(root: Path) -> 
             tracker.log_metrics({"epsilon_spent": step / 10}, step=step)
     client = open_client(tracker.uri)
     run = client.get_run(tracker.run_id)
-    start = run.info.start_time
     stamps = [
         (m.step, m.timestamp) for m in client.get_metric_history(run.info.run_id, "epsilon_spent")
     ]
+    start = PUBLIC_TIME_MS
     assert sorted(stamps) == [(5, start + 5), (10, start + 10), (12, start + 12)]
-    assert run.info.end_time == start
+    assert run.info.start_time == run.info.end_time == start
+
+
+def test_timing_free_tracker_logs_artifacts_at_the_public_time(root: Path, tmp_path: Path) -> None:
+    """MLflow's local store keeps a logged file's modification time and makes folders on the
+    clock: without released timing every file and folder of the run reads the public time,
+    whatever the logged file's own time; a run that releases timing keeps the real times."""
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    started = time.time()
+    written = tmp_path / "written"
+    (written / "nested").mkdir(parents=True)
+    for name in ("config.yaml", "nested/trajectory.parquet"):
+        (written / name).write_text(name)
+        os.utime(written / name, (started - 3600, started - 3600))  # an hour before the end
+    figure, axis = plt.subplots()
+    axis.plot([1, 2], [2, 1])
+    folders = {}
+    for release_timing in (False, True):
+        with _tracker(root, f"artifacts-{release_timing}", release_timing=release_timing) as run:
+            run.log_artifact(written / "config.yaml")
+            run.log_artifact(written, "folder")
+            run.log_table(pd.DataFrame({"a": [1]}), "report/table.json")
+            run.log_figure(figure, "report/curve.png")
+        folders[release_timing] = Path(urlparse(read_run(run.uri, run.run_id)["artifact_uri"]).path)
+    plt.close(figure)
+
+    private = folders[False]
+    entries = [private, private.parent, *private.rglob("*")]
+    assert len(entries) == 2 + 8  # 5 files, 3 folders under the root
+    assert {entry.stat().st_mtime for entry in entries} == {PUBLIC_TIME_MS / 1000}
+    public = folders[True]
+    assert (public / "config.yaml").stat().st_mtime == started - 3600  # copystat: the source's
+    assert (public / "report" / "table.json").stat().st_mtime >= started
+
+
+def test_ending_timing_free_runs_keeps_their_public_end(root: Path) -> None:
+    """A search ends its stopped private trials itself; their end stays at their public start
+    rather than the time the search closed them."""
+    ended = {}
+    for release_timing in (False, True):
+        tracker = _tracker(root, f"ended-{release_timing}", release_timing=release_timing)
+        tracker.start()
+        end_runs(tracker.uri, [str(tracker.run_id)], "KILLED", release_timing=release_timing)
+        ended[release_timing] = read_run(tracker.uri, str(tracker.run_id))
+    assert ended[False]["status"] == "KILLED"
+    assert ended[False]["start_time"] == ended[False]["end_time"] == PUBLIC_TIME_MS
+    assert ended[True]["end_time"] >= ended[True]["start_time"] > PUBLIC_TIME_MS
 
 
 def test_an_unreachable_tracking_server_is_refused_before_the_model_loads(

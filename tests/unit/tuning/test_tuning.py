@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import yaml
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tracking import make_tracker, read_run, read_table
+from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.tuning import load_search_config, plan_search
 from privzo.tuning.config import SearchConfig, base_run_config
 from privzo.tuning.export import export_best
@@ -137,6 +140,36 @@ def test_export_best_refuses_a_directory_without_a_finished_search(tmp_path):
     with pytest.raises(ConfigError, match="holds no finished search"):
         export_best(tmp_path, tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_export_best_copies_contents_without_the_trials_times(tmp_path, private):
+    """A trial's file times (its config written at its start, its trajectory at its end) give
+    its duration: the export copies contents only, and a private search's export reads the
+    public time throughout."""
+    trial = tmp_path / "search" / "trials" / "t1"
+    (trial / "model").mkdir(parents=True)
+    files = {"config.yaml": "seed: 0\n", "trajectory.parquet": "rows", "model/weights": "w"}
+    for name, text in files.items():
+        (trial / name).write_text(text)
+    (trial / "summary.json").write_text(json.dumps({"epsilon": 1.0, "tracking_run_id": "r"}))
+    search = {"private": private, "best_trial": "t1", "end_to_end_epsilon": 2.0, "delta": 1e-5}
+    (tmp_path / "search" / "search_summary.json").write_text(json.dumps(search))
+    trial_times = {}
+    for offset, path in enumerate([*trial.rglob("*"), trial], start=1):
+        os.utime(path, (1e9 + offset, 1e9 + offset))  # distinct times, long past
+        trial_times[path.relative_to(trial)] = 1e9 + offset
+
+    exported = tmp_path / "export"
+    export_best(tmp_path / "search", exported)
+    for name, text in files.items():
+        assert (exported / name).read_text() == text
+    times = {path.stat().st_mtime for path in [exported, *exported.rglob("*")]}
+    if private:
+        assert times == {PUBLIC_TIME_MS / 1000}
+    else:
+        copied = {(exported / name).stat().st_mtime for name in files}
+        assert not copied & set(trial_times.values())
 
 
 def test_geometric_trial_count_has_the_configured_mean():
