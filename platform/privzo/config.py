@@ -39,7 +39,7 @@ ALGORITHM_MECHANISM: dict[str, str] = {
     "dpsgd": "gaussian",
     "dpgd-0th": "gaussian",
 }
-# Which accountants can bound which scalar mechanism (privzo.privacy.accounting.ACCOUNTANTS).
+# Which accountants can bound which scalar mechanism (privzo.privacy.accountants.ACCOUNTANTS).
 MECHANISM_ACCOUNTANTS = {
     "gaussian": ("pld", "rdp", "numeric"),
     "laplace": ("pld", "pure", "numeric"),

@@ -31,6 +31,7 @@ LAYERS = {
     # 1: the parts
     "privzo.zo": 1,
     "privzo.privacy": 1,
+    "privzo.privacy.accountants": 1,  # its own order: ACCOUNTANT_LAYERS
     "privzo.models": 1,
     "privzo.tasks": 1,
     "privzo.tracking": 1,
@@ -57,6 +58,20 @@ LAYERS = {
     "privzo.bench": 5,
     "privzo.bench_memory": 5,
     "privzo.bench_distributed": 5,
+}
+
+# Inside privzo.privacy.accountants, from the bottom: what every accountant shares, the pure
+# accountant (whose closed-form σ seeds every calibration), the calibration engines, the other
+# accountants, and the registry, the only module that knows them all.
+ACCOUNTANT_LAYERS = {
+    "privzo.privacy.accountants.base": 0,
+    "privzo.privacy.accountants.pure": 1,
+    "privzo.privacy.accountants.calibration": 2,
+    "privzo.privacy.accountants.pld": 3,
+    "privzo.privacy.accountants.rdp": 3,
+    "privzo.privacy.accountants.numeric": 3,
+    "privzo.privacy.accountants.registry": 4,
+    "privzo.privacy.accountants": 5,  # re-exports only
 }
 
 
@@ -194,6 +209,25 @@ def test_imports_point_down_the_layers():
         if layer(found.target) > layer(found.source)
     ]
     assert not upward, "imports pointing up:\n" + "\n".join(upward)
+
+
+def test_accountants_point_down_their_package():
+    package = "privzo.privacy.accountants"
+    inside = [
+        found
+        for found in all_imports()
+        if found.source.startswith(package) and found.target.startswith(package)
+    ]
+    assert inside, "no imports inside privzo.privacy.accountants were found"
+    placed = set(ACCOUNTANT_LAYERS)
+    assert {name for name in module_files() if name.startswith(package)} == placed
+    upward = [
+        str(found)
+        for found in inside
+        if ACCOUNTANT_LAYERS[found.target] >= ACCOUNTANT_LAYERS[found.source]
+        and found.target != found.source
+    ]
+    assert not upward, "accountant modules importing sideways or up:\n" + "\n".join(upward)
 
 
 def test_only_tracking_talks_to_mlflow():

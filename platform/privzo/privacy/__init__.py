@@ -1,10 +1,10 @@
 """Differential privacy for zeroth-order training: noise, sampling, accounting and budgets.
 
-See ``accounting`` for what each accountant assumes (Poisson sampling, add/remove adjacency,
+See ``accountants`` for what each accountant assumes (Poisson sampling, add/remove adjacency,
 sensitivity C with noise scale σ·C).
 """
 
-from privzo.privacy.accounting import (
+from privzo.privacy.accountants import (
     ACCOUNTANTS,
     CALIBRATION_RTOL,
     MAX_NOISE_MULTIPLIER,
@@ -12,6 +12,7 @@ from privzo.privacy.accounting import (
     MIN_NOISE_MULTIPLIER,
     PLD_VALUE_DISCRETIZATION,
     Accountant,
+    NumericAccountant,
     PldAccountant,
     PureLaplaceAccountant,
     RdpAccountant,
@@ -31,7 +32,6 @@ from privzo.privacy.mechanisms import (
     SecretGenerator,
     get_mechanism,
 )
-from privzo.privacy.numeric import NumericAccountant  # registers the 'numeric' accountant
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from privzo.privacy.accounting import Accountant
+from privzo.privacy.accountants import Accountant
 
 __all__ = ["EpsilonCurve"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from privzo.privacy.accounting import (
+from privzo.privacy.accountants import (
     Accountant,
     check_positive,
     compute_epsilon,

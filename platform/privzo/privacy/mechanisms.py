@@ -190,7 +190,8 @@ class LmoMechanism(Mechanism):
     Gamma(gamma_shape, gamma_scale), Exponential(rate) and Uniform(low, high).
 
     The random inverse scale R is part of the noise (secret, from the same generator); the
-    numeric accountant (privzo.privacy.numeric) accounts the resulting heavy-tailed mixture.
+    numeric accountant (privzo.privacy.accountants.numeric) accounts the resulting heavy-tailed
+    mixture.
 
     On a grid of K points per σC, the noise is the integer k = round(X/γ), X ~ Laplace(σC/R),
     drawn exactly given R: X/γ is Laplace of scale b = K/R, an exact rational since R is a

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from privzo.config import ConfigError, RunConfig
-from privzo.privacy.accounting import Accountant, calibrate_noise_multiplier, make_accountant
+from privzo.privacy.accountants import Accountant, calibrate_noise_multiplier, make_accountant
 from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetLedger, check_feasible
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler

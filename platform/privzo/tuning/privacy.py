@@ -34,7 +34,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from privzo.privacy.accounting import quiet_absl
+from privzo.privacy.accountants import quiet_absl
 from privzo.privacy.discrete import DEFAULT_SCORE_GRID, grid_sensitivity, noise_units
 from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp

@@ -14,7 +14,7 @@ import torch
 
 from privzo.config import ConfigError, load_config
 from privzo.privacy import calibrate_noise_multiplier, compute_epsilon
-from privzo.privacy.accounting import make_accountant
+from privzo.privacy.accountants import make_accountant
 from privzo.privacy.discrete import (
     bernoulli_exp,
     discrete_gaussian,
@@ -252,7 +252,7 @@ def test_the_privacy_command_calibrates_for_the_discrete_mechanism(capsys):
 
 @pytest.mark.parametrize(("mechanism", "accountant"), [("gaussian", "pld"), ("laplace", "pure")])
 def test_a_discrete_accountant_state_keeps_its_grid(mechanism, accountant):
-    from privzo.privacy.accounting import accountant_from_state
+    from privzo.privacy.accountants import accountant_from_state
 
     gridded = make_accountant(accountant, mechanism, 1.3, 0.02, noise_parameters=GRID)
     gridded.step(5)

@@ -19,8 +19,8 @@ from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator
 from privzo.privacy import compute_epsilon, get_mechanism, make_accountant
 from privzo.privacy import discrete as discrete_module
+from privzo.privacy.accountants.numeric import LmoNoise
 from privzo.privacy.discrete import geometric_exp, grid_sensitivity, rounded_laplace
-from privzo.privacy.numeric import LmoNoise
 from privzo.privacy.plan import mechanism_parameters, plan_privacy
 from privzo.zo.estimators import RELEASE_LIMIT, estimator_for, make_estimator
 

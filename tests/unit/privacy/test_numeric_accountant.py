@@ -18,7 +18,7 @@ from privzo.privacy import (
     get_mechanism,
     make_accountant,
 )
-from privzo.privacy.numeric import GaussianNoise, LaplaceNoise, LmoNoise, one_step_pld
+from privzo.privacy.accountants.numeric import GaussianNoise, LaplaceNoise, LmoNoise, one_step_pld
 
 LMO = LMO_PARAMETERS
 

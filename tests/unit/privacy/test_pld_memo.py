@@ -12,7 +12,7 @@ import dp_accounting
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 
-from privzo.privacy.accounting import make_accountant
+from privzo.privacy.accountants import make_accountant
 
 BASE = {"mechanism": "gaussian", "noise_multiplier": 1.3, "sample_rate": 0.02}
 

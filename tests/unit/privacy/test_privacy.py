@@ -40,7 +40,7 @@ from privzo.privacy import (
     get_mechanism,
     make_accountant,
 )
-from privzo.privacy.accounting import PureLaplaceAccountant
+from privzo.privacy.accountants import PureLaplaceAccountant
 
 DELTA = 1e-5
 PLD_TOLERANCE = 1e-4

@@ -1,4 +1,4 @@
-"""A numeric PLD accountant for any symmetric 1-D noise with a computable tail.
+"""``numeric``: a numeric PLD accountant for any symmetric 1-D noise with a computable tail.
 
 For noise σ·X (X of unit scale, sensitivity 1 as elsewhere: σC noise over clip C) and one
 Poisson-subsampled step at rate p, the two directions of add/remove adjacency are
@@ -39,13 +39,14 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import special
 
-from privzo.privacy.accounting import (
-    ACCOUNTANTS,
+from privzo.privacy.accountants.base import (
     PLD_VALUE_DISCRETIZATION,
     Accountant,
+    check_positive,
+)
+from privzo.privacy.accountants.calibration import (
     AccountantEvaluator,
     calibrate_by_probes,
-    check_positive,
     noise_hint,
 )
 from privzo.privacy.discrete import grid_sensitivity
@@ -293,15 +294,13 @@ class NumericAccountant(Accountant):
         noise_parameters: dict[str, Any] | None = None,
         value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
     ) -> None:
-        super().__init__(mechanism, noise_multiplier, sample_rate)
-        grid = type(self).grid_of(noise_parameters)
-        if grid is not None and mechanism != "lmo":
+        super().__init__(mechanism, noise_multiplier, sample_rate, noise_parameters)
+        if self._grid is not None and mechanism != "lmo":
             raise ValueError(
                 f"accountant='numeric' bounds the {mechanism} mechanism's continuous noise only, "
-                f"and this noise is discrete (grid={grid}): account it with 'pld' (or draw "
+                f"and this noise is discrete (grid={self._grid}): account it with 'pld' (or draw "
                 "continuous noise: privacy.noise_grid=null)"
             )
-        self._grid = grid
         self._noise_parameters = dict(noise_parameters) if noise_parameters else None
         self._noise = noise_distribution(mechanism, self._noise_parameters)
         self._interval = check_positive(
@@ -327,12 +326,7 @@ class NumericAccountant(Accountant):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("noise_parameters") != self._noise_parameters:
-            raise ValueError(
-                f"accountant state has noise_parameters={state.get('noise_parameters')!r} but "
-                f"this accountant has {self._noise_parameters!r}; build it with "
-                "accountant_from_state"
-            )
+        self._check_saved_noise_parameters(state)
         super().load_state_dict(state)
 
     def _compute_epsilon(self, steps: int, delta: float) -> float:
@@ -363,6 +357,3 @@ class NumericAccountant(Accountant):
             epsilon,
             noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps),
         )
-
-
-ACCOUNTANTS[NumericAccountant.name] = NumericAccountant

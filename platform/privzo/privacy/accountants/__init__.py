@@ -1,0 +1,81 @@
+"""Privacy accountants for T steps of a Poisson-subsampled 1-D Gaussian or Laplace mechanism.
+
+Every step of DPZero / DP-ZO releases one noisy sum of clipped scalars with sensitivity C under
+add/remove adjacency and noise scale σ·C, so the noise multiplier σ is exactly the
+``noise_multiplier`` of dp_accounting's ``GaussianDpEvent`` / ``LaplaceDpEvent`` and one step is
+``PoissonSampledDpEvent(p, GaussianDpEvent(σ) | LaplaceDpEvent(σ))``.
+
+Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
+
+- ``pld``: privacy loss distributions (dp_accounting's PLD code, value discretization 1e-4):
+  tight, both mechanisms. Its cost is dominated by building the one-step PLD (up to ~1 s at
+  σ≈0.6) and self-composing it (0.02-0.5 s at T ≤ 10⁴), so the stateful accountant builds the
+  one-step PLD once and caches ε per (steps, δ).
+- ``rdp``: Rényi DP, Gaussian only (dp_accounting rejects the subsampled Laplace event);
+  conservative (≈7-10 % more noise than PLD) but cheap: ε(T) is a conversion of T times one
+  cached RDP vector.
+- ``pure``: pure ε-DP of the Laplace mechanism, ε = T·log(1 + p(e^{1/σ} − 1)) (amplification by
+  subsampling, then basic composition); loose, but valid at δ = 0.
+- ``numeric``: a certified numeric PLD of any symmetric 1-D noise with a computable tail
+  (Gaussian, Laplace and the LMO mixture).
+
+``base`` holds what they share (validation, the ``Accountant`` class), ``calibration`` the
+search for the smallest σ meeting an ε target, and ``registry`` the accountants by name.
+
+Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanisms``): the noise
+is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
+rounded to the grid with sensitivity Δ = ⌈K/σ⌉ grid units. ``pld`` then composes
+dp_accounting's discrete Gaussian / discrete Laplace PLDs at (K, Δ) and ``pure`` uses the
+discrete Laplace's Δ/K per step; ``rdp`` and ``numeric`` bound only continuous noise and refuse
+a grid, except that ``numeric`` accounts LMO on the grid (a rounding of the continuous LMO
+output, see ``numeric``). Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or slightly above
+the continuous one.
+"""
+
+from privzo.privacy.accountants.base import (
+    CALIBRATION_RTOL,
+    MAX_NOISE_MULTIPLIER,
+    MECHANISM_NAMES,
+    MIN_NOISE_MULTIPLIER,
+    PLD_VALUE_DISCRETIZATION,
+    Accountant,
+    UnsupportedNoiseError,
+    check_delta,
+    check_positive,
+    quiet_absl,
+)
+from privzo.privacy.accountants.numeric import NumericAccountant
+from privzo.privacy.accountants.pld import PldAccountant
+from privzo.privacy.accountants.pure import PureLaplaceAccountant
+from privzo.privacy.accountants.rdp import RdpAccountant
+from privzo.privacy.accountants.registry import (
+    ACCOUNTANTS,
+    accountant_from_state,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    get_accountant,
+    make_accountant,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "CALIBRATION_RTOL",
+    "MAX_NOISE_MULTIPLIER",
+    "MECHANISM_NAMES",
+    "MIN_NOISE_MULTIPLIER",
+    "PLD_VALUE_DISCRETIZATION",
+    "Accountant",
+    "NumericAccountant",
+    "PldAccountant",
+    "PureLaplaceAccountant",
+    "RdpAccountant",
+    "UnsupportedNoiseError",
+    "accountant_from_state",
+    "calibrate_noise_multiplier",
+    "check_delta",
+    "check_positive",
+    "compute_epsilon",
+    "get_accountant",
+    "make_accountant",
+    "quiet_absl",
+]

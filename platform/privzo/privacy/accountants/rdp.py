@@ -1,0 +1,70 @@
+"""``rdp``: Rényi DP, Gaussian only (dp_accounting rejects the subsampled Laplace event) and
+continuous noise only; conservative (≈7-10 % more noise than PLD) but cheap: ε(T) is a conversion
+of T times one cached RDP vector."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from dp_accounting import rdp as dp_rdp
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp_impl
+
+from privzo.privacy.accountants.base import Accountant, quiet_absl, step_event
+from privzo.privacy.accountants.calibration import (
+    EventEvaluator,
+    calibrate_by_events,
+    noise_hint,
+)
+
+__all__ = ["RdpAccountant"]
+
+
+class RdpAccountant(Accountant):
+    """Rényi DP with dp_accounting's default orders; Gaussian only.
+
+    RDP composes additively, so ε after T steps converts T times the one-step RDP vector,
+    which is computed once: ε costs microseconds at any T.
+    """
+
+    name: ClassVar[str] = "rdp"
+    mechanisms: ClassVar[tuple[str, ...]] = ("gaussian",)
+
+    def __init__(
+        self,
+        mechanism: str,
+        noise_multiplier: float,
+        sample_rate: float,
+        noise_parameters: dict[str, Any] | None = None,
+    ) -> None:
+        # the base refuses discrete noise (a grid in noise_parameters)
+        super().__init__(mechanism, noise_multiplier, sample_rate, noise_parameters)
+        self._orders: np.ndarray | None = None
+        self._one_step_rdp: np.ndarray | None = None
+
+    def _compute_epsilon(self, steps: int, delta: float) -> float:
+        if self._one_step_rdp is None:
+            with quiet_absl():
+                one = dp_rdp.RdpAccountant().compose(
+                    step_event(self._mechanism, self._noise_multiplier, self._sample_rate)
+                )
+            self._orders, self._one_step_rdp = one.orders, one.rdp
+        assert self._orders is not None
+        epsilon, _ = dp_rdp_impl.compute_epsilon(self._orders, steps * self._one_step_rdp, delta)
+        return float(epsilon)
+
+    @classmethod
+    def calibrate(
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        steps: int,
+        mechanism: str,
+        noise_parameters: dict[str, Any] | None = None,
+    ) -> float:
+        cls.grid_of(noise_parameters)  # refuses discrete noise
+        fine = EventEvaluator(dp_rdp.RdpAccountant, cls.name, mechanism, delta, sample_rate, steps)
+        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
+        return calibrate_by_events(fine, None, epsilon, hint)
