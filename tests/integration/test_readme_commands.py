@@ -2,8 +2,9 @@
 
 The commands are read from the README itself. Each runs in a fresh directory holding a copy of
 ``configs/`` (the README's paths are relative to a checkout), with small sizes appended through
-the overrides and options the README documents, and a model cache of its own; the test checks
-the exit code and what each command writes or prints.
+the overrides and options the README documents, and the session's model cache (each built-in
+model is built once per test session); the test checks the exit code and what each command
+writes or prints.
 """
 
 from __future__ import annotations
@@ -138,25 +139,25 @@ def test_every_readme_command_is_checked_or_explicitly_needs_the_hub():
         )
 
 
-def _words(command: str, cwd: Path) -> list[str]:
+def _words(command: str, cwd: Path, cache_dir: Path) -> list[str]:
     words = shlex.split(command.replace("$PWD", str(cwd)))
     words += _matching(SHRINK, command) or []
     if any(_starts_with(command, key) for key in CACHED):
-        words += ["--cache-dir", str(cwd / "cache")]
+        words += ["--cache-dir", str(cache_dir)]
     return words
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.ray
-def test_readme_running_commands_work_as_written(tmp_path):
+def test_readme_running_commands_work_as_written(tmp_path, cache_dir):
     shutil.copytree(REPO / "configs", tmp_path / "configs")
     # a user's shell: no tracking server or Ray cluster of this machine's other work
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     for command, comment in readme_commands():
         if NEEDS_HUB in comment:
             continue  # offline here; tests/unit/tasks/test_prepare.py runs it on a local copy
-        words = _words(command, tmp_path)
+        words = _words(command, tmp_path, cache_dir)
         done = subprocess.run(
             [sys.executable, "-m", "privzo.cli", *words[1:]],
             cwd=tmp_path,

@@ -55,10 +55,10 @@ def test_readme_names_the_platform_and_its_table_parses():
 
 
 @pytest.mark.slow
-def test_the_readme_arms_table_matches_a_fresh_run(tmp_path, capsys):
+def test_the_readme_arms_table_matches_a_fresh_run(tmp_path, capsys, cache_dir):
     expected = accuracies(readme_table())
     assert main(["demo", "--arms-only", "--output-dir", str(tmp_path / "demo"),
-                 "--cache-dir", str(tmp_path / "cache")]) == 0  # fmt: skip
+                 "--cache-dir", str(cache_dir)]) == 0  # fmt: skip
     measured = accuracies(capsys.readouterr().out)
     same_platform = readme_platform() == (
         torch.__version__,

@@ -230,15 +230,31 @@ def test_resources_the_cluster_lacks_fail_before_any_trial(
     assert not (output / "trials").exists() and not (output / "search_state.json").exists()
 
 
-def test_main_job_quick_prints_arms_search_and_scaling_report(tmp_path):
-    """The README's first command (shortened with --quick): arms, the search, the study."""
-    output, cache = tmp_path / "demo", tmp_path / "cache"
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory, cache_dir) -> tuple[Path, str]:
+    """The README's first command shortened with --quick (arms, the search, the study), run once
+    for the tests that read what it wrote and printed; the session's model cache."""
+    output = tmp_path_factory.mktemp("quick-demo") / "demo"
     command = [sys.executable, "-m", "privzo.cli", "demo", "--quick"]
-    command += ["--output-dir", str(output), "--cache-dir", str(cache)]
+    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir)]
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-    printed = result.stdout
-    assert result.returncode == 0, (printed + result.stderr)[-4000:]
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return output, result.stdout
+
+
+def test_demo_quick_runs_all_arms(quick_demo):
+    """Builds demo-opt-s and runs both shipped configs, pointing at the MLflow records."""
+    output, printed = quick_demo
+    for label in ("zero-shot", "DPZero (private)", "MeZO (non-private)", "mlflow ui"):
+        assert label in printed
+    summary = json.loads((output / "dpzero" / "summary.json").read_text())
+    assert summary["steps"] == 20 and summary["epsilon"] <= 2.0 * (1 + 1e-6)
+
+
+def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
+    """The search and the scaling study after the arms."""
+    output, printed = quick_demo
     for text in ("DPZero (private)", "MeZO (non-private)", "privacy: composition of 3 trials"):
         assert text in printed
     header = "| task | model | parameters | zero-shot | dpzero ε=2 | mezo (non-private) |"

@@ -151,30 +151,6 @@ def test_bench_zo_step_prints_measured_ratios(capsys):
     assert "ABOVE TARGET" in result["table"] or " ok" in result["table"]
 
 
-@pytest.mark.slow
-def test_demo_quick_runs_all_arms(tmp_path, capsys):
-    """The README's first command, shortened: builds demo-opt-s, runs both shipped configs."""
-    assert (
-        main(
-            [
-                "demo",
-                "--quick",
-                "--arms-only",  # the whole main job: tests/integration/test_search_ray.py (Ray)
-                "--output-dir",
-                str(tmp_path / "demo"),
-                "--cache-dir",
-                str(tmp_path / "cache"),
-            ]
-        )
-        == 0
-    )
-    printed = capsys.readouterr().out
-    for label in ("zero-shot", "DPZero (private)", "MeZO (non-private)", "mlflow ui"):
-        assert label in printed
-    summary = json.loads((tmp_path / "demo" / "dpzero" / "summary.json").read_text())
-    assert summary["steps"] == 20 and summary["epsilon"] <= 2.0 * (1 + 1e-6)
-
-
 def test_plan_command_json_and_table(capsys):
     result = _json(
         capsys,
