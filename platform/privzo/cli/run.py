@@ -99,10 +99,8 @@ def interrupted_line(output_dir: Path) -> str:
     )
 
 
-SUMMARY_KEYS = (
-    "algorithm",
-    "accuracy_before",
-    "accuracy_after",
+SUMMARY_HEAD = ("algorithm",)
+SUMMARY_TAIL = (
     "epsilon",
     "delta",
     "noise_multiplier",
@@ -115,10 +113,23 @@ SUMMARY_KEYS = (
 
 
 def summary_lines(summary: dict[str, Any], output_dir: Path) -> list[str]:
-    """A finished run's summary as the console shows it."""
-    width = max(len(key) for key in SUMMARY_KEYS)
-    lines = [f"{key:<{width}}  {_show(summary.get(key))}" for key in SUMMARY_KEYS]
+    """A finished run's summary as the console shows it: the task's own metrics before and
+    after (accuracy, or exact match and F1), the privacy spent and the figures that were
+    measured; a value the run did not record (None) is left out, not printed as None."""
+    scores = [key for key in summary if _is_task_score(key)]
+    keys = [*SUMMARY_HEAD, *scores, *SUMMARY_TAIL]
+    shown = {key: summary[key] for key in keys if summary.get(key) is not None}
+    width = max(map(len, shown), default=0)
+    lines = [f"{key:<{width}}  {_show(value)}" for key, value in shown.items()]
     return [*lines, f"results in {output_dir}"]
+
+
+def _is_task_score(key: str) -> bool:
+    """A task metric's score before or after training (``accuracy_after``, ``f1_before``); the
+    primary metric's copies (``metric_before``) and validation scores are not repeated."""
+    return key.endswith(("_before", "_after")) and not key.startswith(
+        ("metric_", "validation_", "selection_")
+    )
 
 
 def _show(value: Any) -> str:
