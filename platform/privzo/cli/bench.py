@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from privzo.cli.arguments import (
     DTYPES,
@@ -70,8 +71,7 @@ def _zo_step_command(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         progress=not args.json,
     )
-    print(json.dumps(result, indent=2) if args.json else result["table"])
-    return 0
+    return _print_result(result, args.json)
 
 
 def _add_kernels(benches: Commands) -> None:
@@ -138,8 +138,7 @@ def _memory_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeats={args.repeats}: allowed: 1 or more")
     quiet_libraries(args.verbose)  # the loads' "Loading weights" and "Writing model shards" bars
     result = memory_benchmark(args.cache_dir, repeats=args.repeats, progress=not args.json)
-    print(json.dumps(result, indent=2) if args.json else result["table"])
-    return 0
+    return _print_result(result, args.json)
 
 
 def _add_distributed(benches: Commands) -> None:
@@ -173,5 +172,10 @@ def _distributed_command(args: argparse.Namespace) -> int:
         import ray
 
         ray.shutdown()
-    print(json.dumps(result, indent=2) if args.json else result["table"])
+    return _print_result(result, args.json)
+
+
+def _print_result(result: dict[str, Any], as_json: bool) -> int:
+    """A benchmark's result: all of it as JSON, or the table it makes of itself."""
+    print(json.dumps(result, indent=2) if as_json else result["table"])
     return 0
