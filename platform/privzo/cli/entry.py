@@ -24,8 +24,8 @@ EPILOG = """examples:
 exit codes:
   0    success
   1    privzo bench kernels: a check failed; any command: an unexpected error (a traceback)
-  2    a usage or config error, a refused run or a file that cannot be read or written
-       (the reason on stderr; nothing started)
+  2    a usage or config error, a run refused by its checks, or a file that cannot be
+       read or written (the reason on stderr)
   3    privzo study --max-cells: cells remain (the same command continues)
   4    privzo audit, privzo study: PRIVACY VIOLATED (the audit's lower bound exceeds the
        claimed ε)
