@@ -10,6 +10,7 @@ import pytest
 
 from conftest import REPO
 from privzo.cli import main
+from privzo.cli.run import summary_lines
 
 KEYS = {
     "noise_multiplier",
@@ -243,3 +244,59 @@ def test_config_errors_come_before_torch_is_imported(command, arguments, message
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_run_summary_shows_the_tasks_own_metrics_and_no_none(tmp_path):
+    """A generation task's scores are exact match and F1; a private run without diagnostics
+    records no step time: the console shows what was recorded, nothing as None."""
+    summary = {
+        "model": "tiny-opt",
+        "task": "squad",
+        "algorithm": "dpzero",
+        "metric": "f1",
+        "metric_before": 0.125,
+        "metric_after": 0.25,
+        "exact_match_before": 0.0,
+        "exact_match_after": 0.125,
+        "f1_before": 0.125,
+        "f1_after": 0.25,
+        "epsilon": 1.9875,
+        "delta": 1e-5,
+        "noise_multiplier": 1.5,
+        "accountant": "pld",
+        "steps": 10,
+        "mean_step_time_s": None,
+        "peak_memory_mb": None,
+        "tracking_run_id": None,
+        "validation_f1": 0.5,
+    }
+    lines = summary_lines(summary, tmp_path)
+    shown = {line.split()[0]: line.split()[1] for line in lines[:-1]}
+    assert list(shown) == [
+        "algorithm",
+        "exact_match_before",
+        "exact_match_after",
+        "f1_before",
+        "f1_after",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "accountant",
+        "steps",
+    ]
+    assert shown["f1_after"] == "0.25" and shown["epsilon"] == "1.988"
+    assert "None" not in "\n".join(lines) and "accuracy" not in "\n".join(lines)
+    assert lines[-1] == f"results in {tmp_path}"
+
+
+def test_run_summary_of_a_classification_run_shows_accuracy(tmp_path):
+    summary = {"algorithm": "mezo", "accuracy_before": 0.5, "accuracy_after": 0.75}
+    summary |= {"epsilon": None, "steps": 4, "mean_step_time_s": 0.125}
+    lines = summary_lines(summary, tmp_path)
+    assert [line.split()[0] for line in lines[:-1]] == [
+        "algorithm",
+        "accuracy_before",
+        "accuracy_after",
+        "steps",
+        "mean_step_time_s",
+    ]

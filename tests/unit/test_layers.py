@@ -52,7 +52,7 @@ LAYERS = {
     "privzo.studies": 4,
     "privzo.audit": 4,  # a run with canaries, scored and bounded (privzo.privacy.audit)
     # 5: entry points
-    "privzo.cli": 5,
+    "privzo.cli": 5,  # its own order: CLI_LAYERS
     "privzo.__main__": 5,  # python -m privzo: the CLI
     "privzo.demo": 5,
     "privzo.bench": 5,
@@ -72,6 +72,25 @@ ACCOUNTANT_LAYERS = {
     "privzo.privacy.accountants.numeric": 3,
     "privzo.privacy.accountants.registry": 4,
     "privzo.privacy.accountants": 5,  # re-exports only
+}
+
+# Inside privzo.cli, from the bottom: the shared argument helpers and the process policy, the
+# command families (each adds its commands and handles them; none imports another), the entry
+# point that assembles them, and the package's re-exports.
+CLI_LAYERS = {
+    "privzo.cli.arguments": 0,
+    "privzo.cli.process": 0,
+    "privzo.cli.audit": 1,
+    "privzo.cli.bench": 1,
+    "privzo.cli.demo": 1,
+    "privzo.cli.models": 1,
+    "privzo.cli.privacy": 1,
+    "privzo.cli.run": 1,
+    "privzo.cli.study": 1,
+    "privzo.cli.tune": 1,
+    "privzo.cli.entry": 2,
+    "privzo.cli": 3,  # re-exports only
+    "privzo.cli.__main__": 3,  # python -m privzo.cli
 }
 
 
@@ -228,6 +247,25 @@ def test_accountants_point_down_their_package():
         and found.target != found.source
     ]
     assert not upward, "accountant modules importing sideways or up:\n" + "\n".join(upward)
+
+
+def test_cli_modules_point_down_their_package():
+    """Command families share only the helpers below them, never each other's code."""
+    package = "privzo.cli"
+    inside = [
+        found
+        for found in all_imports()
+        if found.source.startswith(package) and found.target.startswith(package)
+    ]
+    assert inside, "no imports inside privzo.cli were found"
+    placed = set(CLI_LAYERS)
+    assert {name for name in module_files() if name.startswith(package)} == placed
+    sideways = [
+        str(found)
+        for found in inside
+        if CLI_LAYERS[found.target] >= CLI_LAYERS[found.source] and found.target != found.source
+    ]
+    assert not sideways, "cli modules importing sideways or up:\n" + "\n".join(sideways)
 
 
 def test_only_tracking_talks_to_mlflow():

@@ -67,7 +67,7 @@ def test_cli_reads_the_affinity_of_its_process():
     """Pinned to one core (as taskset or a cpuset would), the CLI sizes everything to one."""
     code = (
         "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
-        "from privzo.cli import process_cores; print(process_cores())"
+        "from privzo.cli.process import process_cores; print(process_cores())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"

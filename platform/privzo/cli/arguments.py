@@ -1,0 +1,125 @@
+"""What several commands share: the help layout, options with one meaning everywhere, and how a
+config file and its overrides are read from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from privzo.config import RunConfig
+
+DEFAULT_CACHE = Path("~/.cache/privzo").expanduser()
+DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+DTYPES = "float32, bfloat16 or float16 (fp32, bf16, fp16 too)"
+
+Commands = argparse._SubParsersAction  # what ``add_subparsers`` returns
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Prose wrapped to the terminal, while blocks with indented lines (examples, exit codes)
+    keep their lines; every option's default shown where its help does not state one."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text
+        blocks = [
+            indent + block.replace("\n", "\n" + indent)
+            if any(line.startswith(" ") for line in block.splitlines())
+            else fill(block, width, indent)
+            for block in text.split("\n\n")
+        ]
+        return "\n\n".join(blocks)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default == argparse.SUPPRESS:
+            return text
+        if "default" in text:  # stated in its own words
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_command(
+    commands: Commands,
+    name: str,
+    summary: str,
+    examples: str | list[str],
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """A command with its one-line summary (in its parent's list), a description (the summary
+    where none is given) and its examples in the epilog."""
+    lines = [examples] if isinstance(examples, str) else examples
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=description or summary[0].upper() + summary[1:] + ".",
+        epilog="example" + ("s" if len(lines) > 1 else "") + ":\n  " + "\n  ".join(lines),
+        formatter_class=HelpFormatter,
+    )
+
+
+def add_subcommands(parser: argparse.ArgumentParser, dest: str) -> Commands:
+    return parser.add_subparsers(dest=dest, required=True, metavar="COMMAND")
+
+
+def add_cache_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help="where built-in models are built and cached (default: ~/.cache/privzo)",
+    )
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the libraries' logs, warnings and bars too"
+    )
+
+
+def add_json(parser: argparse.ArgumentParser, shape: str = "one JSON object") -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {shape}")
+
+
+MERGED_OVERRIDES = (
+    "more config files to merge, then key.sub=value overrides (e.g. optimizer.steps=800)"
+)
+
+
+def add_config(
+    parser: argparse.ArgumentParser, kind: str, example: str, overrides: str = MERGED_OVERRIDES
+) -> None:
+    """The config file and what follows it (more files to merge, then dotted overrides)."""
+    parser.add_argument("config", type=Path, help=f"a {kind} config (YAML), e.g. {example}")
+    parser.add_argument("overrides", nargs="*", help=overrides)
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """(extra config files, key=value overrides): files merge over the first config in order."""
+    return [item for item in items if "=" not in item], [item for item in items if "=" in item]
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    """The run config of ``args.config`` and ``args.overrides``; read before torch and
+    transformers are imported, so a typo is reported in a second, not half a minute."""
+    from privzo.config import load_config
+
+    extra_files, overrides = split_overrides(args.overrides)
+    return load_config([args.config, *extra_files], overrides)
+
+
+def all_overrides(items: list[str]) -> bool:
+    """Whether the words argparse left over are overrides that followed the options."""
+    return all("=" in item and not item.startswith("-") for item in items)
+
+
+def dtype_name(dtype: str) -> str:
+    return DTYPE_ALIASES.get(dtype, dtype)
+
+
+def tracking_uri() -> str | None:
+    """The MLflow server a command's runs go to: ``MLFLOW_TRACKING_URI``, else the config's."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or None

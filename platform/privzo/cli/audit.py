@@ -1,0 +1,116 @@
+"""``privzo audit``: a run's (ε, δ) claim tested with canaries and one training run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from privzo.cli.arguments import (
+    Commands,
+    add_cache_dir,
+    add_command,
+    add_config,
+    add_verbose,
+    load_run_config,
+    tracking_uri,
+)
+from privzo.cli.process import quiet_libraries, use_process_cores
+
+SCORES = "black-box, white-box-correlation, white-box-likelihood, white-box-match"
+
+
+def add_audit(commands: Commands) -> None:
+    audit = add_command(
+        commands,
+        "audit",
+        "test a run's (ε, δ) claim with canaries and one training run",
+        "privzo audit configs/runs/tiny-dpzero.yaml privacy.epsilon=8 --canaries 1000 "
+        "--output-dir runs/audit-dp8",
+        description="Train CONFIG once with M canaries, each in the private training set by a "
+        "secret fair coin; score, guess and report an ε lower bound at confidence 1 − alpha "
+        "(Steinke, Nasr and Jagielski 2023). Exit code 4 when it exceeds the claimed ε.",
+    )
+    add_config(audit, "run", "configs/runs/*.yaml")
+    audit.add_argument("--canaries", type=int, default=1000, help="M, the number of canaries")
+    audit.add_argument("--alpha", type=float, default=0.05, help="1 − confidence")
+    audit.add_argument(
+        "--k", type=int, action="append", help="guesses per side (repeat; default: a sweep)"
+    )
+    audit.add_argument(
+        "--score",
+        action="append",
+        help=f"a score to guess from (repeat; default: every score the algorithm allows): {SCORES}",
+    )
+    audit.add_argument(
+        "--output-dir", type=Path, required=True, help="the audit's directory (its run)"
+    )
+    audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
+    audit.add_argument("--quiet", action="store_true", help="no progress bar")
+    audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')
+    add_cache_dir(audit)
+    add_verbose(audit)
+    audit.set_defaults(handler=_audit_command)
+
+
+def _audit_command(args: argparse.Namespace) -> int:
+    from privzo.audit import VIOLATED_EXIT_CODE, AuditConfig, run_audit
+    from privzo.config import validate_section
+
+    quiet_libraries(args.verbose)
+    config = load_run_config(args)
+    options = {
+        "canaries": args.canaries,
+        "alpha": args.alpha,
+        "ks": args.k or None,
+        "scores": args.score or None,
+    }
+    audit = validate_section(AuditConfig, options, "privzo audit")
+    use_process_cores()
+    record = run_audit(
+        config,
+        audit,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        tracking_uri=tracking_uri(),
+    )
+    print(json.dumps({"privzo_audit": record}) if args.json else audit_lines(record))
+    if record["verdict"] == "VIOLATED":
+        print(_violated_line(record), file=sys.stderr)
+        return VIOLATED_EXIT_CODE
+    return 0
+
+
+def _violated_line(record: dict[str, Any]) -> str:
+    return (
+        f"privzo: PRIVACY VIOLATED: the audit proves ε ≥ {record['epsilon_lower_bound']:.3f} "
+        f"at {1 - record['alpha']:.0%} confidence, above the claimed "
+        f"ε = {record['epsilon_claimed']:.3f}: the run is NOT "
+        f"({record['epsilon_claimed']:.3g}, {record['delta']:g})-DP as recorded"
+    )
+
+
+def audit_lines(record: dict[str, Any]) -> str:
+    """An audit's record as the console shows it: the verdict, the bound and its evidence."""
+    best = record["best"]
+    claimed = record["epsilon_claimed"]
+    lines = [
+        f"verdict              {record['verdict']}",
+        f"epsilon claimed      {'-' if claimed is None else f'{claimed:.3f}'}",
+        f"epsilon lower bound  {record['epsilon_lower_bound']:.3f} "
+        f"({1 - record['alpha']:.0%} confidence, delta {record['delta']:g})",
+        f"best guesses         {best['score']}, k = {best['k']}: {best['correct']} of "
+        f"{best['guesses']} right",
+        f"canaries             {record['canaries']} ({record['tests']} tests, Bonferroni)",
+    ]
+    if claimed is None:
+        lines.append("(not private: the lower bound is the run's empirical leakage)")
+    elif record["tightness"] is not None:
+        lines.append(f"tightness            ε_lb / ε = {record['tightness']:.3f}")
+    if record["note"]:
+        lines.append(f"note: {record['note']}")
+    return "\n".join(lines)

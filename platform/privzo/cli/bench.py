@@ -1,0 +1,181 @@
+"""``privzo bench``: benchmarks that print what they measured on this machine (the zeroth-order
+step, the fused kernels, every algorithm's memory, the distributed layouts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from privzo.cli.arguments import (
+    DTYPES,
+    Commands,
+    add_cache_dir,
+    add_command,
+    add_json,
+    add_subcommands,
+    add_verbose,
+    dtype_name,
+)
+from privzo.cli.process import quiet_libraries, stdout_to_stderr
+
+SHAPES = "tiny (5.3M parameters), opt-125m, opt-350m, opt-1.3b, ... opt-66b"
+
+
+def add_bench(commands: Commands) -> None:
+    bench = add_command(
+        commands,
+        "bench",
+        "benchmarks that print measured ratios",
+        ["privzo bench zo-step", "privzo bench memory --json"],
+    )
+    benches = add_subcommands(bench, "bench_command")
+    _add_zo_step(benches)
+    _add_kernels(benches)
+    _add_memory(benches)
+    _add_distributed(benches)
+
+
+def _add_zo_step(benches: Commands) -> None:
+    zo_step = add_command(
+        benches,
+        "zo-step",
+        "ZO step time and memory vs inference",
+        "privzo bench zo-step --device cuda --shape opt-1.3b --dtype float16",
+        description="Time and peak memory of a zeroth-order step (DPZero, MeZO, MeZO's "
+        "reference step) and its sweeps against two forward passes, with the targets they "
+        "are held to.",
+    )
+    zo_step.add_argument("--device", default="cpu", help="cpu or cuda")
+    zo_step.add_argument("--shape", default="tiny", help=f"the model's shape: {SHAPES}")
+    zo_step.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
+    zo_step.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    zo_step.add_argument("--seq-len", type=int, default=128, help="tokens per example")
+    add_json(zo_step)
+    zo_step.add_argument("--repeats", type=int, default=5, help="timed rounds (their median)")
+    add_verbose(zo_step)
+    zo_step.set_defaults(handler=_zo_step_command)
+
+
+def _zo_step_command(args: argparse.Namespace) -> int:
+    from privzo.bench import zo_step_benchmark
+
+    quiet_libraries(args.verbose)
+    result = zo_step_benchmark(
+        shape=args.shape,
+        device=args.device,
+        dtype=dtype_name(args.dtype),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
+    return _print_result(result, args.json)
+
+
+def _add_kernels(benches: Commands) -> None:
+    kernels = add_command(
+        benches,
+        "kernels",
+        "the fused kernels on a device against their CPU twin; half-precision update "
+        "projection (exit 1 where a check fails)",
+        ["privzo bench kernels", "TRITON_INTERPRET=1 privzo bench kernels --device cpu"],
+    )
+    kernels.add_argument("--device", default="cuda", help="cuda or cpu (under TRITON_INTERPRET=1)")
+    kernels.add_argument("--size", type=int, default=1 << 16, help="elements per agreement check")
+    kernels.add_argument(
+        "--projection-size", type=int, default=1 << 20, help="weights per projection"
+    )
+    kernels.add_argument("--projection-steps", type=int, default=100, help="updates per projection")
+    add_json(kernels)
+    kernels.set_defaults(handler=_kernels_command)
+
+
+def _kernels_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from privzo.bench.kernel_check import check_kernels
+
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"--device={args.device!r}: allowed: cpu, cuda")
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--device=cpu: Triton's kernels run on CPU tensors only under its interpreter; "
+            "set TRITON_INTERPRET=1"
+        )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device=cuda, but this machine (or this torch build) has no CUDA")
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else None
+    result = check_kernels(
+        device or torch.device("cpu"),
+        size=args.size,
+        projection_size=args.projection_size,
+        projection_steps=args.projection_steps,
+    )
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    return 0 if result.passed else 1
+
+
+def _add_memory(benches: Commands) -> None:
+    memory = add_command(
+        benches,
+        "memory",
+        "time and peak memory per step of every algorithm vs inference",
+        "privzo bench memory --repeats 3",
+    )
+    add_json(memory)
+    memory.add_argument("--repeats", type=int, default=3, help="timed steps per case")
+    add_cache_dir(memory)
+    add_verbose(memory)
+    memory.set_defaults(handler=_memory_command)
+
+
+def _memory_command(args: argparse.Namespace) -> int:
+    from privzo.bench_memory import memory_benchmark
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats}: allowed: 1 or more")
+    quiet_libraries(args.verbose)  # the loads' "Loading weights" and "Writing model shards" bars
+    result = memory_benchmark(args.cache_dir, repeats=args.repeats, progress=not args.json)
+    return _print_result(result, args.json)
+
+
+def _add_distributed(benches: Commands) -> None:
+    distributed = add_command(
+        benches,
+        "distributed",
+        "replica step time (1 vs 2 workers), bytes per step, zero3 memory",
+        "privzo bench distributed --steps 30",
+    )
+    add_json(distributed)
+    distributed.add_argument(
+        "--model", default="demo-opt-s", help="a built-in model or a model directory"
+    )
+    distributed.add_argument("--steps", type=int, default=30, help="DPZero steps per case")
+    add_cache_dir(distributed)
+    add_verbose(distributed)
+    distributed.set_defaults(handler=_distributed_command)
+
+
+def _distributed_command(args: argparse.Namespace) -> int:
+    from privzo.bench_distributed import distributed_benchmark
+
+    quiet_libraries(args.verbose)
+    # ray.train.report waits on a health check, every 2 s unless told otherwise
+    fast_report = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+    os.environ.update(fast_report)
+    with stdout_to_stderr():  # the workers' output; stdout is kept for the result
+        result = distributed_benchmark(
+            args.cache_dir, model=args.model, steps=args.steps, env_vars=fast_report
+        )
+        import ray
+
+        ray.shutdown()
+    return _print_result(result, args.json)
+
+
+def _print_result(result: dict[str, Any], as_json: bool) -> int:
+    """A benchmark's result: all of it as JSON, or the table it makes of itself."""
+    print(json.dumps(result, indent=2) if as_json else result["table"])
+    return 0

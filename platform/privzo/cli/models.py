@@ -1,0 +1,147 @@
+"""What a run needs before it starts: ``privzo models init`` (a model directory), ``privzo data
+prepare`` (a task's data, offline) and ``privzo plan`` (memory per GPU and the strategy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from privzo.cli.arguments import (
+    DTYPES,
+    Commands,
+    add_command,
+    add_json,
+    add_subcommands,
+    add_verbose,
+    dtype_name,
+)
+from privzo.cli.process import quiet_libraries
+
+OPT_NAMES = "opt-125m, opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b"
+
+
+def add_plan(commands: Commands) -> None:
+    planner = add_command(
+        commands,
+        "plan",
+        "memory per GPU and strategy (replica / zero3) for an OPT size",
+        "privzo plan --model opt-66b --gpus 8 --gpu-memory-gb 80",
+        description="Estimate a zeroth-order run's memory per GPU for an OPT size, choose the "
+        "parallel strategy (replica where the model fits one GPU, else zero3) and say whether "
+        "it fits. Loads nothing.",
+    )
+    planner.add_argument("--model", required=True, help=f"{OPT_NAMES}, or all")
+    planner.add_argument("--gpus", type=int, required=True, help="GPUs of the run")
+    planner.add_argument(
+        "--gpu-memory-gb", type=float, required=True, help="memory of one GPU, in GB"
+    )
+    planner.add_argument("--dtype", default="float16", help=f"the weights' dtype: {DTYPES}")
+    planner.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    planner.add_argument("--seq-len", type=int, default=256, help="tokens per example")
+    add_json(planner, "one JSON object (a list with --model all)")
+    planner.set_defaults(handler=_plan_command)
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from privzo.planner import OPT_SIZES, plan
+
+    names = list(OPT_SIZES) if args.model == "all" else [args.model]
+    dtype = dtype_name(args.dtype)
+    plans = [
+        plan(
+            name,
+            gpus=args.gpus,
+            gpu_memory_gb=args.gpu_memory_gb,
+            dtype=dtype,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+        ).to_json()
+        for name in names
+    ]
+    if args.json:
+        print(json.dumps(plans[0] if len(plans) == 1 else plans))
+    else:
+        print("\n".join(_plan_table(plans, args.gpus)))
+    return 0
+
+
+def _plan_table(plans: list[dict[str, Any]], gpus: int) -> list[str]:
+    gib = 2**30
+    lines = [f"{'model':<10}{'parameters':>14}{'strategy':>10}{'GiB/GPU':>10}  fits ({gpus} GPUs)"]
+    for item in plans:
+        lines.append(
+            f"{item['model']:<10}{item['parameters']:>14,}{item['strategy']:>10}"
+            f"{item['bytes_per_gpu'] / gib:>10.1f}  {'yes' if item['fits'] else 'NO'}"
+        )
+    return lines
+
+
+def add_data(commands: Commands) -> None:
+    data = add_command(
+        commands,
+        "data",
+        "task data",
+        "privzo data prepare sst2 --output-dir data/sst2",
+    )
+    data_commands = add_subcommands(data, "data_command")
+    prepare = add_command(
+        data_commands,
+        "prepare",
+        "export a task's hub data to local Parquet for offline clusters",
+        "privzo data prepare sst2 --output-dir data/sst2",
+        description="Download a task preset's data from the Hugging Face Hub (needs "
+        "privzo[hub]) and write each split as Parquet, for clusters without the Hub.",
+    )
+    prepare.add_argument("task", help="a task preset, e.g. sst2, snli, boolq")
+    prepare.add_argument(
+        "--output-dir", type=Path, required=True, help="where the splits are written"
+    )
+    prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
+    prepare.add_argument("--hf-subset", help="override the preset's subset")
+    prepare.set_defaults(handler=_prepare_command)
+
+
+def _prepare_command(args: argparse.Namespace) -> int:
+    from privzo.tasks.prepare import prepare_task_data
+
+    record = prepare_task_data(
+        args.task, args.output_dir, hf_dataset=args.hf_dataset, hf_subset=args.hf_subset
+    )
+    for split, info in record["splits"].items():
+        print(f"{split}: {info['rows']} rows -> {args.output_dir / info['file']}")
+    print(f"use it with task.name={args.task} task.data_dir={args.output_dir}")
+    return 0
+
+
+def add_models(commands: Commands) -> None:
+    models = add_command(
+        commands,
+        "models",
+        "local model directories",
+        "privzo models init --shape tiny --output-dir runs/tiny-model",
+    )
+    models_commands = add_subcommands(models, "models_command")
+    init = add_command(
+        models_commands,
+        "init",
+        "a randomly initialised OPT-shaped model and privzo's tokenizer, saved to a directory",
+        "privzo models init --shape opt-125m --output-dir models/opt-125m-random",
+    )
+    init.add_argument("--shape", required=True, help=f"tiny, {OPT_NAMES}")
+    init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
+    init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    add_verbose(init)
+    init.set_defaults(handler=_models_init_command)
+
+
+def _models_init_command(args: argparse.Namespace) -> int:
+    from privzo.models.random_init import init_model_directory
+
+    quiet_libraries(args.verbose)
+    dtype = dtype_name(args.dtype)
+    target = init_model_directory(args.shape, args.output_dir, dtype=dtype, seed=args.seed)
+    print(f"random {args.shape} ({dtype}) in {target}; use it with model.name_or_path={target}")
+    return 0

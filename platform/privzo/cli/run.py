@@ -1,0 +1,222 @@
+"""``privzo run``, ``privzo check`` and ``privzo replay``: one run, what it would do, and its
+weights rebuilt from its trajectory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from privzo.cli.arguments import (
+    Commands,
+    add_cache_dir,
+    add_command,
+    add_config,
+    add_verbose,
+    load_run_config,
+    tracking_uri,
+)
+from privzo.cli.process import (
+    Terminated,
+    quiet_libraries,
+    sigterm_as_interrupt,
+    use_process_cores,
+)
+
+RUN_EPILOG = (
+    "The output directory receives config.yaml, summary.json, privacy.json and (zeroth-order "
+    "algorithms) trajectory.parquet."
+)
+
+
+def add_run(commands: Commands) -> None:
+    run = add_command(
+        commands,
+        "run",
+        "one fine-tuning run",
+        [
+            "privzo run configs/runs/tiny-dpzero.yaml --output-dir runs/tiny-dp",
+            "privzo run configs/runs/tiny-dpzero.yaml optimizer.steps=800 privacy.epsilon=4 "
+            "--output-dir runs/x",
+        ],
+        description="Fine-tune, evaluate and record one run.",
+    )
+    run.epilog = f"{run.epilog}\n\n{RUN_EPILOG}"
+    add_config(run, "run", "configs/runs/*.yaml")
+    run.add_argument(
+        "--output-dir",
+        type=Path,
+        required=True,
+        help="the run's directory: refused if it holds another run (see --overwrite)",
+    )
+    run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help='print the summary as one JSON line, {"privzo_summary": {...}}',
+    )
+    add_cache_dir(run)
+    add_verbose(run)
+    run.set_defaults(handler=_run_command)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    config = load_run_config(args)
+    quiet_libraries(args.verbose)
+    from privzo.run import run
+
+    if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
+        use_process_cores()
+    try:
+        with sigterm_as_interrupt():
+            summary = run(
+                config,
+                args.output_dir,
+                cache_dir=args.cache_dir,
+                progress=not args.quiet,
+                overwrite=args.overwrite,
+                tracking_uri=tracking_uri(),
+            )
+    except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
+        print(interrupted_line(args.output_dir), file=sys.stderr)
+        # what a shell reports: 128 + SIGTERM (a job scheduler's stop) or SIGINT (Ctrl+C)
+        return 143 if isinstance(stop, Terminated) else 130
+    if args.json:  # one line a job's log can be parsed from
+        print(json.dumps({"privzo_summary": summary}, default=str))
+    else:
+        print("\n".join(summary_lines(summary, args.output_dir)))
+    return 0
+
+
+def interrupted_line(output_dir: Path) -> str:
+    return (
+        f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
+        "keeps the steps made so far: the same command resumes a zeroth-order run from there, "
+        "--overwrite starts over"
+    )
+
+
+SUMMARY_HEAD = ("algorithm",)
+SUMMARY_TAIL = (
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "accountant",
+    "steps",
+    "mean_step_time_s",
+    "peak_memory_mb",
+    "tracking_run_id",
+)
+
+
+def summary_lines(summary: dict[str, Any], output_dir: Path) -> list[str]:
+    """A finished run's summary as the console shows it: the task's own metrics before and
+    after (accuracy, or exact match and F1), the privacy spent and the figures that were
+    measured; a value the run did not record (None) is left out, not printed as None."""
+    scores = [key for key in summary if _is_task_score(key)]
+    keys = [*SUMMARY_HEAD, *scores, *SUMMARY_TAIL]
+    shown = {key: summary[key] for key in keys if summary.get(key) is not None}
+    width = max(map(len, shown), default=0)
+    lines = [f"{key:<{width}}  {_show(value)}" for key, value in shown.items()]
+    return [*lines, f"results in {output_dir}"]
+
+
+def _is_task_score(key: str) -> bool:
+    """A task metric's score before or after training (``accuracy_after``, ``f1_before``); the
+    primary metric's copies (``metric_before``) and validation scores are not repeated."""
+    return key.endswith(("_before", "_after")) and not key.startswith(
+        ("metric_", "validation_", "selection_")
+    )
+
+
+def _show(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def add_check(commands: Commands) -> None:
+    check = add_command(
+        commands,
+        "check",
+        "what a run of CONFIG would do (σ, ε, steps, layout, memory), or why it cannot start",
+        "privzo check configs/runs/tiny-dpzero.yaml privacy.epsilon=4",
+        description="Run every check `privzo run` makes before it loads weights (preflight) "
+        "and print what the run would do; exit 0, or 2 with the reason. Loads no weights and "
+        "writes nothing.",
+    )
+    add_config(check, "run", "configs/runs/*.yaml")
+    check.add_argument(
+        "--output-dir", type=Path, help="also check this run directory is free (see --overwrite)"
+    )
+    check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
+    check.add_argument("--json", action="store_true", help='one JSON line, {"privzo_check": ...}')
+    add_verbose(check)
+    check.set_defaults(handler=_check_command)
+
+
+def _check_command(args: argparse.Namespace) -> int:
+    """What ``privzo run`` would do with this config, or why it would refuse (exit 2)."""
+    config = load_run_config(args)
+    quiet_libraries(args.verbose)
+    from privzo.preflight import preflight
+
+    checked = preflight(
+        config,
+        output_dir=args.output_dir,
+        overwrite=args.overwrite,
+        tracking_uri=tracking_uri(),
+    )
+    if args.json:
+        print(json.dumps({"privzo_check": checked.to_json()}, default=str))
+    else:
+        print("\n".join(["privzo check: the run can start", *checked.describe()]))
+    return 0
+
+
+def add_replay(commands: Commands) -> None:
+    replay = add_command(
+        commands,
+        "replay",
+        "rebuild fine-tuned weights from a trajectory",
+        "privzo replay --base demo-opt-s --trajectory runs/tiny-dp/trajectory.parquet "
+        "--output-dir runs/tiny-dp/rebuilt",
+        description="Replay a zeroth-order run's trajectory (its seeds and projected gradients) "
+        "onto the base weights it started from, and save the fine-tuned model.",
+    )
+    replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")
+    replay.add_argument("--trajectory", type=Path, required=True, help="a run's trajectory.parquet")
+    replay.add_argument(
+        "--output-dir", type=Path, required=True, help="where the rebuilt weights are saved"
+    )
+    replay.add_argument(
+        "--device",
+        help="where to replay (cpu, cuda, cuda:N; default: the training run's device type); "
+        "philox trajectories replay on any device",
+    )
+    replay.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights' dtype (default: the training run's); float32 rebuilds a half-precision "
+        "run's intended model, its updates without their roundings",
+    )
+    add_cache_dir(replay)
+    add_verbose(replay)
+    replay.set_defaults(handler=_replay_command)
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    from privzo.replay import replay_to_directory
+
+    quiet_libraries(args.verbose)
+    steps = replay_to_directory(
+        args.base,
+        args.trajectory,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    print(f"replayed {steps} steps onto {args.base}; weights saved to {args.output_dir}")
+    return 0

@@ -1,0 +1,85 @@
+"""``privzo tune`` and ``privzo export-best``: a hyperparameter search under a fixed privacy
+budget, and its best trial on its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from privzo.cli.arguments import (
+    Commands,
+    add_cache_dir,
+    add_command,
+    add_config,
+    add_verbose,
+    tracking_uri,
+)
+from privzo.cli.process import process_cores, quiet_libraries
+
+
+def add_tune(commands: Commands) -> None:
+    tune = add_command(
+        commands,
+        "tune",
+        "a Ray Tune search under a fixed privacy budget (resumes in the same dir)",
+        "privzo tune configs/searches/tiny.yaml --output-dir runs/tiny-search",
+        description="Search a run's hyperparameters with Ray Tune, every trial within the "
+        "search's privacy budget; the same command resumes an interrupted search in the same "
+        "directory.",
+    )
+    add_config(
+        tune,
+        "search",
+        "configs/searches/*.yaml",
+        overrides="key.sub=value overrides of the search config",
+    )
+    tune.add_argument(
+        "--output-dir", type=Path, required=True, help="the search's directory (its trials)"
+    )
+    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
+    add_cache_dir(tune)
+    add_verbose(tune)
+    tune.set_defaults(handler=_tune_command)
+
+
+def _tune_command(args: argparse.Namespace) -> int:
+    from privzo.tuning import load_search_config, run_search
+
+    quiet_libraries(args.verbose)
+    search = load_search_config(args.config, args.overrides)
+    # a local Ray schedules trials on the cores this process may use, not the machine's
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    summary = run_search(
+        search,
+        args.output_dir,
+        cache_dir=args.cache_dir,
+        ray_address=args.address,
+        num_cpus=process_cores() if local else None,
+        tracking_uri=tracking_uri(),
+        progress=not args.quiet,
+    )
+    return 130 if summary["interrupted"] else 0
+
+
+def add_export_best(commands: Commands) -> None:
+    export = add_command(
+        commands,
+        "export-best",
+        "the best trial of a finished search, alone (its config, trajectory, summary)",
+        "privzo export-best runs/tiny-search --output-dir runs/tiny-best",
+    )
+    export.add_argument("search_dir", type=Path, help="a finished search's --output-dir")
+    export.add_argument("--output-dir", type=Path, required=True, help="a new, empty directory")
+    export.set_defaults(handler=_export_best_command)
+
+
+def _export_best_command(args: argparse.Namespace) -> int:
+    from privzo.tuning.export import export_best
+
+    summary = export_best(args.search_dir, args.output_dir)
+    print(f"exported the best trial of {args.search_dir} to {args.output_dir}")
+    if summary.get("guarantee"):
+        print(f"privacy: {summary['guarantee']}")
+    return 0
