@@ -60,18 +60,19 @@ LAYERS = {
     "privzo.bench_distributed": 5,
 }
 
-# Inside privzo.privacy.accountants, from the bottom: what every accountant shares, the pure
-# accountant (whose closed-form σ seeds every calibration), the calibration engines, the other
-# accountants, and the registry, the only module that knows them all.
+# Inside privzo.privacy.accountants, from the bottom: the one calibration search (which knows no
+# accountant: they hand it ε(σ) curves), the run's dp_accounting event and what every accountant
+# shares, the accountants, and the registry, the only module that knows them all.
 ACCOUNTANT_LAYERS = {
-    "privzo.privacy.accountants.base": 0,
-    "privzo.privacy.accountants.pure": 1,
-    "privzo.privacy.accountants.calibration": 2,
-    "privzo.privacy.accountants.pld": 3,
-    "privzo.privacy.accountants.rdp": 3,
-    "privzo.privacy.accountants.numeric": 3,
-    "privzo.privacy.accountants.registry": 4,
-    "privzo.privacy.accountants": 5,  # re-exports only
+    "privzo.privacy.accountants.calibration": 0,
+    "privzo.privacy.accountants.events": 1,
+    "privzo.privacy.accountants.base": 1,
+    "privzo.privacy.accountants.pure": 2,
+    "privzo.privacy.accountants.pld": 2,
+    "privzo.privacy.accountants.rdp": 2,
+    "privzo.privacy.accountants.numeric": 2,
+    "privzo.privacy.accountants.registry": 3,
+    "privzo.privacy.accountants": 4,  # re-exports only
 }
 
 
