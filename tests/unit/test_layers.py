@@ -28,10 +28,15 @@ LAYERS = {
     "privzo.memory": 0,
     "privzo.demo_data": 0,
     "privzo.dirlock": 0,  # the run directory's lock
+    # what the config reads at load: the noise each algorithm adds, and the accountants (with the
+    # validators and grids they need), whose classes state which noise each one bounds
+    "privzo.algorithms.noise": 0,
+    "privzo.privacy.accountants": 0,  # its own order: ACCOUNTANT_LAYERS
+    "privzo.privacy.checks": 0,
+    "privzo.privacy.discrete": 0,
     # 1: the parts
     "privzo.zo": 1,
     "privzo.privacy": 1,
-    "privzo.privacy.accountants": 1,  # its own order: ACCOUNTANT_LAYERS
     "privzo.models": 1,
     "privzo.tasks": 1,
     "privzo.tracking": 1,
