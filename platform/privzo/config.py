@@ -22,36 +22,17 @@ from pydantic import (
     model_validator,
 )
 
+from privzo.algorithms.noise import NOISE
+
 # Names a config may choose. What each algorithm is (family, mechanisms, layouts, views, its
 # stepper) is registered in privzo.algorithms.registry, beneath which this module sits; a test
-# (tests/unit/algorithms/test_registry.py) ties these Literals to the registries.
+# (tests/unit/algorithms/test_registry.py) ties these Literals to the registries. The noise each
+# algorithm adds, which decides the privacy rules at load, is read from
+# privzo.algorithms.noise, and which accountant bounds which noise from the accountant classes.
 AlgorithmName = Literal["mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th"]
 MechanismName = Literal["gaussian", "laplace", "lmo"]
 LayoutName = Literal["single", "replica", "zero3"]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
-# The one algorithm fact the schema needs at load: the default mechanism of each private
-# algorithm (absent: not private), which decides the privacy rules below. The registry's
-# entries say the same (its ``private`` and first mechanism; tied by
-# tests/unit/algorithms/test_registry.py).
-ALGORITHM_MECHANISM: dict[str, str] = {
-    "dpzero": "gaussian",
-    "dpzo-laplace": "laplace",
-    "dpsgd": "gaussian",
-    "dpgd-0th": "gaussian",
-}
-# Which accountants can bound which scalar mechanism (privzo.privacy.accountants.ACCOUNTANTS).
-MECHANISM_ACCOUNTANTS = {
-    "gaussian": ("pld", "rdp", "numeric"),
-    "laplace": ("pld", "pure", "numeric"),
-    "lmo": ("numeric",),
-}
-# Algorithms whose noise is one scalar per step, drawn on privacy.noise_grid.
-SCALAR_NOISE_ALGORITHMS = ("dpzero", "dpzo-laplace")
-GRIDDED_MECHANISMS = ("gaussian", "laplace", "lmo")
-# Accountants that bound each mechanism on the grid: dp_accounting's discrete PLDs and the pure
-# ε-DP of the discrete Laplace; LMO's gridded noise rounds the continuous LMO output, so the
-# numeric accountant bounds it (at the grid's sensitivity).
-GRID_ACCOUNTANTS = {"gaussian": ("pld",), "laplace": ("pld", "pure"), "lmo": ("numeric",)}
 DEFAULT_NOISE_GRID = 1024
 
 
@@ -294,7 +275,7 @@ class OptimizerConfig(_Section):
 
     @property
     def is_private(self) -> bool:
-        return self.algorithm in ALGORITHM_MECHANISM
+        return NOISE[self.algorithm].private
 
     @property
     def first_order_physical_batch_size(self) -> int:
@@ -449,31 +430,28 @@ class RunConfig(_Section):
                 f"privacy.sampler={self.privacy.sampler!r} with a private algorithm: the "
                 "accountants here assume Poisson sampling; allowed: 'poisson'"
             )
-        if self.privacy.accountant == "pure" and mechanism != "laplace":
+        # Imported here: the accountants load dp_accounting (seconds), which a config that
+        # fails before this point, or a non-private one, never needs.
+        from privzo.privacy.accountants import ACCOUNTANTS, accountants_for
+
+        name = self.privacy.accountant
+        accountant = ACCOUNTANTS[name]
+        if not accountant.bounds(mechanism):
             raise ValueError(
-                f"privacy.accountant='pure' with optimizer.algorithm={self.optimizer.algorithm!r}: "
-                "pure ε-DP accounting exists only for the Laplace mechanism (dpzo-laplace)"
+                f"privacy.accountant={name!r} with optimizer.algorithm="
+                f"{self.optimizer.algorithm!r} cannot account the {mechanism!r} mechanism: the "
+                f"{accountant.title} accountant bounds only {list(accountant.mechanisms)}; "
+                f"allowed: {accountants_for(mechanism)}"
             )
-        if self.privacy.accountant == "rdp" and mechanism == "laplace":
-            raise ValueError(
-                "privacy.accountant='rdp' with optimizer.algorithm='dpzo-laplace': the RDP "
-                "accountant cannot account the subsampled Laplace mechanism; allowed: 'pld', 'pure'"
-            )
-        if self.privacy.accountant != "pure" and self.privacy.delta <= 0:
+        if not accountant.allows_zero_delta and self.privacy.delta <= 0:
             raise ValueError(
                 f"privacy.delta={self.privacy.delta}: approximate DP needs 0 < delta < 1"
             )
-        if self.privacy.accountant not in MECHANISM_ACCOUNTANTS[mechanism]:
+        if self.noise_grid is not None and not accountant.bounds(mechanism, grid=True):
             raise ValueError(
-                f"privacy.accountant={self.privacy.accountant!r} cannot account the "
-                f"{mechanism!r} mechanism; allowed: {list(MECHANISM_ACCOUNTANTS[mechanism])}"
-            )
-        grid_accountants = GRID_ACCOUNTANTS.get(mechanism, ())
-        if self.noise_grid is not None and self.privacy.accountant not in grid_accountants:
-            raise ValueError(
-                f"privacy.accountant={self.privacy.accountant!r} with privacy.noise_grid="
-                f"{self.noise_grid}: it accounts only the continuous {mechanism} mechanism, and "
-                f"the run draws discrete noise on a grid; allowed: {list(grid_accountants)}, or "
+                f"privacy.accountant={name!r} with privacy.noise_grid={self.noise_grid}: it "
+                f"accounts only the continuous {mechanism} mechanism, and the run draws discrete "
+                f"noise on a grid; allowed: {accountants_for(mechanism, grid=True)}, or "
                 "privacy.noise_grid=null for the float sampler (not safe from floating-point "
                 "attacks)"
             )
@@ -490,9 +468,7 @@ class RunConfig(_Section):
     @property
     def noise_grid(self) -> int | None:
         """The grid of this run's scalar noise (None: continuous, or no scalar noise)."""
-        if self.optimizer.algorithm not in SCALAR_NOISE_ALGORITHMS:
-            return None
-        if self.mechanism not in GRIDDED_MECHANISMS:
+        if not NOISE[self.optimizer.algorithm].scalar:
             return None
         return self.privacy.noise_grid
 
@@ -500,7 +476,7 @@ class RunConfig(_Section):
     def mechanism(self) -> str | None:
         if not self.optimizer.is_private:
             return None
-        return self.privacy.mechanism or ALGORITHM_MECHANISM.get(self.optimizer.algorithm)
+        return self.privacy.mechanism or NOISE[self.optimizer.algorithm].default_mechanism
 
 
 def _check_test_split_is_not_private(config: RunConfig) -> None:

@@ -28,10 +28,15 @@ LAYERS = {
     "privzo.memory": 0,
     "privzo.demo_data": 0,
     "privzo.dirlock": 0,  # the run directory's lock
+    # what the config reads at load: the noise each algorithm adds, and the accountants (with the
+    # validators and grids they need), whose classes state which noise each one bounds
+    "privzo.algorithms.noise": 0,
+    "privzo.privacy.accountants": 0,  # its own order: ACCOUNTANT_LAYERS
+    "privzo.privacy.checks": 0,
+    "privzo.privacy.discrete": 0,
     # 1: the parts
     "privzo.zo": 1,
     "privzo.privacy": 1,
-    "privzo.privacy.accountants": 1,  # its own order: ACCOUNTANT_LAYERS
     "privzo.models": 1,
     "privzo.tasks": 1,
     "privzo.tracking": 1,
@@ -60,18 +65,19 @@ LAYERS = {
     "privzo.bench_distributed": 5,
 }
 
-# Inside privzo.privacy.accountants, from the bottom: what every accountant shares, the pure
-# accountant (whose closed-form σ seeds every calibration), the calibration engines, the other
-# accountants, and the registry, the only module that knows them all.
+# Inside privzo.privacy.accountants, from the bottom: the one calibration search (which knows no
+# accountant: they hand it ε(σ) curves), the run's dp_accounting event and what every accountant
+# shares, the accountants, and the registry, the only module that knows them all.
 ACCOUNTANT_LAYERS = {
-    "privzo.privacy.accountants.base": 0,
-    "privzo.privacy.accountants.pure": 1,
-    "privzo.privacy.accountants.calibration": 2,
-    "privzo.privacy.accountants.pld": 3,
-    "privzo.privacy.accountants.rdp": 3,
-    "privzo.privacy.accountants.numeric": 3,
-    "privzo.privacy.accountants.registry": 4,
-    "privzo.privacy.accountants": 5,  # re-exports only
+    "privzo.privacy.accountants.calibration": 0,
+    "privzo.privacy.accountants.events": 1,
+    "privzo.privacy.accountants.base": 1,
+    "privzo.privacy.accountants.pure": 2,
+    "privzo.privacy.accountants.pld": 2,
+    "privzo.privacy.accountants.rdp": 2,
+    "privzo.privacy.accountants.numeric": 2,
+    "privzo.privacy.accountants.registry": 3,
+    "privzo.privacy.accountants": 4,  # re-exports only
 }
 
 # Inside privzo.cli, from the bottom: the shared argument helpers and the process policy, the

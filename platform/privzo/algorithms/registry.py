@@ -5,9 +5,8 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 
 - **family**: zeroth-order (two forwards, one released scalar per step) or first-order
   (back-propagation);
-- **private**: whether the run calibrates σ and books ε (``privacy.*`` applies);
-- **mechanisms**: the noise it can add (the first is its default, as
-  ``privzo.config.ALGORITHM_MECHANISM`` states at load); none for a non-private algorithm;
+- **private**, **mechanisms** (the first the default) and **noise**: the noise it adds, read
+  from ``privzo.algorithms.noise``, where the run config reads it at load too;
 - **layouts**: the process layouts that can run it (``single``, ``replica``, ``zero3``): the
   distributed ones need a scalar, all-reducing estimator, which only the zeroth-order steppers
   have;
@@ -19,9 +18,10 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 - **stepper**: the factory of its ``privzo.algorithms.stepper.Stepper``, which the one
   ``TrainingLoop`` drives.
 
-Adding an algorithm is one module (its stepper) and one entry below, plus its name in the config
-Literal ``privzo.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the
-Literal to the keys.
+Adding an algorithm is one module (its stepper), one entry below and its noise in
+``privzo.algorithms.noise``, plus its name in the config Literal
+``privzo.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the Literal to
+the keys.
 ``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
 """
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.noise import NOISE
 from privzo.algorithms.stepper import StepMeter, Stepper
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.baselines.dpgd import DpgdStepper, check_dpgd_size
@@ -54,19 +55,30 @@ class Algorithm:
 
     name: str
     family: Family
-    private: bool
-    mechanisms: tuple[str, ...]  # the first is the default; () when not private
     layouts: tuple[str, ...]
     views: tuple[str, ...]
     writes_trajectory: bool
     stepper: Callable[[RunContext, StepMeter], Stepper]
-    noise: str  # what it adds, in words (named in refusals)
     check_config: Callable[[RunConfig], None] | None = None
     check_context: Callable[[RunContext], None] | None = None
 
     @property
+    def private(self) -> bool:
+        return NOISE[self.name].private
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The noise it can add, the default first; () when not private."""
+        return NOISE[self.name].mechanisms
+
+    @property
     def default_mechanism(self) -> str | None:
-        return self.mechanisms[0] if self.mechanisms else None
+        return NOISE[self.name].default_mechanism
+
+    @property
+    def noise(self) -> str:
+        """What it adds, in words (named in refusals)."""
+        return NOISE[self.name].words
 
 
 def _no_noise_multiplier(config: RunConfig) -> None:
@@ -85,69 +97,51 @@ REGISTRY: dict[str, Algorithm] = {
         Algorithm(
             "mezo",
             "zeroth-order",
-            private=False,
-            mechanisms=(),
             layouts=ALL_LAYOUTS,
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
-            noise="no noise (the mean of the loss differences)",
         ),
         Algorithm(
             "dpzero",
             "zeroth-order",
-            private=True,
-            mechanisms=("gaussian", "laplace", "lmo"),
             layouts=ALL_LAYOUTS,
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
-            noise="scalar noise to the clipped sum of loss differences",
         ),
         Algorithm(
             "dpzo-laplace",
             "zeroth-order",
-            private=True,
-            mechanisms=("laplace", "gaussian", "lmo"),
             layouts=ALL_LAYOUTS,
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
-            noise="scalar noise to the clipped sum of loss differences",
         ),
         Algorithm(
             "dpsgd",
             "first-order",
-            private=True,
-            mechanisms=("gaussian",),
             layouts=("single",),
             views=_FIRST_ORDER_VIEWS,
             writes_trajectory=False,
             stepper=FirstOrderStepper,
-            noise="d-dimensional Gaussian noise (Opacus)",
         ),
         Algorithm(
             "adamw",
             "first-order",
-            private=False,
-            mechanisms=(),
             layouts=("single",),
             views=_FIRST_ORDER_VIEWS,
             writes_trajectory=False,
             stepper=FirstOrderStepper,
-            noise="no noise",
             check_config=_no_noise_multiplier,
         ),
         Algorithm(
             "dpgd-0th",
             "zeroth-order",
-            private=True,
-            mechanisms=("gaussian",),
             layouts=("single",),
             views=ALL_VIEWS,
             writes_trajectory=False,
             stepper=DpgdStepper,
-            noise="d-dimensional Gaussian noise",
             check_context=check_dpgd_size,
         ),
     )

@@ -14,7 +14,7 @@ from privzo.privacy.accountants import (
     compute_epsilon,
     get_accountant,
 )
-from privzo.privacy.sampling import check_count
+from privzo.privacy.checks import check_count
 
 __all__ = ["BUDGET_RTOL", "BudgetExceededError", "BudgetLedger", "check_feasible"]
 

@@ -9,34 +9,15 @@ batches are reproducible from a logged seed, so no subsampling amplification may
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
+from privzo.privacy.checks import check_count, check_sample_rate
 from privzo.privacy.mechanisms import SecretGenerator
 
 __all__ = ["PoissonSampler", "Sampler", "ShuffleSampler"]
-
-
-def check_count(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    """An integer argument within [minimum, maximum]; bools are not counts."""
-    allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}={value!r} must be an integer {allowed}")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{name}={value!r} is out of range; allowed: integer {allowed}")
-    return int(value)
-
-
-def check_sample_rate(sample_rate: float) -> float:
-    """A Poisson sampling rate p in (0, 1]; p = 0 would train on nothing and claim no cost."""
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float, np.floating)):
-        raise ValueError(f"sample_rate={sample_rate!r} must be a number in (0, 1]")
-    if not (math.isfinite(sample_rate) and 0 < sample_rate <= 1):
-        raise ValueError(f"sample_rate={sample_rate!r} is out of range; allowed: (0, 1]")
-    return float(sample_rate)
 
 
 class Sampler(ABC):

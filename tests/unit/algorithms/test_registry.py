@@ -7,25 +7,26 @@ from typing import get_args
 
 import pytest
 
+from privzo.algorithms.noise import NOISE
 from privzo.algorithms.registry import ALL_LAYOUTS, REGISTRY, get_algorithm, names
 from privzo.config import (
-    ALGORITHM_MECHANISM,
-    MECHANISM_ACCOUNTANTS,
     AlgorithmName,
     ConfigError,
     LayoutName,
     MechanismName,
     load_config,
 )
+from privzo.privacy.accountants import ACCOUNTANTS, MECHANISM_NAMES
 from privzo.privacy.mechanisms import MECHANISMS
 
 
 def test_the_algorithm_literal_names_the_registry_keys():
-    assert list(get_args(AlgorithmName)) == list(REGISTRY)
+    assert list(get_args(AlgorithmName)) == list(REGISTRY) == list(NOISE)
 
 
 def test_the_mechanism_literal_names_the_mechanism_registry_and_every_registered_mechanism():
-    assert set(get_args(MechanismName)) == set(MECHANISMS) == set(MECHANISM_ACCOUNTANTS)
+    accounted = {mechanism for cls in ACCOUNTANTS.values() for mechanism in cls.mechanisms}
+    assert set(get_args(MechanismName)) == set(MECHANISMS) == set(MECHANISM_NAMES) == accounted
     used = {mechanism for entry in REGISTRY.values() for mechanism in entry.mechanisms}
     assert used == set(get_args(MechanismName))
 
@@ -40,7 +41,7 @@ def test_the_layout_literal_names_every_layout_an_algorithm_may_support():
 def test_each_entry_agrees_with_the_privacy_facts_the_config_uses_at_load(name):
     entry = REGISTRY[name]
     config = load_config(None, [f"optimizer.algorithm={name}"])
-    assert entry.private == config.optimizer.is_private == (name in ALGORITHM_MECHANISM)
+    assert entry.private == config.optimizer.is_private == NOISE[name].private
     assert entry.default_mechanism == config.mechanism
     assert bool(entry.mechanisms) == entry.private
     assert not (entry.writes_trajectory and entry.family == "first-order")

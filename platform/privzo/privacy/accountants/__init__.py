@@ -19,8 +19,10 @@ Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
 - ``numeric``: a certified numeric PLD of any symmetric 1-D noise with a computable tail
   (Gaussian, Laplace and the LMO mixture).
 
-``base`` holds what they share (validation, the ``Accountant`` class), ``calibration`` the
-search for the smallest σ meeting an ε target, and ``registry`` the accountants by name.
+``calibration`` holds the one search for the smallest σ meeting an ε target (and its
+process-wide memo of ε), ``events`` the run's dp_accounting event, ``base`` what the
+accountants share (validation, the ``Accountant`` class, which states what each bounds), and
+``registry`` the accountants by name.
 
 Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanisms``): the noise
 is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
@@ -33,17 +35,19 @@ the continuous one.
 """
 
 from privzo.privacy.accountants.base import (
-    CALIBRATION_RTOL,
-    MAX_NOISE_MULTIPLIER,
     MECHANISM_NAMES,
-    MIN_NOISE_MULTIPLIER,
     PLD_VALUE_DISCRETIZATION,
     Accountant,
     UnsupportedNoiseError,
     check_delta,
     check_positive,
-    quiet_absl,
 )
+from privzo.privacy.accountants.calibration import (
+    CALIBRATION_RTOL,
+    MAX_NOISE_MULTIPLIER,
+    MIN_NOISE_MULTIPLIER,
+)
+from privzo.privacy.accountants.events import quiet_absl
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
@@ -51,6 +55,7 @@ from privzo.privacy.accountants.rdp import RdpAccountant
 from privzo.privacy.accountants.registry import (
     ACCOUNTANTS,
     accountant_from_state,
+    accountants_for,
     calibrate_noise_multiplier,
     compute_epsilon,
     get_accountant,
@@ -71,6 +76,7 @@ __all__ = [
     "RdpAccountant",
     "UnsupportedNoiseError",
     "accountant_from_state",
+    "accountants_for",
     "calibrate_noise_multiplier",
     "check_delta",
     "check_positive",

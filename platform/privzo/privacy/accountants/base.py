@@ -1,46 +1,38 @@
-"""What every accountant shares: validation, the mechanism names, the search range of σ, the
-one-step dp_accounting event and the ``Accountant`` base class."""
+"""What every accountant shares: validation, the mechanism names and the ``Accountant`` base
+class, which states what each accountant bounds and holds the code they all run (the grid, the
+saved state, calibration)."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import dp_accounting
 import numpy as np
 
+from privzo.privacy.accountants.calibration import (
+    COARSE_FACTOR,
+    CalibrationTarget,
+    Curve,
+    search_sigma,
+)
+from privzo.privacy.checks import check_count, check_sample_rate
 from privzo.privacy.discrete import check_grid
-from privzo.privacy.sampling import check_count, check_sample_rate
 
 __all__ = [
-    "CALIBRATION_RTOL",
-    "MAX_NOISE_MULTIPLIER",
     "MECHANISM_NAMES",
-    "MIN_NOISE_MULTIPLIER",
     "PLD_VALUE_DISCRETIZATION",
     "Accountant",
     "UnsupportedNoiseError",
     "check_delta",
     "check_mechanism_name",
     "check_positive",
-    "quiet_absl",
-    "run_event",
-    "step_event",
 ]
 
 MECHANISM_NAMES: tuple[str, ...] = ("gaussian", "laplace", "lmo")
 # The ε-grid spacing of the PLD accountants (pld, numeric) unless a caller sets its own.
 PLD_VALUE_DISCRETIZATION = 1e-4
-# Calibration searches σ in [MIN, MAX]: above MAX the target is called unattainable; below MIN
-# the PLD of one step gets so wide that each evaluation takes tens of seconds.
-MIN_NOISE_MULTIPLIER = 0.05
-MAX_NOISE_MULTIPLIER = 1e4
-# Calibrated σ is within this relative distance above the smallest σ meeting the target.
-CALIBRATION_RTOL = 1e-3
 _EPSILON_CACHE_SIZE = 256
 
 
@@ -76,7 +68,7 @@ def check_mechanism_name(mechanism: str) -> str:
 
 
 class UnsupportedNoiseError(ValueError):
-    """An accountant's refusal of noise it cannot bound (a mechanism, or a grid).
+    """An accountant's refusal of noise it cannot bound (a mechanism, or discrete noise).
 
     The full message also names the accountants that *can* bound the noise. Only the registry
     knows them, and it imports every accountant, each of which imports this module; so the
@@ -89,7 +81,8 @@ class UnsupportedNoiseError(ValueError):
 
     reason: str = ""
     noise: str = ""  # what is refused, as the message names it
-    mechanism: str | None = None  # the refused mechanism; None: the refused grid
+    mechanism: str | None = None  # the refused mechanism; None: any mechanism on a grid
+    grid: bool = False  # the refused noise is discrete (on a grid)
     advice: str = ""
 
     @classmethod
@@ -100,57 +93,28 @@ class UnsupportedNoiseError(ValueError):
         mechanism: str | None,
         advice: str = "",
         able: list[str] | None = None,
+        *,
+        grid: bool = False,
     ) -> UnsupportedNoiseError:
         """The refusal, listing ``able`` (the accountants that can) where given."""
         listed = "" if able is None else f"; accountants for {noise}: {able}"
         error = cls(f"{reason}{listed}{advice}")
-        error.reason, error.noise, error.mechanism, error.advice = reason, noise, mechanism, advice
+        error.reason, error.noise, error.mechanism = reason, noise, mechanism
+        error.grid, error.advice = grid or mechanism is None, advice
         return error
 
     def can_bound(self, accountant: type[Accountant]) -> bool:
         """Whether ``accountant`` bounds the refused noise."""
         if self.mechanism is None:
-            return accountant.supports_grid
-        return self.mechanism in accountant.mechanisms
+            return bool(accountant.grid_mechanisms)
+        return accountant.bounds(self.mechanism, grid=self.grid)
 
     def naming(self, accountants: Mapping[str, type[Accountant]]) -> UnsupportedNoiseError:
         """The same refusal, naming the accountants in ``accountants`` that can bound it."""
         able = [name for name, accountant in accountants.items() if self.can_bound(accountant)]
-        return self.refusing(self.reason, self.noise, self.mechanism, self.advice, able)
-
-
-# --- dp_accounting helpers ---------------------------------------------------------------------
-
-
-def step_event(mechanism: str, noise_multiplier: float, sample_rate: float) -> Any:
-    """One Poisson-subsampled step with sensitivity 1 and noise σ (scale-free: σ·C over C)."""
-    if mechanism == "gaussian":
-        inner: Any = dp_accounting.GaussianDpEvent(noise_multiplier)
-    else:
-        inner = dp_accounting.LaplaceDpEvent(noise_multiplier)
-    return dp_accounting.PoissonSampledDpEvent(sample_rate, inner)
-
-
-def run_event(mechanism: str, noise_multiplier: float, sample_rate: float, steps: int) -> Any:
-    """``steps`` self-composed steps of ``step_event``."""
-    return dp_accounting.SelfComposedDpEvent(
-        step_event(mechanism, noise_multiplier, sample_rate), steps
-    )
-
-
-@contextlib.contextmanager
-def quiet_absl() -> Iterator[None]:
-    """Mute dp_accounting's RDP warnings that fractional orders were skipped (harmless).
-
-    Also used where a search composes RDP over its trials (``privzo.tuning.privacy``).
-    """
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+        return self.refusing(
+            self.reason, self.noise, self.mechanism, self.advice, able, grid=self.grid
+        )
 
 
 # --- the base class ----------------------------------------------------------------------------
@@ -162,13 +126,20 @@ class Accountant(ABC):
     ε only ever grows with the step count, and ``epsilon_at`` answers "what would ε be after n
     steps" without stepping, which the budget ledger uses to refuse a step before taking it.
     ``noise_parameters`` may hold the grid K of discrete noise (``{"grid": K}``), which an
-    accountant without ``supports_grid`` refuses.
+    accountant refuses for a mechanism not in its ``grid_mechanisms``.
+
+    What an accountant bounds is stated here, by its class attributes, and read by everyone
+    else (the registry's refusals, the run config's validation): ``mechanisms`` (continuous
+    noise), ``grid_mechanisms`` (discrete noise), ``allows_zero_delta`` (pure ε-DP), and
+    ``discretized`` (a PLD on an ε grid of ``value_discretization_interval``).
     """
 
     name: ClassVar[str]
+    title: ClassVar[str]  # its method, as messages name it
     mechanisms: ClassVar[tuple[str, ...]]
+    grid_mechanisms: ClassVar[tuple[str, ...]] = ()
     allows_zero_delta: ClassVar[bool] = False
-    supports_grid: ClassVar[bool] = False  # bounds the discrete (gridded) mechanisms
+    discretized: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -176,13 +147,21 @@ class Accountant(ABC):
         noise_multiplier: float,
         sample_rate: float,
         noise_parameters: dict[str, Any] | None = None,
+        value_discretization_interval: float | None = None,
     ) -> None:
         self._mechanism = type(self).check_mechanism(mechanism)
         self._noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
         self._sample_rate = check_sample_rate(sample_rate)
         self._steps = 0
         self._cache: dict[tuple[int, float], float] = {}
-        self._grid = type(self).grid_of(noise_parameters)
+        self._grid = type(self).grid_of(noise_parameters, mechanism)
+        self._interval = type(self).interval_of(value_discretization_interval)
+        self._given_parameters = dict(noise_parameters) if noise_parameters else None
+        self._prepare()
+
+    def _prepare(self) -> None:  # noqa: B027 (a hook: most accountants need nothing more)
+        """Check and set up what this accountant needs beyond the shared settings (nothing
+        computed yet: ε is computed when first asked)."""
 
     # The settings are read-only: changing σ or p mid-run would silently misaccount past steps.
     @property
@@ -208,10 +187,15 @@ class Accountant(ABC):
         return self._steps
 
     @classmethod
+    def bounds(cls, mechanism: str, *, grid: bool = False) -> bool:
+        """Whether this accountant bounds ``mechanism``'s noise, discrete if ``grid``."""
+        return mechanism in (cls.grid_mechanisms if grid else cls.mechanisms)
+
+    @classmethod
     def check_mechanism(cls, mechanism: str) -> str:
         """Reject mechanisms this accountant cannot bound (the registry adds which can)."""
         check_mechanism_name(mechanism)
-        if mechanism not in cls.mechanisms:
+        if not cls.bounds(mechanism):
             raise UnsupportedNoiseError.refusing(
                 f"accountant={cls.name!r} cannot account mechanism={mechanism!r}: it supports "
                 f"only {list(cls.mechanisms)}",
@@ -225,11 +209,13 @@ class Accountant(ABC):
         return check_delta(delta, allow_zero=cls.allows_zero_delta)
 
     @classmethod
-    def grid_of(cls, noise_parameters: dict[str, Any] | None) -> int | None:
+    def grid_of(cls, noise_parameters: dict[str, Any] | None, mechanism: str) -> int | None:
         """The grid K of discrete noise in ``noise_parameters`` (None: continuous), refused by
-        an accountant that bounds only continuous noise (the registry adds which do not)."""
+        an accountant that does not bound ``mechanism`` on a grid (the registry adds which do)."""
         grid = check_grid((noise_parameters or {}).get("grid"))
-        if grid is not None and not cls.supports_grid:
+        if grid is None or cls.bounds(mechanism, grid=True):
+            return grid
+        if not cls.grid_mechanisms:
             raise UnsupportedNoiseError.refusing(
                 f"accountant={cls.name!r} bounds only continuous noise, and this noise is "
                 f"discrete (grid={grid})",
@@ -237,7 +223,26 @@ class Accountant(ABC):
                 None,
                 " (numeric for lmo only; or draw continuous noise: privacy.noise_grid=null)",
             )
-        return grid
+        raise UnsupportedNoiseError.refusing(
+            f"accountant={cls.name!r} bounds the {mechanism} mechanism's continuous noise only, "
+            f"and this noise is discrete (grid={grid})",
+            f"discrete {mechanism} noise",
+            mechanism,
+            " (or draw continuous noise: privacy.noise_grid=null)",
+            grid=True,
+        )
+
+    @classmethod
+    def interval_of(cls, value_discretization_interval: float | None) -> float | None:
+        """The ε-grid spacing of a ``discretized`` accountant (default
+        ``PLD_VALUE_DISCRETIZATION``); None for the others, which take none."""
+        if not cls.discretized:
+            if value_discretization_interval is not None:
+                raise TypeError(f"accountant={cls.name!r} takes no value_discretization_interval")
+            return None
+        if value_discretization_interval is None:
+            return PLD_VALUE_DISCRETIZATION
+        return check_positive("value_discretization_interval", value_discretization_interval)
 
     def step(self, num_steps: int = 1) -> int:
         """Record ``num_steps`` more steps; returns the new total."""
@@ -264,8 +269,9 @@ class Accountant(ABC):
     @abstractmethod
     def _compute_epsilon(self, steps: int, delta: float) -> float: ...
 
+    # --- calibration ---------------------------------------------------------------------------
+
     @classmethod
-    @abstractmethod
     def calibrate(
         cls,
         *,
@@ -276,7 +282,73 @@ class Accountant(ABC):
         mechanism: str,
         noise_parameters: dict[str, Any] | None = None,
     ) -> float:
-        """Smallest σ (to ``CALIBRATION_RTOL``) whose ε after ``steps`` is ≤ ``epsilon``."""
+        """Smallest σ (to ``CALIBRATION_RTOL``) whose ε after ``steps`` is ≤ ``epsilon``.
+
+        Raises ValueError if no σ ≤ ``MAX_NOISE_MULTIPLIER`` meets the target, or if even
+        σ = ``MIN_NOISE_MULTIPLIER`` already does (the target is too loose to pin σ down
+        cheaply).
+        """
+        mechanism = cls.check_mechanism(mechanism)
+        epsilon = check_positive("epsilon", epsilon)
+        delta = cls.check_delta(delta)
+        sample_rate = check_sample_rate(sample_rate)
+        steps = check_count("steps", steps, 1)
+        ever_sampled = -math.expm1(steps * math.log1p(-sample_rate)) if sample_rate < 1 else 1.0
+        if not cls.allows_zero_delta and ever_sampled <= delta:
+            raise ValueError(
+                f"epsilon={epsilon}, delta={delta} with {steps} steps at sample_rate="
+                f"{sample_rate} is met even at noise_multiplier=0: an example is sampled at all "
+                f"with probability {ever_sampled:.3g} <= delta, so no σ is pinned down; tighten "
+                "delta"
+            )
+        cls.grid_of(noise_parameters, mechanism)
+        target = CalibrationTarget(
+            cls.name, mechanism, epsilon, delta, sample_rate, steps, noise_parameters or None
+        )
+        return float(cls._solve(target))
+
+    @classmethod
+    def _solve(cls, target: CalibrationTarget) -> float:
+        """The one search (``calibration.search_sigma``) over this accountant's ε(σ) curves; an
+        accountant with a closed form overrides this instead of ``_curves``."""
+        return search_sigma(target, *cls._curves(target))
+
+    @classmethod
+    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+        """The fine ε(σ) curve of ``target`` and, where one is cheaper, a coarse one."""
+        raise NotImplementedError(f"accountant={cls.name!r} has no ε(σ) curve to search")
+
+    @classmethod
+    def _accountant_curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve]:
+        """ε(σ) of ``target`` from fresh accountants of this (``discretized``) class, on the
+        default ε grid and on one ``COARSE_FACTOR`` coarser."""
+
+        def curve(interval: float) -> Curve:
+            def epsilon_of(sigma: float) -> float:
+                fresh = cls(
+                    target.mechanism,
+                    sigma,
+                    target.sample_rate,
+                    target.noise_parameters,
+                    value_discretization_interval=interval,
+                )
+                return fresh.epsilon_at(target.steps, target.delta)
+
+            return Curve(target.curve_key("accountant", interval), epsilon_of)
+
+        return curve(PLD_VALUE_DISCRETIZATION), curve(PLD_VALUE_DISCRETIZATION * COARSE_FACTOR)
+
+    # --- saved state ---------------------------------------------------------------------------
+
+    def options(self) -> dict[str, Any]:
+        """The settings beyond (mechanism, σ, p) that rebuild this accountant: the ε grid of a
+        ``discretized`` one, and the noise parameters of one that bounds discrete noise."""
+        options: dict[str, Any] = {}
+        if self._interval is not None:
+            options["value_discretization_interval"] = self._interval
+        if type(self).grid_mechanisms:
+            options["noise_parameters"] = self.noise_parameters
+        return options
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state, saved with a run's checkpoint."""
@@ -286,6 +358,7 @@ class Accountant(ABC):
             "noise_multiplier": self._noise_multiplier,
             "sample_rate": self._sample_rate,
             "steps": self._steps,
+            **self.options(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -299,16 +372,14 @@ class Accountant(ABC):
                     f"{key}={getattr(self, key)!r}; build the accountant from the saved state "
                     "(accountant_from_state) instead"
                 )
+        for key, value in self.options().items():
+            saved = state.get(key, _SAVED_DEFAULTS[key])  # states saved before the key existed
+            if saved != value:
+                raise ValueError(
+                    f"accountant state has {key}={saved!r} but this accountant has {value!r}; "
+                    "build it with accountant_from_state"
+                )
         self._steps = check_count("steps", state.get("steps"), 0)
-
-    def _check_saved_noise_parameters(self, state: dict[str, Any]) -> None:
-        """Refuse a saved state whose noise parameters differ (for accountants that save them)."""
-        if state.get("noise_parameters") != self.noise_parameters:
-            raise ValueError(
-                f"accountant state has noise_parameters={state.get('noise_parameters')!r} but "
-                f"this accountant has {self.noise_parameters!r}; build it with "
-                "accountant_from_state"
-            )
 
     def __repr__(self) -> str:
         return (
@@ -316,3 +387,9 @@ class Accountant(ABC):
             f"noise_multiplier={self._noise_multiplier}, sample_rate={self._sample_rate}, "
             f"steps={self._steps})"
         )
+
+
+_SAVED_DEFAULTS: dict[str, Any] = {
+    "value_discretization_interval": PLD_VALUE_DISCRETIZATION,
+    "noise_parameters": None,
+}

@@ -1,81 +1,141 @@
 """Calibration: the smallest noise multiplier σ whose ε after T steps meets a target.
 
-Every engine starts from ``noise_hint`` (a closed-form guess) and brackets the target with
-``bracket_sigma`` (secant probes on log ε against log σ, then a geometric walk if need be):
+One search serves every accountant (``search_sigma``). An accountant hands it ε(σ) curves
+(``Curve``): a fine one, whose answer is returned, and optionally a cheaper coarse one that
+steers the first probes. The search starts from ``noise_hint`` (a closed-form guess), brackets
+the target with secant probes on log ε against log σ (then a geometric walk if need be) and
+finishes with Brent's method on the bracket, verified the way
+``dp_accounting.calibrate_dp_mechanism`` verifies it (so ε at the returned σ is within the
+target). ε(σ) need only fall as σ grows: the discrete mechanisms' step functions work too.
 
-- ``calibrate_by_events``: ε(σ) from fresh dp_accounting accountants composing the run's
-  ``DpEvent``, finished by ``dp_accounting.calibrate_dp_mechanism`` (pld, rdp, continuous noise);
-- ``calibrate_by_probes``: ε(σ) from fresh privzo accountants, finished by bisection (pld on a
-  grid, numeric), which needs only that ε falls as σ grows.
+Every ε a curve evaluates is kept in ``EPSILONS``, a process-wide memo keyed by the public
+parameters of the evaluation: a run's preflight, a study's cells and a search's trials repeat the
+same calibrations, and the PLD accountant's evaluations (``pld``) share it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-import dp_accounting
 import numpy as np
 from scipy import optimize, stats
 
-from privzo.privacy.accountants.base import (
-    CALIBRATION_RTOL,
-    MAX_NOISE_MULTIPLIER,
-    MIN_NOISE_MULTIPLIER,
-    Accountant,
-    quiet_absl,
-    run_event,
-)
-from privzo.privacy.accountants.pure import pure_laplace_sigma
-
 __all__ = [
-    "AccountantEvaluator",
-    "EventEvaluator",
-    "bracket_sigma",
-    "calibrate_by_events",
-    "calibrate_by_probes",
+    "CALIBRATION_RTOL",
+    "COARSE_FACTOR",
+    "EPSILONS",
+    "MAX_NOISE_MULTIPLIER",
+    "MIN_NOISE_MULTIPLIER",
+    "CalibrationTarget",
+    "Curve",
+    "EpsilonMemo",
+    "laplace_sigma_for_pure_dp",
     "noise_hint",
+    "search_sigma",
+    "subsampled_pure_epsilon",
 ]
 
+# Calibration searches σ in [MIN, MAX]: above MAX the target is called unattainable; below MIN
+# the PLD of one step gets so wide that each evaluation takes tens of seconds.
+MIN_NOISE_MULTIPLIER = 0.05
+MAX_NOISE_MULTIPLIER = 1e4
+# Calibrated σ is within this relative distance above the smallest σ meeting the target.
+CALIBRATION_RTOL = 1e-3
+# A coarse curve's ε grid is this much coarser than the fine one's (≈10x cheaper per probe).
+COARSE_FACTOR = 10.0
 
-class _MemoizedAccountant(dp_accounting.PrivacyAccountant):
-    """Computes ε with a fresh dp_accounting accountant, remembering it per (event, δ).
 
-    ``calibrate_dp_mechanism`` re-evaluates the bracket endpoints our own search has just
-    evaluated; one PLD evaluation near σ≈1 costs about half a second, so repeats come from the
-    shared memo instead.
+@dataclass(frozen=True)
+class CalibrationTarget:
+    """One calibration problem: ``steps`` steps of ``mechanism`` at ``sample_rate`` must cost at
+    most ``epsilon`` at ``delta`` under ``accountant`` (validated by the accountant)."""
+
+    accountant: str
+    mechanism: str
+    epsilon: float
+    delta: float
+    sample_rate: float
+    steps: int
+    noise_parameters: dict[str, Any] | None = None
+
+    def curve_key(self, *how: Hashable) -> tuple[Hashable, ...]:
+        """What identifies an ε(σ) curve of this problem: everything but ε, plus ``how``."""
+        parameters = sorted((self.noise_parameters or {}).items())
+        return (
+            self.accountant,
+            self.mechanism,
+            self.delta,
+            self.sample_rate,
+            self.steps,
+            repr(parameters),
+            *how,
+        )
+
+
+@dataclass(frozen=True)
+class Curve:
+    """ε(σ) of one calibration problem at one precision; ``key`` names it in ``EPSILONS``."""
+
+    key: tuple[Hashable, ...]
+    epsilon_of: Callable[[float], float]
+
+    def __call__(self, sigma: float) -> float:
+        return EPSILONS.get((self.key, sigma), lambda: self.epsilon_of(sigma))
+
+
+class EpsilonMemo:
+    """ε by the public parameters of its evaluation, bounded (the oldest goes first).
+
+    Floats only, never a PLD's arrays, so it costs kilobytes; locked because a run's ε-curve
+    thread evaluates while the run steps. The value is computed outside the lock: two threads
+    may both compute a missing one, which is only wasted time.
     """
 
-    def __init__(
-        self,
-        make_fresh: Callable[[], dp_accounting.PrivacyAccountant],
-        memo: dict[tuple[Any, float], float],
-    ) -> None:
-        super().__init__(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        self._make_fresh = make_fresh
-        self._memo = memo
-        self._events: list[Any] = []
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: dict[Hashable, float] = {}
+        self._lock = threading.Lock()
 
-    def _maybe_compose(self, event: Any, count: int, do_compose: bool) -> Any:
-        if do_compose:
-            self._events.append(
-                event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
-            )
-        return None
+    def get(self, key: Hashable, compute: Callable[[], float]) -> float:
+        with self._lock:
+            known = self._values.get(key)
+        if known is not None:
+            return known
+        value = float(compute())
+        with self._lock:
+            if len(self._values) >= self._size:
+                self._values.pop(next(iter(self._values)))
+            self._values[key] = value
+        return value
 
-    def get_epsilon(self, target_delta: float) -> float:
-        event = (
-            self._events[0]
-            if len(self._events) == 1
-            else dp_accounting.ComposedDpEvent(list(self._events))
-        )
-        key = (event, target_delta)
-        if key not in self._memo:
-            with quiet_absl():
-                fresh = self._make_fresh().compose(event)
-                self._memo[key] = float(fresh.get_epsilon(target_delta))
-        return self._memo[key]
+
+EPSILONS = EpsilonMemo(4096)
+
+
+# --- the first guess ---------------------------------------------------------------------------
+
+
+def subsampled_pure_epsilon(step_epsilon: float, sample_rate: float) -> float:
+    """ε of one Poisson-subsampled ``step_epsilon``-DP step: log(1 + p(e^ε − 1))."""
+    return math.log1p(sample_rate * math.expm1(step_epsilon))
+
+
+def laplace_sigma_for_pure_dp(epsilon: float, sample_rate: float, steps: int) -> float:
+    """Invert ε = T·log(1 + p(e^{1/σ} − 1)) exactly, rounding σ up so ε never exceeds target.
+
+    The pure accountant's answer for continuous Laplace noise, and the ceiling of
+    ``noise_hint`` for Laplace noise, which is valid at any δ."""
+    inner = math.log1p(math.expm1(epsilon / steps) / sample_rate)
+    sigma = 1.0 / inner if inner > 0 else math.inf
+    while math.isfinite(sigma) and steps * subsampled_pure_epsilon(1.0 / sigma, sample_rate) > (
+        epsilon
+    ):
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
 
 
 def _gdp_mu(epsilon: float, delta: float) -> float:
@@ -97,8 +157,8 @@ def noise_hint(
 
     Composing T steps behaves like μ-GDP with μ = p·sqrt(T·χ²(σ)), χ² the divergence between the
     noise and its unit shift (Bu et al. 2020). Good within ~10 % for large p·T and off further for
-    few steps, which the bracket search absorbs. For Laplace the pure-DP σ is also a valid
-    answer, so the hint never exceeds it.
+    few steps, which the bracket search absorbs. Noise other than Gaussian is guessed as Laplace,
+    whose pure-DP σ is also a valid answer, so the hint never exceeds it.
     """
     target = _gdp_mu(epsilon, delta) ** 2 / (sample_rate**2 * steps)
     if mechanism == "gaussian":
@@ -109,133 +169,82 @@ def noise_hint(
 
     x = optimize.brentq(chi2_gap, 0.0, math.log1p(target) + 2.0)
     clt = 1.0 / x if x > 0 else 1e3
-    pure = pure_laplace_sigma(epsilon, sample_rate, steps)
+    pure = laplace_sigma_for_pure_dp(epsilon, sample_rate, steps)
     return float(np.clip(min(clt, pure), MIN_NOISE_MULTIPLIER, 1e3))
 
 
-class EventEvaluator:
-    """ε(σ) of one calibration problem, memoized in a memo shared with calibrate_dp_mechanism."""
-
-    def __init__(
-        self,
-        make_fresh: Callable[[], dp_accounting.PrivacyAccountant],
-        label: str,
-        mechanism: str,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-    ) -> None:
-        self.make_fresh, self.label, self.mechanism = make_fresh, label, mechanism
-        self.delta, self.sample_rate, self.steps = delta, sample_rate, steps
-        self.memo: dict[tuple[Any, float], float] = {}
-
-    def event(self, sigma: float) -> Any:
-        return run_event(self.mechanism, sigma, self.sample_rate, self.steps)
-
-    def accountant(self) -> _MemoizedAccountant:
-        return _MemoizedAccountant(self.make_fresh, self.memo)
-
-    def __call__(self, sigma: float) -> float:
-        return self.accountant().compose(self.event(sigma)).get_epsilon(self.delta)
+# --- the search --------------------------------------------------------------------------------
 
 
-def calibrate_by_events(
-    fine: EventEvaluator, coarse: EventEvaluator | None, epsilon: float, hint: float
-) -> float:
-    """Search near ``hint``, then let ``calibrate_dp_mechanism`` finish on an explicit bracket.
+def search_sigma(target: CalibrationTarget, fine: Curve, coarse: Curve | None = None) -> float:
+    """The smallest σ (within ``CALIBRATION_RTOL``) whose ε on ``fine`` is ≤ the target.
 
-    Every ε evaluation of the fine accountant is expensive (PLD: 0.05-1.5 s), so the search
-    first runs on a cheap coarse accountant when given, then needs about three fine probes;
-    it usually hands calibrate_dp_mechanism a bracket already within ``CALIBRATION_RTOL``,
-    which it then only verifies (ε ≤ target at the returned σ) from the shared memo.
+    Every fine evaluation may be expensive (PLD: 0.05-1.5 s), so the probes first run on
+    ``coarse`` when given, then need about three fine ones; the bracket handed to Brent's
+    method is usually already within ``CALIBRATION_RTOL``, so the finish only verifies it.
     """
-    guess, slope = hint, -1.5
+    epsilon = target.epsilon
+    guess = noise_hint(target.mechanism, epsilon, target.delta, target.sample_rate, target.steps)
+    slope = -1.5
     if coarse is not None:
-        _, guess, slope = bracket_sigma(coarse, epsilon, guess, slope, rtol=CALIBRATION_RTOL / 10)
-    lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
+        _, guess, slope = _bracket(coarse, target, guess, slope, rtol=CALIBRATION_RTOL / 10)
+    lo, hi, _ = _bracket(fine, target, guess, slope, rtol=CALIBRATION_RTOL)
     tight = hi - lo <= CALIBRATION_RTOL * lo
-    sigma = dp_accounting.calibrate_dp_mechanism(
-        fine.accountant,
-        fine.event,
-        epsilon,
-        fine.delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-        tol=(hi - lo) if tight else CALIBRATION_RTOL * lo,
-    )
-    return float(sigma)
+    return _finish(fine, epsilon, lo, hi, tol=(hi - lo) if tight else CALIBRATION_RTOL * lo)
 
 
-class AccountantEvaluator:
-    """ε(σ) of one calibration problem from fresh accountants of one class (memoized), with the
-    attributes ``bracket_sigma``'s error messages read."""
+def _finish(fine: Curve, epsilon: float, lo: float, hi: float, tol: float) -> float:
+    """Brent's method on [lo, hi], then the root moved by ``tol`` to where ε ≤ target if it
+    is not there, else bisection (as ``dp_accounting.calibrate_dp_mechanism`` does)."""
 
-    def __init__(
-        self,
-        accountant: type[Accountant],
-        mechanism: str,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-        noise_parameters: dict[str, Any] | None,
-        interval: float,
-    ) -> None:
-        self.accountant, self.label = accountant, accountant.name
-        self.mechanism, self.delta, self.sample_rate, self.steps = (
-            mechanism,
-            delta,
-            sample_rate,
-            steps,
-        )
-        self.noise_parameters, self.interval = noise_parameters, interval
-        self.memo: dict[float, float] = {}
+    def gap(sigma: float) -> float:
+        return fine(sigma) - epsilon
 
-    def __call__(self, sigma: float) -> float:
-        if sigma not in self.memo:
-            accountant = self.accountant(
-                self.mechanism,
-                sigma,
-                self.sample_rate,
-                self.noise_parameters,
-                value_discretization_interval=self.interval,
-            )
-            self.memo[sigma] = accountant.epsilon_at(self.steps, self.delta)
-        return self.memo[sigma]
+    root, result = optimize.brentq(gap, lo, hi, xtol=tol, full_output=True)
+    if result.converged:
+        if not gap(root) > 0:
+            return float(root)
+        if gap(root + tol) < 0:
+            return float(root + tol)
+        if gap(root - tol) < 0:
+            return float(root - tol)
+    return _bisect(gap, lo, hi, tol)
 
 
-def calibrate_by_probes(
-    coarse: AccountantEvaluator, fine: AccountantEvaluator, epsilon: float, hint: float
-) -> float:
-    """Secant probes on the coarse evaluator, then on the fine one, then bisection to
-    ``CALIBRATION_RTOL``; returns the upper end, whose ε is within the target. (ε(σ) of discrete
-    noise is a step function of σ through Δ = ⌈K/σ⌉; bisection needs only monotonicity.)"""
-    _, guess, slope = bracket_sigma(coarse, epsilon, hint, -1.5, rtol=CALIBRATION_RTOL / 10)  # type: ignore[arg-type]
-    lo, hi, _ = bracket_sigma(fine, epsilon, guess, slope, rtol=CALIBRATION_RTOL)  # type: ignore[arg-type]
-    while hi - lo > CALIBRATION_RTOL * lo:
-        middle = math.sqrt(lo * hi)
-        if fine(middle) > epsilon:
-            lo = middle
+def _bisect(gap: Callable[[float], float], lower: float, upper: float, tol: float) -> float:
+    """A point within ``tol`` of the root whose gap is ≤ 0 (the ends' gaps have opposite signs)."""
+    lower_value, upper_value = gap(lower), gap(upper)
+    while True:
+        if lower_value == 0:
+            return lower
+        if upper_value == 0:
+            return upper
+        if upper - lower <= tol:
+            return lower if lower_value < 0 else upper
+        middle = (lower + upper) / 2
+        middle_value = gap(middle)
+        if middle_value == 0:
+            return middle
+        if lower_value * middle_value < 0:
+            upper, upper_value = middle, middle_value
         else:
-            hi = middle
-    return hi
+            lower, lower_value = middle, middle_value
 
 
-def bracket_sigma(
-    eps_of: EventEvaluator, epsilon: float, guess: float, slope: float, rtol: float
+def _bracket(
+    curve: Curve, target: CalibrationTarget, guess: float, slope: float, rtol: float
 ) -> tuple[float, float, float]:
-    """(lo, hi, slope): ε(lo) > target ≥ ε(hi), as tight as a few secant probes make it.
-
-    Both engines use it: ``calibrate_by_events`` and ``calibrate_by_probes``.
-    """
-    lo, hi, slope = _secant_probes(eps_of, epsilon, guess, slope, rtol)
+    """(lo, hi, slope): ε(lo) > target ≥ ε(hi), as tight as a few secant probes make it."""
+    lo, hi, slope = _secant_probes(curve, target.epsilon, guess, slope, rtol)
     if lo is None or hi is None:
         start = lo if lo is not None else hi
         assert start is not None  # the first probe always lands on one side
-        lo, hi = _expand(eps_of, epsilon, start)
+        lo, hi = _expand(curve, target, start)
     return lo, hi, slope
 
 
 def _secant_probes(
-    eps_of: EventEvaluator, epsilon: float, guess: float, slope: float, rtol: float, budget: int = 8
+    curve: Curve, epsilon: float, guess: float, slope: float, rtol: float, budget: int = 8
 ) -> tuple[float | None, float | None, float]:
     """Safeguarded secant on log ε against log σ, which is nearly linear.
 
@@ -250,7 +259,7 @@ def _secant_probes(
     u = _clamp(math.log(guess), *bounds)
     previous: tuple[float, float] | None = None
     for _ in range(budget):
-        h = math.log(max(eps_of(math.exp(u)), 1e-300)) - math.log(epsilon)
+        h = math.log(max(curve(math.exp(u)), 1e-300)) - math.log(epsilon)
         if h > 0 and (lo is None or u > lo[0]):
             lo = (u, h)
         if h <= 0 and (hi is None or u < hi[0]):
@@ -263,21 +272,21 @@ def _secant_probes(
         previous = (u, h)
         root = _clamp(u - h / slope, u - math.log(2), u + math.log(2))
         if lo is None:
-            target = root - tau / 4
+            aim = root - tau / 4
         elif hi is None:
-            target = root + tau / 4
+            aim = root + tau / 4
         else:
             root = _clamp(root, lo[0], hi[0])
             if root - lo[0] < tau / 2:
-                target = lo[0] + tau
+                aim = lo[0] + tau
             elif hi[0] - root < tau / 2:
-                target = hi[0] - tau
+                aim = hi[0] - tau
             else:
-                target = root
-        target = _clamp(target, *bounds)
-        if target == u:
+                aim = root
+        aim = _clamp(aim, *bounds)
+        if aim == u:
             break
-        u = target
+        u = aim
     return (
         None if lo is None else math.exp(lo[0]),
         None if hi is None else math.exp(hi[0]),
@@ -289,45 +298,42 @@ def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
 
 
-def _expand(eps_of: EventEvaluator, epsilon: float, start: float) -> tuple[float, float]:
+def _expand(curve: Curve, target: CalibrationTarget, start: float) -> tuple[float, float]:
     """Fallback: walk from ``start`` in growing geometric steps until the target is bracketed.
 
     Small σ is expensive for PLD (a wider loss distribution), so the walk down grows its step
     slowly; the walk up may double. Raises ValueError when σ leaves the searched range.
     """
-    factor = 1.02
+    epsilon, factor = target.epsilon, 1.02
     sigma = _clamp(start, MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER)
-    if eps_of(sigma) > epsilon:  # too little noise: walk up
+    if curve(sigma) > epsilon:  # too little noise: walk up
         while True:
             upper = min(sigma * factor, MAX_NOISE_MULTIPLIER)
-            if eps_of(upper) <= epsilon:
+            if curve(upper) <= epsilon:
                 return sigma, upper
             if upper >= MAX_NOISE_MULTIPLIER:
-                _raise_unattainable(epsilon, eps_of)
+                raise ValueError(
+                    f"cannot meet {_problem(target)} (accountant {target.accountant!r}): even "
+                    f"noise_multiplier={MAX_NOISE_MULTIPLIER:g} spends more; allow a larger "
+                    "epsilon or delta, or use fewer steps or a smaller sample_rate"
+                )
             sigma, factor = upper, min(factor**2, 2.0)
     while True:  # enough noise: walk down
         lower = max(sigma / factor, MIN_NOISE_MULTIPLIER)
-        if eps_of(lower) > epsilon:
+        if curve(lower) > epsilon:
             return lower, sigma
         if lower <= MIN_NOISE_MULTIPLIER:
-            _raise_too_loose(epsilon, eps_of)
+            raise ValueError(
+                f"{_problem(target)} is met even at noise_multiplier={MIN_NOISE_MULTIPLIER} "
+                f"(accountant {target.accountant!r}); calibration does not search lower, where "
+                "PLD evaluations take minutes: set noise_multiplier explicitly or tighten the "
+                "target"
+            )
         sigma, factor = lower, min(factor**2, 1.5)
 
 
-def _raise_unattainable(epsilon: float, eps_of: EventEvaluator) -> None:
-    raise ValueError(
-        f"cannot meet epsilon={epsilon}, delta={eps_of.delta} with {eps_of.steps} steps of the "
-        f"{eps_of.mechanism} mechanism at sample_rate={eps_of.sample_rate} (accountant "
-        f"{eps_of.label!r}): even noise_multiplier={MAX_NOISE_MULTIPLIER:g} spends more; allow "
-        "a larger epsilon or delta, or use fewer steps or a smaller sample_rate"
-    )
-
-
-def _raise_too_loose(epsilon: float, eps_of: EventEvaluator) -> None:
-    raise ValueError(
-        f"epsilon={epsilon}, delta={eps_of.delta} with {eps_of.steps} steps of the "
-        f"{eps_of.mechanism} mechanism at sample_rate={eps_of.sample_rate} is met even at "
-        f"noise_multiplier={MIN_NOISE_MULTIPLIER} (accountant {eps_of.label!r}); calibration "
-        "does not search lower, where PLD evaluations take minutes: set noise_multiplier "
-        "explicitly or tighten the target"
+def _problem(target: CalibrationTarget) -> str:
+    return (
+        f"epsilon={target.epsilon}, delta={target.delta} with {target.steps} steps of the "
+        f"{target.mechanism} mechanism at sample_rate={target.sample_rate}"
     )

@@ -39,16 +39,8 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import special
 
-from privzo.privacy.accountants.base import (
-    PLD_VALUE_DISCRETIZATION,
-    Accountant,
-    check_positive,
-)
-from privzo.privacy.accountants.calibration import (
-    AccountantEvaluator,
-    calibrate_by_probes,
-    noise_hint,
-)
+from privzo.privacy.accountants.base import Accountant
+from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
 from privzo.privacy.discrete import grid_sensitivity
 
 __all__ = ["NOISE_DISTRIBUTIONS", "NumericAccountant", "noise_distribution"]
@@ -283,34 +275,19 @@ class NumericAccountant(Accountant):
     """
 
     name: ClassVar[str] = "numeric"
+    title: ClassVar[str] = "numeric PLD"
     mechanisms: ClassVar[tuple[str, ...]] = ("gaussian", "laplace", "lmo")
-    supports_grid: ClassVar[bool] = True
+    grid_mechanisms: ClassVar[tuple[str, ...]] = ("lmo",)
+    discretized: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        mechanism: str,
-        noise_multiplier: float,
-        sample_rate: float,
-        noise_parameters: dict[str, Any] | None = None,
-        value_discretization_interval: float = PLD_VALUE_DISCRETIZATION,
-    ) -> None:
-        super().__init__(mechanism, noise_multiplier, sample_rate, noise_parameters)
-        if self._grid is not None and mechanism != "lmo":
-            raise ValueError(
-                f"accountant='numeric' bounds the {mechanism} mechanism's continuous noise only, "
-                f"and this noise is discrete (grid={self._grid}): account it with 'pld' (or draw "
-                "continuous noise: privacy.noise_grid=null)"
-            )
-        self._noise_parameters = dict(noise_parameters) if noise_parameters else None
-        self._noise = noise_distribution(mechanism, self._noise_parameters)
-        self._interval = check_positive(
-            "value_discretization_interval", value_discretization_interval
-        )
+    def _prepare(self) -> None:
+        self._noise = noise_distribution(self._mechanism, self._given_parameters)
         self._one_step: PrivacyLossDistribution | None = None
 
     @property
     def noise_parameters(self) -> dict[str, Any] | None:
-        return self._noise_parameters
+        """The LMO mixture, if any, and the grid: all of them shape the noise."""
+        return self._given_parameters
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -319,41 +296,15 @@ class NumericAccountant(Accountant):
             return self._noise_multiplier
         return self._grid / grid_sensitivity(self._grid, self._noise_multiplier)
 
-    def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {
-            "noise_parameters": self._noise_parameters,
-            "value_discretization_interval": self._interval,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._check_saved_noise_parameters(state)
-        super().load_state_dict(state)
-
     def _compute_epsilon(self, steps: int, delta: float) -> float:
         if self._one_step is None:
+            assert self._interval is not None
             self._one_step = one_step_pld(
                 self._noise, self.effective_noise_multiplier, self._sample_rate, self._interval
             )
         return float(self._one_step.self_compose(steps).get_epsilon_for_delta(delta))
 
     @classmethod
-    def calibrate(
-        cls,
-        *,
-        epsilon: float,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-        mechanism: str,
-        noise_parameters: dict[str, Any] | None = None,
-    ) -> float:
-        """Secant probes on a 10x coarser grid, then on the fine one, then bisection to
-        ``CALIBRATION_RTOL``; returns the upper end, whose ε is within the target."""
-        problem = (cls, mechanism, delta, sample_rate, steps, noise_parameters)
-        hint_mechanism = "gaussian" if mechanism == "gaussian" else "laplace"
-        return calibrate_by_probes(
-            AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION * 10),
-            AccountantEvaluator(*problem, PLD_VALUE_DISCRETIZATION),
-            epsilon,
-            noise_hint(hint_mechanism, epsilon, delta, sample_rate, steps),
-        )
+    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+        """Fresh accountants of this class, on a 10x coarser ε grid first."""
+        return cls._accountant_curves(target)

@@ -4,18 +4,15 @@ of T times one cached RDP vector."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from dp_accounting import rdp as dp_rdp
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp_impl
 
-from privzo.privacy.accountants.base import Accountant, quiet_absl, step_event
-from privzo.privacy.accountants.calibration import (
-    EventEvaluator,
-    calibrate_by_events,
-    noise_hint,
-)
+from privzo.privacy.accountants.base import Accountant
+from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.accountants.events import event_curve, quiet_absl, step_event
 
 __all__ = ["RdpAccountant"]
 
@@ -28,17 +25,10 @@ class RdpAccountant(Accountant):
     """
 
     name: ClassVar[str] = "rdp"
+    title: ClassVar[str] = "RDP"
     mechanisms: ClassVar[tuple[str, ...]] = ("gaussian",)
 
-    def __init__(
-        self,
-        mechanism: str,
-        noise_multiplier: float,
-        sample_rate: float,
-        noise_parameters: dict[str, Any] | None = None,
-    ) -> None:
-        # the base refuses discrete noise (a grid in noise_parameters)
-        super().__init__(mechanism, noise_multiplier, sample_rate, noise_parameters)
+    def _prepare(self) -> None:
         self._orders: np.ndarray | None = None
         self._one_step_rdp: np.ndarray | None = None
 
@@ -54,17 +44,7 @@ class RdpAccountant(Accountant):
         return float(epsilon)
 
     @classmethod
-    def calibrate(
-        cls,
-        *,
-        epsilon: float,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-        mechanism: str,
-        noise_parameters: dict[str, Any] | None = None,
-    ) -> float:
-        cls.grid_of(noise_parameters)  # refuses discrete noise
-        fine = EventEvaluator(dp_rdp.RdpAccountant, cls.name, mechanism, delta, sample_rate, steps)
-        hint = noise_hint(mechanism, epsilon, delta, sample_rate, steps)
-        return calibrate_by_events(fine, None, epsilon, hint)
+    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+        """dp_accounting's RDP accountant composing the run's event; ε is cheap, so no coarse
+        curve."""
+        return event_curve(target, dp_rdp.RdpAccountant), None

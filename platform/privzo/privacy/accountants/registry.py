@@ -5,20 +5,20 @@ them by name: ``make_accountant``, ``accountant_from_state``, ``compute_epsilon`
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
-from privzo.privacy.accountants.base import Accountant, UnsupportedNoiseError, check_positive
+from privzo.privacy.accountants.base import Accountant, UnsupportedNoiseError
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
 from privzo.privacy.accountants.rdp import RdpAccountant
-from privzo.privacy.sampling import check_count, check_sample_rate
+from privzo.privacy.checks import check_count
 
 __all__ = [
     "ACCOUNTANTS",
     "accountant_from_state",
+    "accountants_for",
     "calibrate_noise_multiplier",
     "compute_epsilon",
     "get_accountant",
@@ -33,6 +33,12 @@ ACCOUNTANTS: dict[str, type[Accountant]] = {
     NumericAccountant.name: NumericAccountant,
 }
 """Every accountant, by name: the one list of them (nothing registers itself)."""
+
+
+def accountants_for(mechanism: str, *, grid: bool = False) -> list[str]:
+    """The accountants that bound ``mechanism``'s noise (discrete noise if ``grid``), as their
+    classes state it; the run config asks this at load."""
+    return [name for name, cls in ACCOUNTANTS.items() if cls.bounds(mechanism, grid=grid)]
 
 
 @contextlib.contextmanager
@@ -126,27 +132,11 @@ def calibrate_noise_multiplier(
     """
     cls = get_accountant(accountant)
     with _naming_the_able():
-        mechanism = cls.check_mechanism(mechanism)
-    epsilon = check_positive("epsilon", epsilon)
-    delta = cls.check_delta(delta)
-    sample_rate = check_sample_rate(sample_rate)
-    steps = check_count("steps", steps, 1)
-    ever_sampled = -math.expm1(steps * math.log1p(-sample_rate)) if sample_rate < 1 else 1.0
-    if not cls.allows_zero_delta and ever_sampled <= delta:
-        raise ValueError(
-            f"epsilon={epsilon}, delta={delta} with {steps} steps at sample_rate={sample_rate} "
-            f"is met even at noise_multiplier=0: an example is sampled at all with probability "
-            f"{ever_sampled:.3g} <= delta, so no σ is pinned down; tighten delta"
-        )
-    options = {"noise_parameters": noise_parameters} if noise_parameters else {}
-    with _naming_the_able():
-        return float(
-            cls.calibrate(
-                epsilon=epsilon,
-                delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                mechanism=mechanism,
-                **options,
-            )
+        return cls.calibrate(
+            epsilon=epsilon,
+            delta=delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            mechanism=mechanism,
+            noise_parameters=noise_parameters,
         )
