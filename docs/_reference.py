@@ -35,7 +35,11 @@ def config_models() -> list[tuple[str, str, type[BaseModel]]]:
     return [
         ("Run config (`privzo run`, `privzo check`, `privzo audit`)", "run-config", RunConfig),
         ("Search config (`privzo tune`)", "search-config", SearchConfig),
-        ("Scaling study config (`privzo study`, `type: scaling`)", "scaling-study", ScalingStudyConfig),
+        (
+            "Scaling study config (`privzo study`, `type: scaling`)",
+            "scaling-study",
+            ScalingStudyConfig,
+        ),
         (
             "Synthetic study config (`privzo study`, `type: synthetic-quadratic`)",
             "synthetic-study",
@@ -245,10 +249,8 @@ def _constraints(field: FieldInfo) -> str:
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+    factory = field.default_factory
+    value = factory() if factory is not None else field.default  # type: ignore[call-arg]
     if value is PydanticUndefined:
         return "required"
     if isinstance(value, BaseModel):
