@@ -31,6 +31,8 @@ exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links resolve, and are checked
 suppress_warnings: list[str] = []
+# help texts and commands hold "--option" and quotes that must print as typed
+smartquotes = False
 
 html_theme = "furo"
 html_title = f"privzo {release}"

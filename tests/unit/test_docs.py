@@ -68,7 +68,7 @@ def _script_options() -> set[str]:
 def _config_keys() -> set[str]:
     reference = _reference_module()
     keys: set[str] = set()
-    for _, _, model in reference.config_models():
+    for _, _, model, _ in reference.config_models():
         keys.update(key for key, _, _ in reference.walk_fields(model))
     return keys
 
