@@ -33,6 +33,8 @@ myst_heading_anchors = 3  # [text](page.md#a-heading) links resolve, and are che
 suppress_warnings: list[str] = []
 # help texts and commands hold "--option" and quotes that must print as typed
 smartquotes = False
+# untagged blocks are program output and tables, not code
+highlight_language = "none"
 
 html_theme = "furo"
 html_title = f"privzo {release}"
