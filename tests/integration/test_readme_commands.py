@@ -1,10 +1,10 @@
-"""The README's "Running" commands, run as written, so the README and the code cannot drift.
+"""The command tour's commands, run as written, so the docs and the code cannot drift.
 
-The commands are read from the README itself. Each runs in a fresh directory holding a copy of
-``configs/`` (the README's paths are relative to a checkout), with small sizes appended through
-the overrides and options the README documents, and the session's model cache (each built-in
-model is built once per test session); the test checks the exit code and what each command
-writes or prints.
+The commands are read from the docs' command tour (docs/guides/commands.md), which the README
+links to. Each runs in a fresh directory holding a copy of ``configs/`` (the page's paths are
+relative to a checkout), with small sizes appended through the overrides and options the docs
+document, and the session's model cache (each built-in model is built once per test session);
+the test checks the exit code and what each command writes or prints.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from conftest import REPO
 
-README = REPO / "README.md"
+COMMANDS_PAGE = REPO / "docs" / "guides" / "commands.md"
 NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs the network
 # Smaller sizes appended to a command (by its leading words): only overrides / options the README
 # documents for that command, so the command as written still decides what runs.
@@ -54,10 +54,9 @@ CACHED = (
 
 
 def readme_commands() -> list[tuple[str, str]]:
-    """(command, its comment) for each line of the first bash block of "## Running"."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Running\n", 1)[1]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    """(command, its comment) for each line of the command tour's first bash block."""
+    text = COMMANDS_PAGE.read_text(encoding="utf-8")
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     commands = []
     for line in block.splitlines():
         command, _, comment = line.partition("#")
@@ -131,11 +130,11 @@ def _matching(table: dict[str, object], command: str) -> object | None:
 
 def test_every_readme_command_is_checked_or_explicitly_needs_the_hub():
     commands = readme_commands()
-    assert len(commands) >= 15, "the Running block was not found where expected"
+    assert len(commands) >= 15, "the command tour's block was not found where expected"
     for command, comment in commands:
         assert command.startswith("privzo "), command
         assert NEEDS_HUB in comment or _matching(CHECKS, command) is not None, (
-            f"add a check for the README command {command!r}"
+            f"add a check for the documented command {command!r}"
         )
 
 

@@ -1,5 +1,5 @@
 """A record that moves a gridded sum by fewer than Δ grid units costs no more privacy than one
-that moves it by Δ (the proof is in docs/smaller-shifts.md; issue 13).
+that moves it by Δ (the proof is in docs/privacy/smaller-shifts.md; issue 13).
 
 The proof: for log-concave integer noise (discrete Gaussian, discrete Laplace) the likelihood
 ratio of shift c against shift 0 is monotone, so threshold tests are optimal and the trade-off
@@ -176,7 +176,7 @@ def test_the_search_rdp_bounds_every_smaller_shift_in_both_directions(grid, sigm
 
 # --- continuous symmetric unimodal noise: LMO ----------------------------------------------
 # LMO's noise is not log-concave, so the trade-off argument above does not apply to it; the
-# hockey-stick argument of docs/smaller-shifts.md ("LMO") does: for a density symmetric and
+# hockey-stick argument of docs/privacy/smaller-shifts.md ("LMO") does: for a density symmetric and
 # non-increasing in |x|, every hockey-stick divergence of the subsampled pair, both directions,
 # grows with the shift. These tests check that conclusion by direct sums on a fine grid.
 
