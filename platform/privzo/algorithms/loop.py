@@ -29,7 +29,7 @@ StepperFactory = Callable[[RunContext, StepMeter], Stepper]
 
 class TrainingLoop:
     """Windows, privacy booking, hooks and metrics around an algorithm's stepper; holds the
-    figures the run's record reads (``privzo.layouts.record``)."""
+    figures the run's record reads (``privzo.rundir.summary``)."""
 
     def __init__(
         self,

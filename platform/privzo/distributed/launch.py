@@ -20,8 +20,8 @@ from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.context import RunHooks
-from privzo.layouts.record import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.models.loading import pretrained_kwargs, resolve_source
+from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.tracking import Tracker
 
 

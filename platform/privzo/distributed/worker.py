@@ -11,7 +11,6 @@ differently: its stepper, its progress store (Ray Train's checkpoints) and its l
 
 from __future__ import annotations
 
-import io
 import logging
 import tempfile
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from privzo.algorithms.loop import StepperFactory, TrainingLoop
 from privzo.algorithms.stepper import StepMeter
@@ -32,9 +30,9 @@ from privzo.distributed.resume import CHECKPOINT_PREFIX
 from privzo.distributed.sampling import worker_sampler
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout, get_layout
-from privzo.layouts.record import MODEL_DIR
 from privzo.layouts.train import LayoutFigures, train_and_evaluate
 from privzo.privacy.plan import privacy_record
+from privzo.rundir.files import MODEL_DIR, TRAJECTORY_FILE
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
@@ -67,8 +65,8 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         return None
     tracker.flush()
     return {
-        "summary": trained.summary.to_dict(),
-        "trajectory": _table_bytes(trained.recorder.to_table()),
+        "summary": trained.summary,
+        "trajectory": trained.recorder.to_bytes(),
         "privacy": privacy_record(context.plan, trained.loop.ledger),
     }
 
@@ -184,7 +182,7 @@ class RayTrainCheckpoints:
         if self.salvaged is None:
             return None
         with tempfile.TemporaryDirectory() as directory:
-            path = Path(directory) / "trajectory.parquet"
+            path = Path(directory) / TRAJECTORY_FILE
             path.write_bytes(self.salvaged)
             table, meta = read_trajectory(path)  # checked: checksum, columns
         return table, meta, None  # no ledger state: every row is booked once on restore
@@ -287,7 +285,7 @@ def _layout_summary(
     return {
         "strategy": config.parallel.strategy,
         "workers": group.world_size,
-        # withheld when private, as the run's own (privzo.layouts.record.resource_figures)
+        # withheld when private, as the run's own (privzo.rundir.summary.resource_figures)
         "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
         "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,
     }
@@ -308,9 +306,3 @@ def _communication_summary(
 def _local_parameter_bytes(context: RunContext) -> float:
     """Bytes of trainable weights this rank holds: a partition under zero3, all of them else."""
     return float(sum(s.tensor.numel() * s.tensor.element_size() for s in context.shards))
-
-
-def _table_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()

@@ -9,7 +9,7 @@ What differs between a single process and a Ray Train worker is passed in, not b
 - the **layout** and the rank (``privzo.layouts.layout``): who evaluates, who reports, which
   of the caller's hooks run here, how the weights are saved;
 - the **progress store** (``ProgressStore``): where the steps of an unfinished attempt are kept
-  after each window and found again (the run directory, ``privzo.layouts.resume``; or Ray
+  after each window and found again (the run directory, ``privzo.rundir.progress``; or Ray
   Train's checkpoints, ``privzo.distributed.worker``);
 - the **stepper** (a worker's samples its share of each batch and all-reduces) and the layout's
   own **figures** for the summary (a worker's gather every rank's peak memory and bytes held).
@@ -31,10 +31,11 @@ from privzo.algorithms.loop import StepperFactory, TrainingLoop
 from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout
-from privzo.layouts.record import RunSummary, log_adapter_model, summary_record
 from privzo.memory import PeakMemory
+from privzo.rundir.summary import RunSummary, summary_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker
+from privzo.tracking.tags import ADAPTER_URI
 from privzo.zo.trajectory import TrajectoryRecorder
 
 logger = logging.getLogger(__name__)
@@ -170,3 +171,23 @@ def _warn_nonfinite(loop: TrainingLoop) -> None:
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
+
+
+ADAPTER_VIEWS = ("lora", "prefix")  # views whose trained tensors are a peft adapter
+PIPELINE_TASKS = {"causal": "text-generation", "masked": "fill-mask"}  # by the model's kind
+
+
+def log_adapter_model(context: RunContext, tracker: Tracker) -> None:
+    """A LoRA / prefix run's adapter as the tracker's transformers model, tagged with its URI
+    (``tracker.log_adapter_model``): a local base (a directory, built-in models' included) is
+    referenced by its path, a hub base by its id and revision. The adapter is the trajectory
+    replayed onto public weights, so it releases nothing the trajectory does not."""
+    if context.config.model.trainable not in ADAPTER_VIEWS:
+        return
+    loaded = context.loaded
+    base_path = loaded.source if Path(loaded.source).is_dir() else None
+    uri = tracker.log_adapter_model(
+        context.model, loaded.tokenizer, PIPELINE_TASKS[loaded.kind], base_path
+    )
+    if uri is not None:
+        tracker.set_tags({ADAPTER_URI: uri})
