@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowSaver
 from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout
@@ -51,15 +51,9 @@ class ProgressStore(Protocol):
     def restore(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
         """Rebuild an earlier attempt's steps in ``loop`` and ``recorder``; the steps done."""
 
-    def watch(
-        self,
-        loop: TrainingLoop,
-        recorder: TrajectoryRecorder,
-        tracker: Tracker,
-        before: Evaluation | None,
-    ) -> None:
-        """Keep the steps from now on (``loop.on_window``, called before a window's metrics
-        are logged)."""
+    def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
+        """What keeps the steps of this attempt, given to the loop when it is built (it runs
+        after each window, before the window's metrics are logged)."""
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         """Training ended, finished or not (a failed run keeps the steps it made)."""
@@ -103,13 +97,12 @@ def train_and_evaluate(
     before, measured = progress.before(
         lambda: evaluate() if config.eval_before and evaluates else None
     )
-    loop = make_loop(context, tracker, memory, make_stepper)
+    loop = make_loop(context, tracker, memory, make_stepper, progress.saver(tracker, before))
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(context.trajectory_meta(), release_batch_size=not loop.private)
     start = progress.restore(loop, recorder)
     if before is not None and measured and start == 0:
         tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
-    progress.watch(loop, recorder, tracker, before)
     try:
         loop.run(recorder, show_progress, start=start)
     finally:  # a failed run keeps the steps it made (and a killed one resumes from them)

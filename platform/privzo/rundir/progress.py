@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from privzo.algorithms.loop import TrainingLoop
+from privzo.algorithms.loop import TrainingLoop, WindowEnd, WindowSaver
 from privzo.config import ConfigError
 from privzo.privacy.plan import privacy_record
 from privzo.rundir.files import (
@@ -71,35 +71,32 @@ class RunDirectoryProgress:
         logger.warning("replayed %d steps; training goes on from step %d", done, done)
         return done
 
-    def watch(
-        self,
-        loop: TrainingLoop,
-        recorder: TrajectoryRecorder,
-        tracker: Tracker,
-        before: Evaluation | None,
-    ) -> None:
-        """Every window's rows and resume point, saved before its metrics (and the loop's own
-        ``on_window``); resumable from the first step on. A run without a trajectory (the
-        first-order baselines) cannot resume and saves nothing."""
-        if not loop.records_trajectory:
-            return
-        point = ResumePoint(tracker.run_id, before)
-        inner = loop.on_window
-
-        def save() -> None:
-            privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
-            save_trajectory(self.output_dir, recorder)
-            write_json_atomically(self.output_dir / PRIVACY_FILE, privacy)
-            write_resume_point(self.output_dir, point)  # a point never names missing rows
-
-        def on_window(steps_done: int, metrics: dict[str, float]) -> None:
-            save()
-            if inner is not None:
-                inner(steps_done, metrics)
-
-        loop.on_window = on_window
-        save()
+    def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
+        return DirectorySaver(self.output_dir, ResumePoint(tracker.run_id, before))
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         if loop.records_trajectory:  # a failed run keeps the steps it made
             save_trajectory(self.output_dir, recorder)
+
+
+class DirectorySaver:
+    """Every window's rows, privacy state and resume point, saved before its metrics go out;
+    resumable from the first step on. A run without a trajectory (the first-order baselines)
+    cannot resume and saves nothing."""
+
+    def __init__(self, output_dir: Path, point: ResumePoint):
+        self.output_dir, self.point = output_dir, point
+
+    def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        self.save(loop, recorder)
+
+    def window(self, end: WindowEnd) -> None:
+        self.save(end.loop, end.recorder)
+
+    def save(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        if not loop.records_trajectory:
+            return
+        privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
+        save_trajectory(self.output_dir, recorder)
+        write_json_atomically(self.output_dir / PRIVACY_FILE, privacy)
+        write_resume_point(self.output_dir, self.point)  # a point never names missing rows
