@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import load_config
-from privzo.run import finished_summary, run
+from privzo.run import run
+from privzo.rundir import finished
 from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
@@ -90,10 +91,10 @@ def _run_arms(
         config_path = config_dir / config_name
         config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
         # exactly this config: a --quick run is not reused for the full demo
-        finished = finished_summary(arm_dir, config)
-        if finished is not None:
+        reused = finished(arm_dir, config)
+        if reused is not None:
             print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
-            summaries[arm] = finished
+            summaries[arm] = reused.to_dict()
             continue
         print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
         summaries[arm] = run(

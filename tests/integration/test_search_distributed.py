@@ -13,10 +13,9 @@ import pytest
 
 from conftest import RAY_TEST_ENV
 from privzo.config import ConfigError, ParallelConfig, dump_config
-from privzo.layouts.record import RAY_STATE_DIR
-from privzo.layouts.resume import ResumePoint, write_resume_point
 from privzo.privacy import compute_epsilon
 from privzo.run import CONFIG_FILE, can_resume, unfinished_steps
+from privzo.rundir import RAY_STATE_DIR, ResumePoint, write_resume_point
 from privzo.tracking import open_client
 from privzo.tuning import load_search_config, plan_search, run_search
 from privzo.tuning.resources import DRIVER_MEMORY_BYTES, check_trial_resources

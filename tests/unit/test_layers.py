@@ -47,6 +47,7 @@ LAYERS = {
     "privzo.distributed": 2,
     "privzo.baselines": 2,
     "privzo.synthetic": 2,  # the algorithms on synthetic quadratics
+    "privzo.rundir": 2,  # a run's directory: written by every layout, read by every caller
     # 3: the run pipeline, and what reads a run's records
     "privzo.run": 3,
     "privzo.preflight": 3,  # every check before weights load; run() calls it first

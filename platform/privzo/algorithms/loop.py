@@ -3,15 +3,18 @@
 Windows of ``tracking.log_every`` steps; each window's privacy cost is booked in the ledger
 before it runs (so no step can overspend), its ε comes from a curve computed off the training
 thread, and its metrics are logged after it, public ones always, data-dependent ones only where
-the run releases diagnostics. The algorithm supplies a stepper (``privzo.algorithms.stepper``);
-a Ray Train rank drives the same loop with a stepper that samples its share and all-reduces.
+the run releases diagnostics. After a window, in this order: the saver keeps its steps, its
+metrics are logged, then the caller's ``after_window`` hook runs; all are given at construction.
+The algorithm supplies a stepper (``privzo.algorithms.stepper``); a Ray Train rank drives the
+same loop with a stepper that samples its share and all-reduces.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -25,11 +28,34 @@ from privzo.tracking import Tracker
 from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
 
 StepperFactory = Callable[[RunContext, StepMeter], Stepper]
+AfterWindow = Callable[[RunContext, int, dict[str, float]], None]
+
+
+class WindowSaver(Protocol):
+    """What keeps a run's steps as it goes, so a window is kept before anything of it is
+    released: the run directory (``privzo.rundir.progress``) or a Ray Train checkpoint
+    (``privzo.distributed.worker``)."""
+
+    def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        """Before the first step of this attempt (after an earlier one's are restored)."""
+
+    def window(self, end: WindowEnd) -> None:
+        """After a window's steps, before its metrics are logged."""
+
+
+@dataclass(frozen=True)
+class WindowEnd:
+    """A window just run: the loop and its trajectory so far, the steps done, its metrics."""
+
+    loop: TrainingLoop
+    recorder: TrajectoryRecorder
+    steps_done: int
+    metrics: dict[str, float]
 
 
 class TrainingLoop:
     """Windows, privacy booking, hooks and metrics around an algorithm's stepper; holds the
-    figures the run's record reads (``privzo.layouts.record``)."""
+    figures the run's record reads (``privzo.rundir.summary``)."""
 
     def __init__(
         self,
@@ -38,17 +64,18 @@ class TrainingLoop:
         memory: PeakMemory,
         make_stepper: StepperFactory,
         *,
-        on_window: Callable[[int, dict[str, float]], None] | None = None,
+        saver: WindowSaver | None = None,
     ) -> None:
-        """``on_window`` (called with the steps done and the window's metrics, before they are
-        logged) lets a distributed worker report and checkpoint, and a single run save its
-        resume point."""
+        """``saver`` keeps the steps (a single run's directory, a distributed rank's
+        checkpoints); the caller's ``after_window`` hook comes with the context's hooks."""
         self.context = context
         self.tracker = tracker
         self.memory = memory
         self.meter = StepMeter(memory)
         self.stepper = make_stepper(context, self.meter)
-        self.on_window = on_window
+        self.saver = saver
+        hooks = context.hooks
+        self.after_window: AfterWindow | None = hooks.after_window if hooks is not None else None
         self.ledger = make_ledger(context.config, context.plan)
         self.private = context.plan.private
         self.peak_mb = 0.0  # of the whole run: steps and evaluations
@@ -80,6 +107,8 @@ class TrainingLoop:
     def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
         """All steps from ``start`` (> 0: resumed after that many, already in ``recorder`` and
         the ledger), between the stepper's ``start`` and ``finish``."""
+        if self.saver is not None:
+            self.saver.start(self, recorder)
         config = self.context.config
         steps, window_size = config.optimizer.steps, config.tracking.log_every
         algorithm = config.optimizer.algorithm
@@ -117,15 +146,14 @@ class TrainingLoop:
             metrics = self._window_metrics(window)
             if curve is not None:
                 self._add_epsilons(curve.take_ready(), metrics, end)
-            if self.on_window is not None:  # checkpoint before logging: no released window is lost
-                self.on_window(end, metrics)
+            if self.saver is not None:  # kept before logging: no released window is lost
+                self.saver.window(WindowEnd(self, recorder, end, metrics))
             self.tracker.log_metrics(metrics, step=end)
             # released: a stop from here on still logs this window's ε (see ``run``), even
             # when the curve's thread had not computed it yet when the metrics went out
             self.windows_done = end
-            hooks = self.context.hooks
-            if hooks is not None and hooks.after_window is not None:
-                hooks.after_window(self.context, end, metrics)
+            if self.after_window is not None:
+                self.after_window(self.context, end, metrics)
             bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
 
     def step(self, step: int) -> StepOutcome:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowSaver
 from privzo.algorithms.noise import NOISE
 from privzo.algorithms.stepper import StepMeter, Stepper
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
@@ -214,8 +214,11 @@ def make_loop(
     tracker: Tracker,
     memory: PeakMemory,
     make_stepper: StepperFactory | None = None,
+    saver: WindowSaver | None = None,
 ) -> TrainingLoop:
     """The one training loop driving the algorithm's registered stepper (``make_stepper``
-    replaces it: a distributed rank's zeroth-order stepper with its sampler and estimator)."""
+    replaces it: a distributed rank's zeroth-order stepper with its sampler and estimator),
+    its steps kept by ``saver`` after every window."""
     algorithm = get_algorithm(context.config.optimizer.algorithm)
-    return TrainingLoop(context, tracker, memory, make_stepper or algorithm.stepper)
+    stepper = make_stepper or algorithm.stepper
+    return TrainingLoop(context, tracker, memory, stepper, saver=saver)

@@ -9,7 +9,6 @@ runs), guesses, counts and bounds ε with ``privzo.privacy.audit``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from privzo.config import ConfigError, RunConfig, TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
+from privzo.rundir import TRAJECTORY_FILE, write_json_atomically
 from privzo.tasks import is_generation, resolve_task_config
 from privzo.tracking.tags import AUDIT
 
@@ -188,11 +188,11 @@ def write_outputs(
 ) -> None:
     """audit.json, the scores' plot and the MLflow child run (whose id audit.json then gets)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomically(output_dir / AUDIT_FILE, record)
     plot = plot_scores(values, injection.included, output_dir / "audit_scores.png")
     artifacts = [output_dir / AUDIT_FILE, plot]
     record_child_run(config, record, artifacts, output_dir, tracking_uri, tags)
-    (output_dir / AUDIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomically(output_dir / AUDIT_FILE, record)
 
 
 def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list[str]]:
@@ -228,7 +228,7 @@ def score_canaries(
     if any(name in WHITE_BOX_SCORES for name in scores):
         trace = replay_differences(
             config.model.name_or_path,
-            output_dir / RUN_DIR / "trajectory.parquet",
+            output_dir / RUN_DIR / TRAJECTORY_FILE,
             tuned.task,
             tuned.encoded,
             clip=config.privacy.clip if summary["private"] else None,

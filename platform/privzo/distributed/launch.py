@@ -10,7 +10,6 @@ model the planner says cannot fit the strategy, and options the strategy does no
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.context import RunHooks
-from privzo.layouts.record import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.models.loading import pretrained_kwargs, resolve_source
+from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
 from privzo.tracking import Tracker
 
 
@@ -306,4 +305,5 @@ def _keep_checkpointed_steps(run_path: str, output_dir: Path) -> None:
     if checkpoint is None:
         return
     with checkpoint.as_directory() as directory:
-        shutil.copyfile(Path(directory) / TRAJECTORY_FILE, output_dir / TRAJECTORY_FILE)
+        kept = (Path(directory) / TRAJECTORY_FILE).read_bytes()
+    write_atomically(output_dir / TRAJECTORY_FILE, kept)

@@ -1,7 +1,7 @@
 """Where a distributed run stands between launches: its Ray Train run's committed checkpoints.
 
 Every launch of a distributed run continues one Ray Train run, whose name the run directory's
-resume point keeps (``privzo.layouts.resume.ResumePoint.ray_run``). Launched again under the
+resume point keeps (``privzo.rundir.resume.ResumePoint.ray_run``). Launched again under the
 same name and storage, Ray Train restores its checkpoint manager from storage, hands the workers
 the newest checkpoint any launch committed (``ray.train.get_checkpoint``: the same path as a
 restart within one launch) and deletes superseded ones as the resumed run commits newer ones

@@ -11,7 +11,6 @@ differently: its stepper, its progress store (Ray Train's checkpoints) and its l
 
 from __future__ import annotations
 
-import io
 import logging
 import tempfile
 from collections.abc import Callable
@@ -19,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowEnd, WindowSaver
 from privzo.algorithms.stepper import StepMeter
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.config import build_config
@@ -32,9 +30,9 @@ from privzo.distributed.resume import CHECKPOINT_PREFIX
 from privzo.distributed.sampling import worker_sampler
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout, get_layout
-from privzo.layouts.record import MODEL_DIR
 from privzo.layouts.train import LayoutFigures, train_and_evaluate
 from privzo.privacy.plan import privacy_record
+from privzo.rundir.files import MODEL_DIR, TRAJECTORY_FILE
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
@@ -67,8 +65,8 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
         return None
     tracker.flush()
     return {
-        "summary": trained.summary.to_dict(),
-        "trajectory": _table_bytes(trained.recorder.to_table()),
+        "summary": trained.summary,
+        "trajectory": trained.recorder.to_bytes(),
         "privacy": privacy_record(context.plan, trained.loop.ledger),
     }
 
@@ -145,7 +143,6 @@ class RayTrainCheckpoints:
 
     def __init__(self, layout: Layout, group: WorkerGroup, salvaged: bytes | None = None):
         self.layout, self.group, self.salvaged = layout, group, salvaged
-        self.start = 0
 
     def before(self, measure: Callable[[], Evaluation | None]) -> tuple[Evaluation | None, bool]:
         """Measured on every attempt (the summary's), logged with the first window (``watch``):
@@ -163,8 +160,7 @@ class RayTrainCheckpoints:
         expected = loop.context.trajectory_meta()
         if meta != expected:
             raise ValueError(f"checkpoint is for another run: {meta} != {expected}")
-        self.start = loop.restore(recorder, table, meta, ledger_state=ledger)
-        return self.start
+        return loop.restore(recorder, table, meta, ledger_state=ledger)
 
     def _checkpointed(
         self, model: str
@@ -184,20 +180,14 @@ class RayTrainCheckpoints:
         if self.salvaged is None:
             return None
         with tempfile.TemporaryDirectory() as directory:
-            path = Path(directory) / "trajectory.parquet"
+            path = Path(directory) / TRAJECTORY_FILE
             path.write_bytes(self.salvaged)
             table, meta = read_trajectory(path)  # checked: checksum, columns
         return table, meta, None  # no ledger state: every row is booked once on restore
 
-    def watch(
-        self,
-        loop: TrainingLoop,
-        recorder: TrajectoryRecorder,
-        tracker: Tracker,
-        before: Evaluation | None,
-    ) -> None:
-        first = before if self.start == 0 and self.layout.reports(self.group.rank) else None
-        loop.on_window = _Reporter(loop, self.group, recorder, self.layout, (tracker, first))
+    def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
+        first = before if self.layout.reports(self.group.rank) else None
+        return _Reporter(self.group, self.layout, tracker, first)
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         """Nothing to write: the driver keeps the latest checkpoint's steps of a failed run."""
@@ -208,35 +198,34 @@ class _Reporter:
     checkpoint attached and committed by Ray, before the window's metrics are logged anywhere."""
 
     def __init__(
-        self,
-        loop: TrainingLoop,
-        group: WorkerGroup,
-        recorder: TrajectoryRecorder,
-        layout: Layout,
-        before: tuple[Tracker, Evaluation | None],
+        self, group: WorkerGroup, layout: Layout, tracker: Tracker, before: Evaluation | None
     ):
-        """``before``: the run's tracker and the test metrics before training, logged (at
-        step 0) after the first window's checkpoint is committed; None: not to be logged."""
-        self.loop, self.group, self.recorder, self.layout = loop, group, recorder, layout
-        self.tracker, self.before = before
+        """``before``: the test metrics before training, logged (at step 0) to the run's
+        ``tracker`` after the first window's checkpoint is committed; None: not to be logged."""
+        self.group, self.layout, self.tracker, self.before = group, layout, tracker, before
 
-    def __call__(self, steps_done: int, metrics: dict[str, float]) -> None:
+    def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+        if loop.resumed_steps:  # an attempt that resumes logged them with its first window
+            self.before = None
+
+    def window(self, end: WindowEnd) -> None:
         import ray.train
 
-        payload = {**metrics, "steps_done": steps_done}
-        if self.loop.log_diagnostics:  # a window's peak memory follows its (private) batch sizes
-            payload["peak_memory_mb"] = self.loop.step_peak_mb
+        loop, steps_done = end.loop, end.steps_done
+        payload = {**end.metrics, "steps_done": steps_done}
+        if loop.log_diagnostics:  # a window's peak memory follows its (private) batch sizes
+            payload["peak_memory_mb"] = loop.step_peak_mb
         if not self.layout.reports(self.group.rank):
             ray.train.report(payload)
             return
-        ledger = self.loop.ledger
+        ledger = loop.ledger
         state = RunState(
-            model=self.loop.context.config.model.name_or_path,
+            model=loop.context.config.model.name_or_path,
             steps_done=steps_done,
             ledger=ledger.state_dict() if ledger else None,
         )
         with tempfile.TemporaryDirectory() as directory:
-            write_checkpoint(Path(directory), self.recorder, state)
+            write_checkpoint(Path(directory), end.recorder, state)
             ray.train.report(
                 payload,
                 checkpoint=ray.train.Checkpoint.from_directory(directory),
@@ -287,7 +276,7 @@ def _layout_summary(
     return {
         "strategy": config.parallel.strategy,
         "workers": group.world_size,
-        # withheld when private, as the run's own (privzo.layouts.record.resource_figures)
+        # withheld when private, as the run's own (privzo.rundir.summary.resource_figures)
         "peak_memory_mb_per_worker": peaks if loop.log_diagnostics else None,
         "peak_memory_mb": max(peaks) if loop.log_diagnostics else None,
     }
@@ -308,9 +297,3 @@ def _communication_summary(
 def _local_parameter_bytes(context: RunContext) -> float:
     """Bytes of trainable weights this rank holds: a partition under zero3, all of them else."""
     return float(sum(s.tensor.numel() * s.tensor.element_size() for s in context.shards))
-
-
-def _table_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()

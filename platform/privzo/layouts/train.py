@@ -9,7 +9,7 @@ What differs between a single process and a Ray Train worker is passed in, not b
 - the **layout** and the rank (``privzo.layouts.layout``): who evaluates, who reports, which
   of the caller's hooks run here, how the weights are saved;
 - the **progress store** (``ProgressStore``): where the steps of an unfinished attempt are kept
-  after each window and found again (the run directory, ``privzo.layouts.resume``; or Ray
+  after each window and found again (the run directory, ``privzo.rundir.progress``; or Ray
   Train's checkpoints, ``privzo.distributed.worker``);
 - the **stepper** (a worker's samples its share of each batch and all-reduces) and the layout's
   own **figures** for the summary (a worker's gather every rank's peak memory and bytes held).
@@ -27,14 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from privzo.algorithms.loop import StepperFactory, TrainingLoop
+from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowSaver
 from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext
 from privzo.layouts.layout import Layout
-from privzo.layouts.record import RunSummary, log_adapter_model, summary_record
 from privzo.memory import PeakMemory
+from privzo.rundir.summary import RunSummary, summary_record
 from privzo.tasks.evaluation import Evaluation, timed_evaluation, validation_metrics
 from privzo.tracking import Tracker
+from privzo.tracking.tags import ADAPTER_URI
 from privzo.zo.trajectory import TrajectoryRecorder
 
 logger = logging.getLogger(__name__)
@@ -50,15 +51,9 @@ class ProgressStore(Protocol):
     def restore(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> int:
         """Rebuild an earlier attempt's steps in ``loop`` and ``recorder``; the steps done."""
 
-    def watch(
-        self,
-        loop: TrainingLoop,
-        recorder: TrajectoryRecorder,
-        tracker: Tracker,
-        before: Evaluation | None,
-    ) -> None:
-        """Keep the steps from now on (``loop.on_window``, called before a window's metrics
-        are logged)."""
+    def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
+        """What keeps the steps of this attempt, given to the loop when it is built (it runs
+        after each window, before the window's metrics are logged)."""
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         """Training ended, finished or not (a failed run keeps the steps it made)."""
@@ -102,13 +97,12 @@ def train_and_evaluate(
     before, measured = progress.before(
         lambda: evaluate() if config.eval_before and evaluates else None
     )
-    loop = make_loop(context, tracker, memory, make_stepper)
+    loop = make_loop(context, tracker, memory, make_stepper, progress.saver(tracker, before))
     loop.peak_mb = memory.peak_mb()
     recorder = TrajectoryRecorder(context.trajectory_meta(), release_batch_size=not loop.private)
     start = progress.restore(loop, recorder)
     if before is not None and measured and start == 0:
         tracker.log_metrics({f"test_{name}": value for name, value in before[0].items()}, step=0)
-    progress.watch(loop, recorder, tracker, before)
     try:
         loop.run(recorder, show_progress, start=start)
     finally:  # a failed run keeps the steps it made (and a killed one resumes from them)
@@ -170,3 +164,23 @@ def _warn_nonfinite(loop: TrainingLoop) -> None:
         logger.warning(
             "%d per-example loss differences were non-finite and counted as 0", loop.nonfinite
         )
+
+
+ADAPTER_VIEWS = ("lora", "prefix")  # views whose trained tensors are a peft adapter
+PIPELINE_TASKS = {"causal": "text-generation", "masked": "fill-mask"}  # by the model's kind
+
+
+def log_adapter_model(context: RunContext, tracker: Tracker) -> None:
+    """A LoRA / prefix run's adapter as the tracker's transformers model, tagged with its URI
+    (``tracker.log_adapter_model``): a local base (a directory, built-in models' included) is
+    referenced by its path, a hub base by its id and revision. The adapter is the trajectory
+    replayed onto public weights, so it releases nothing the trajectory does not."""
+    if context.config.model.trainable not in ADAPTER_VIEWS:
+        return
+    loaded = context.loaded
+    base_path = loaded.source if Path(loaded.source).is_dir() else None
+    uri = tracker.log_adapter_model(
+        context.model, loaded.tokenizer, PIPELINE_TASKS[loaded.kind], base_path
+    )
+    if uri is not None:
+        tracker.set_tags({ADAPTER_URI: uri})

@@ -1,5 +1,5 @@
-"""The run pipeline: one fine-tuning run, end to end (``pipeline.run``), and its directory
-(``directory``: finished with a config, resumable, its records written). The training itself is
+"""The run pipeline: one fine-tuning run, end to end (``pipeline.run``); its directory is
+``privzo.rundir``'s (finished with a config, resumable, its records written). The training itself is
 ``privzo.layouts.train.train_and_evaluate``, shared with the Ray Train worker.
 
 Its public names, several defined in the layers below it, are importable from here for callers
@@ -9,7 +9,10 @@ Its public names, several defined in the layers below it, are importable from he
 from privzo.algorithms.loop import TrainingLoop
 from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext, RunHooks, build_context
-from privzo.layouts.record import (
+from privzo.models.loading import model_parameters
+from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
+from privzo.run.pipeline import run
+from privzo.rundir import (
     CONFIG_FILE,
     MODEL_DIR,
     PRIVACY_FILE,
@@ -17,13 +20,12 @@ from privzo.layouts.record import (
     RUN_FILES,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
+    can_resume,
     check_output_dir,
+    finished,
     prepare_output_dir,
+    unfinished_steps,
 )
-from privzo.models.loading import model_parameters
-from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
-from privzo.run.directory import can_resume, finished_summary, unfinished_steps
-from privzo.run.pipeline import run
 
 __all__ = [
     "CONFIG_FILE",
@@ -40,7 +42,7 @@ __all__ = [
     "build_context",
     "can_resume",
     "check_output_dir",
-    "finished_summary",
+    "finished",
     "make_loop",
     "mechanism_parameters",
     "model_parameters",

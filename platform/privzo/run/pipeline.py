@@ -17,24 +17,30 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from privzo.algorithms.registry import check_built, writes_trajectory
-from privzo.config import ConfigError, RunConfig, dump_config
+from privzo.config import ConfigError, RunConfig
 from privzo.dirlock import locks_output_dir
 from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.layout import get_layout
-from privzo.layouts.record import (
+from privzo.layouts.train import train_and_evaluate
+from privzo.preflight import Preflight, preflight
+from privzo.privacy.plan import privacy_record
+from privzo.replay import MODEL_LOADER, write_model_data
+from privzo.rundir import (
     CONFIG_FILE,
     MODEL_DIR,
     PRIVACY_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
+    ResumePoint,
+    RunDirectoryProgress,
+    RunRecords,
+    RunSummary,
     prepare_output_dir,
+    resume_point,
+    write_config,
+    write_records,
+    write_resume_point,
 )
-from privzo.layouts.resume import ResumePoint, RunDirectoryProgress, write_resume_point
-from privzo.layouts.train import train_and_evaluate
-from privzo.preflight import Preflight, preflight
-from privzo.privacy.plan import privacy_record
-from privzo.replay import MODEL_LOADER, write_model_data
-from privzo.run.directory import RunRecords, resume_point, write_records
 from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
 
@@ -84,7 +90,7 @@ def run(
     )
     if resume is None:
         prepare_output_dir(output_dir)
-        (output_dir / CONFIG_FILE).write_text(dump_config(config))
+        write_config(output_dir, config)
     elif resume.tracking_run_id is not None:
         tracker.attach(resume.tracking_run_id)  # the same MLflow run goes on
     with tracker:
@@ -100,7 +106,7 @@ def run(
                 tracker.log_artifact(output_dir / name)
         if training.logs_model:
             _log_replayable_model(tracker, config, output_dir, cache_dir)
-    return records.summary
+    return records.summary.to_dict()
 
 
 class Training(Protocol):
@@ -152,7 +158,7 @@ class InProcess:
         )
         assert trained.summary is not None, "a single process reports"
         privacy = privacy_record(context.plan, trained.loop.ledger)
-        return RunRecords(trained.summary.to_dict(), privacy)
+        return RunRecords(trained.summary, privacy)
 
 
 class OnRayTrain:
@@ -213,7 +219,8 @@ class OnRayTrain:
             self.hooks,
             self.ray_run,
         )
-        return RunRecords(result["summary"], result["privacy"], result["trajectory"])
+        summary: RunSummary = result["summary"]  # rank 0's, pickled by Ray
+        return RunRecords(summary, result["privacy"], result["trajectory"])
 
 
 def _training(

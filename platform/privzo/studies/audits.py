@@ -8,7 +8,6 @@ canaries' coins were secret and are gone, so a half-trained audited run cannot g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,10 @@ import yaml
 from privzo.audit import AUDIT_FILE, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
+from privzo.audit.pipeline import RUN_DIR
 from privzo.config import RunConfig, dump_config
 from privzo.models.loading import check_model
-from privzo.run import CONFIG_FILE
+from privzo.rundir import CONFIG_FILE, finished_record, write_text_atomically
 from privzo.studies.config import ScalingStudyConfig
 from privzo.tasks import load_splits, resolve_task_config
 
@@ -50,13 +50,8 @@ def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> N
 
 def finished_audit(cell_dir: Path, config: RunConfig, audit: AuditConfig) -> dict | None:
     """The record of a finished audit of exactly this run config and these settings."""
-    record, settings = cell_dir / AUDIT_FILE, cell_dir / SETTINGS_FILE
-    run_config = cell_dir / "run" / CONFIG_FILE
-    if not (record.is_file() and settings.is_file() and run_config.is_file()):
-        return None
-    if run_config.read_text() != dump_config(config) or settings.read_text() != _dump(audit):
-        return None
-    return json.loads(record.read_text())
+    configs = {f"{RUN_DIR}/{CONFIG_FILE}": dump_config(config), SETTINGS_FILE: _dump(audit)}
+    return finished_record(cell_dir, AUDIT_FILE, configs)
 
 
 def run_audit_cell(
@@ -80,7 +75,7 @@ def run_audit_cell(
         tracking_uri=tracking_uri,
         tags=tags,
     )
-    (cell_dir / SETTINGS_FILE).write_text(_dump(audit))
+    write_text_atomically(cell_dir / SETTINGS_FILE, _dump(audit))
     return record
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import yaml
 
 from privzo.config import Section
+from privzo.rundir import finished_record, write_json_atomically, write_text_atomically
 from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
 from privzo.tracking import connect_tracker, make_tracker
@@ -35,11 +35,12 @@ def run_synthetic(
     run again."""
     output_dir = Path(output_dir).resolve()
     config_text = yaml.safe_dump(study.model_dump(mode="json"), sort_keys=False)
-    summary_path = output_dir / SYNTHETIC_SUMMARY_FILE
-    saved = output_dir / SYNTHETIC_CONFIG_FILE
-    if summary_path.is_file() and saved.is_file() and saved.read_text() == config_text:
+    reused = finished_record(
+        output_dir, SYNTHETIC_SUMMARY_FILE, {SYNTHETIC_CONFIG_FILE: config_text}
+    )
+    if reused is not None:
         echo(f"synthetic study: reusing the finished study in {output_dir} (same config)")
-        return json.loads(summary_path.read_text())
+        return reused
     tracker = make_tracker(
         "mlflow",
         uri=tracking_uri,
@@ -68,8 +69,8 @@ def run_synthetic(
             "figure": str(result["figure_path"]),
         }
     echo(Path(result["table_path"]).read_text())
-    saved.write_text(config_text)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(output_dir / SYNTHETIC_CONFIG_FILE, config_text)
+    write_json_atomically(output_dir / SYNTHETIC_SUMMARY_FILE, summary)
     return summary
 
 

@@ -17,7 +17,15 @@ from typing import Any
 from privzo.algorithms.registry import check_capabilities
 from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
 from privzo.preflight import preflight
-from privzo.run import CONFIG_FILE, SUMMARY_FILE, finished_summary, run
+from privzo.run import run
+from privzo.rundir import (
+    SUMMARY_FILE,
+    finished,
+    read_summary,
+    write_config,
+    write_json_atomically,
+    write_summary,
+)
 from privzo.studies.audits import (
     AUDITS_DIR,
     audit_cell_names,
@@ -104,7 +112,7 @@ class StudyState:
         return cls(**json.loads(path.read_text())) if path.is_file() else None
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"parent_run_id": self.parent_run_id}, indent=2) + "\n")
+        write_json_atomically(path, {"parent_run_id": self.parent_run_id})
 
 
 def run_scaling_study(
@@ -172,7 +180,7 @@ def run_scaling_study(
                 f"[study {study.name}] {done}/{total} cells finished; run the same command "
                 "again to continue"
             )
-    (output_dir / "study_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomically(output_dir / "study_summary.json", summary)
     return summary
 
 
@@ -192,9 +200,9 @@ def _run_trained_cells(
     trained, summaries = 0, {}
     for index, cell in enumerate(cells, start=1):
         cell_dir = output_dir / CELLS_DIR / cell.name
-        finished = finished_summary(cell_dir, configs[cell.name])
-        if finished is not None:
-            summaries[cell.name] = finished
+        done = finished(cell_dir, configs[cell.name])
+        if done is not None:
+            summaries[cell.name] = done.to_dict()
             continue
         if max_cells is not None and trained >= max_cells:
             break
@@ -370,16 +378,19 @@ def _search_cell(
     )
     best = next(row for row in summary["trials"] if row["trial_id"] == summary["best_trial"])
     best_dir = cell_dir / "search" / "trials" / str(best["trial_id"])
-    result = json.loads((best_dir / SUMMARY_FILE).read_text())
-    result["search_end_to_end_epsilon"] = summary.get("end_to_end_epsilon")
-    result["search_guarantee"] = summary.get("guarantee")
-    cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
-    set_run_tags(
-        tracking_uri, result["tracking_run_id"], {**cell_tags, "privzo.search_best": "true"}
+    result = read_summary(best_dir / SUMMARY_FILE)
+    assert result is not None, "the best trial is a finished one"
+    result.add(
+        {
+            "search_end_to_end_epsilon": summary.get("end_to_end_epsilon"),
+            "search_guarantee": summary.get("guarantee"),
+        }
     )
-    (cell_dir / SUMMARY_FILE).write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (cell_dir / CONFIG_FILE).write_text(dump_config(config))
-    return result
+    cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
+    set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
+    write_summary(cell_dir / SUMMARY_FILE, result)
+    write_config(cell_dir, config)
+    return result.to_dict()
 
 
 def _report(

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config import ConfigError
-from privzo.run import CONFIG_FILE, MODEL_DIR, TRAJECTORY_FILE
-from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.rundir import CONFIG_FILE, MODEL_DIR, TRAJECTORY_FILE, write_json_atomically
+from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
 from privzo.tracking.clock import stamp_public_time
 from privzo.tuning.search import SUMMARY_FILE
 from privzo.tuning.trial import TRIALS_DIR
@@ -51,7 +51,7 @@ def export_best(search_dir: Path, output_dir: Path) -> dict[str, Any]:
             trial_dir / MODEL_DIR, output_dir / MODEL_DIR, copy_function=shutil.copyfile
         )
     summary = _export_summary(json.loads((trial_dir / RUN_SUMMARY_FILE).read_text()), search)
-    (output_dir / RUN_SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomically(output_dir / RUN_SUMMARY_FILE, summary)
     if search.get("private"):  # a non-private export keeps the times of its copying
         stamp_public_time(output_dir)
     return summary

@@ -23,7 +23,12 @@ from privzo.algorithms.registry import writes_trajectory
 from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
-from privzo.run import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.rundir import (
+    read_json_object,
+    write_json_atomically,
+    write_text_atomically,
+)
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tracking.tags import BEST_MODEL_URI
 from privzo.tuning.config import SearchConfig
@@ -54,7 +59,7 @@ class SearchState:
         return cls(**json.loads(path.read_text())) if path.is_file() else None
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        write_json_atomically(path, asdict(self))
 
 
 def search_fingerprint(search: SearchConfig) -> str:
@@ -106,8 +111,9 @@ def run_search(
         state = SearchState(fingerprint, plan.trial_count, tracker.run_id)
         state.save(state_path)
         tracker.log_params(search.model_dump(mode="json"))
-        (output_dir / SEARCH_CONFIG_FILE).write_text(
-            yaml.safe_dump(search.model_dump(mode="json"), sort_keys=False)
+        write_text_atomically(
+            output_dir / SEARCH_CONFIG_FILE,
+            yaml.safe_dump(search.model_dump(mode="json"), sort_keys=False),
         )
     else:
         echo(f"resuming the search in {output_dir}")
@@ -377,7 +383,7 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     summary.update(plan.bounds(trials_run=summary["trials_run"]))
     summary["best_model_uri"] = best_model_uri(rows, summary["best_trial"], plan)
     summary["trials"] = rows
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json_atomically(output_dir / SUMMARY_FILE, summary)
     log_search_parent(tracker, summary, output_dir)
     return summary
 
@@ -413,7 +419,7 @@ def _trial_row(
     """One trials.parquet row: the point, the trial's layout, the run's summary fields and how
     the trial ended."""
     summary_path = output_dir / TRIALS_DIR / trial.trial_id / RUN_SUMMARY_FILE
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json_object(summary_path) or {}
     row: dict[str, Any] = {"trial_id": trial.trial_id, "status": _status(status, summary)}
     row.update(trial.config["point"])
     # the layout is not searchable: every trial runs the base's (and overrides') parallel keys

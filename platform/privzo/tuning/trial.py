@@ -18,14 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
-from privzo.run import (
-    RunContext,
-    RunHooks,
-    can_resume,
-    finished_summary,
-    run,
-    unfinished_steps,
-)
+from privzo.run import RunContext, RunHooks, run
+from privzo.rundir import can_resume, finished, unfinished_steps
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
@@ -107,9 +101,10 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     config = base_run_config(search, point)
     trial_id = tune.get_context().get_trial_id()
     output_dir = Path(setup["output_dir"]) / TRIALS_DIR / trial_id
-    finished = finished_summary(output_dir, config)
-    if finished is not None:
-        tune.report(_report(finished, finished.get(SCORE)))
+    done = finished(output_dir, config)
+    if done is not None:
+        summary = done.to_dict()
+        tune.report(_report(summary, summary.get(SCORE)))
         return
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
     report = window_reporter(config.parallel.strategy) if evaluate_every else None

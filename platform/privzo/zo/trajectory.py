@@ -6,8 +6,8 @@ row holds only public quantities (the step's direction seed and the noised proje
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,13 +117,15 @@ class TrajectoryRecorder:
         }
         return table.replace_schema_metadata(meta)
 
+    def to_bytes(self) -> bytes:
+        """The trajectory as a parquet file's bytes (a run directory writes them atomically,
+        ``privzo.rundir``; a Ray Train rank returns them to the driver)."""
+        sink = io.BytesIO()
+        pq.write_table(self.to_table(), sink)
+        return sink.getvalue()
+
     def write(self, path: Path) -> None:
-        """Write then rename: a process killed mid-write leaves the previous file whole (a
-        resumed run reads it)."""
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}.tmp")
-        pq.write_table(self.to_table(), temporary)
-        os.replace(temporary, path)
+        pq.write_table(self.to_table(), Path(path))
 
 
 def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:

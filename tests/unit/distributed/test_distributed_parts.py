@@ -140,7 +140,7 @@ def test_a_new_run_never_continues_an_old_ray_run(tmp_path):
     preparing an overwritten directory removes the old run's Ray state (its checkpoints hold
     that run's noised steps)."""
     from privzo.distributed.launch import ray_run_name
-    from privzo.layouts.record import RAY_STATE_DIR, prepare_output_dir
+    from privzo.rundir import RAY_STATE_DIR, prepare_output_dir
 
     output = tmp_path / "run"
     names = {ray_run_name(output) for _ in range(20)}

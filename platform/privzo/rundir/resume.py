@@ -1,42 +1,65 @@
-"""A run's directory: whether it holds a finished run of a config, whether an unfinished one
-resumes, and the records a finished run leaves (``privzo.layouts.record`` names the files and
-checks, prepares and writes them for every layout).
+"""Whether an unfinished run goes on: its resume point (``resume.json``) and the steps it kept.
 
-Searches, studies and the demo ask ``finished_summary`` before they start a run, so "this
-directory already holds this config's result" is decided in one place.
+A single-process run's steps are in its directory (``privzo.rundir.progress`` saves them after
+every window); a distributed run's driver writes the resume point too, naming the Ray Train run
+whose checkpoints hold its steps (``privzo.distributed.resume``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 
 from privzo.algorithms.registry import writes_trajectory
-from privzo.config import RunConfig, dump_config
-from privzo.layouts.record import CONFIG_FILE, PRIVACY_FILE, SUMMARY_FILE, TRAJECTORY_FILE
-from privzo.layouts.resume import (
-    ResumePoint,
-    clear_resume_point,
-    find_resume_point,
-    write_json_atomically,
+from privzo.config import RunConfig, dump_config, load_config
+from privzo.rundir.files import (
+    CONFIG_FILE,
+    RESUME_FILE,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    write_text_atomically,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def finished_summary(output_dir: Path, config: RunConfig) -> dict[str, Any] | None:
-    """The summary of a finished run of exactly ``config`` in ``output_dir``, else None."""
-    summary, saved = Path(output_dir) / SUMMARY_FILE, Path(output_dir) / CONFIG_FILE
-    if not (summary.is_file() and saved.is_file()):
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a resumed run needs besides its steps (the trajectory in the run directory, or a
+    distributed run's Ray Train checkpoints)."""
+
+    tracking_run_id: str | None
+    before: tuple[dict[str, float], float] | None  # test metrics before training, their time
+    # a distributed run's Ray Train run (its name in the checkpoint storage), which every
+    # launch of the run continues; None for a single-process run
+    ray_run: str | None = None
+
+
+def write_resume_point(output_dir: Path, point: ResumePoint) -> None:
+    """What the same command needs to go on with this run (atomically)."""
+    write_text_atomically(output_dir / RESUME_FILE, json.dumps(asdict(point)))
+
+
+def find_resume_point(output_dir: Path, config: RunConfig) -> ResumePoint | None:
+    """The resume point of an unfinished run of exactly ``config`` in ``output_dir``, if any."""
+    path = output_dir / RESUME_FILE
+    if not path.is_file() or (output_dir / SUMMARY_FILE).exists():
         return None
-    if saved.read_text() != dump_config(config):
+    if not (output_dir / CONFIG_FILE).is_file():
         return None
-    return json.loads(summary.read_text())
+    if dump_config(load_config(output_dir / CONFIG_FILE)) != dump_config(config):
+        return None
+    saved = json.loads(path.read_text())
+    before = tuple(saved["before"]) if saved["before"] is not None else None
+    return ResumePoint(saved["tracking_run_id"], before, saved.get("ray_run"))
+
+
+def clear_resume_point(output_dir: Path) -> None:
+    (output_dir / RESUME_FILE).unlink(missing_ok=True)
 
 
 def can_resume(config: RunConfig, output_dir: Path) -> bool:
@@ -50,7 +73,7 @@ def find_unfinished(config: RunConfig, output_dir: Path) -> ResumePoint | None:
     run's steps are in the directory, a distributed run's in the Ray Train run it names."""
     if not writes_trajectory(config):
         return None
-    point = find_resume_point(output_dir, config, CONFIG_FILE, SUMMARY_FILE)
+    point = find_resume_point(output_dir, config)
     if point is not None and config.parallel.strategy != "single" and point.ray_run is None:
         return None  # no Ray Train run to go on with: the steps' record is not found
     return point
@@ -77,23 +100,3 @@ def resume_point(config: RunConfig, output_dir: Path) -> ResumePoint | None:
     if point is not None:
         logger.warning("resuming the unfinished run in %s", output_dir)
     return point
-
-
-@dataclass(frozen=True)
-class RunRecords:
-    """What a finished run leaves besides its config: the summary, the privacy state, and the
-    trajectory where a Ray Train rank returned it (a single process writes its own as it goes)."""
-
-    summary: dict[str, Any]
-    privacy: dict[str, Any]
-    trajectory: bytes | None = None
-
-
-def write_records(output_dir: Path, records: RunRecords) -> None:
-    """The finished run's files: the privacy state, then the summary that marks it finished;
-    nothing is left to resume."""
-    if records.trajectory is not None:
-        (output_dir / TRAJECTORY_FILE).write_bytes(records.trajectory)
-    write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(records.summary, indent=2) + "\n")
-    clear_resume_point(output_dir)

@@ -1,63 +1,22 @@
-"""A run's records: the files of its output directory and the summary written to summary.json.
+"""The typed record of a finished run (``RunSummary``), written to summary.json and read back.
 
-The summary lives here, with the layouts and below the run pipeline, because two layouts write
-it: the single-process run (``privzo.run``) and rank 0 of a Ray Train run
-(``privzo.distributed.worker``, which adds its layout's figures). Built from the run's context,
-its loop and its evaluations, it needs nothing above this layer, so both can share one schema
-while every import still points down.
+Two layouts build it: the single-process run and rank 0 of a Ray Train run (which adds its
+layout's figures). Built from the run's context, its loop and its evaluations, so both share
+one schema.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError
 from privzo.layouts.context import RunContext
 from privzo.models.loading import model_parameters
+from privzo.rundir.files import read_json_object, write_json_atomically
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import Tracker
-from privzo.tracking.tags import ADAPTER_URI
-
-SUMMARY_FILE = "summary.json"
-TRAJECTORY_FILE = "trajectory.parquet"
-CONFIG_FILE = "config.yaml"
-PRIVACY_FILE = "privacy.json"  # the ledger's state: mechanism, σ, q, steps accounted, ε spent
-MODEL_DIR = "model"
-RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE, PRIVACY_FILE)
-RAY_STATE_DIR = "ray"  # a distributed run's Ray Train state and checkpoints (default storage)
-
-
-def check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse to write over an earlier run's records (finished or not) unless asked to."""
-    existing = [name for name in RUN_FILES if (output_dir / name).exists()]
-    if existing and not overwrite:
-        unfinished = (
-            ""
-            if SUMMARY_FILE in existing
-            else (
-                " of another config, or one that cannot resume (only zeroth-order runs of the "
-                "same config resume)"
-            )
-        )
-        raise ConfigError(
-            f"--output-dir {str(output_dir)!r} already holds a"
-            f"{'n unfinished' if unfinished else ''} run{unfinished} ({', '.join(existing)}); "
-            "choose another directory (or pass --overwrite)"
-        )
-
-
-def prepare_output_dir(output_dir: Path) -> None:
-    """Create the directory and clear an overwritten run's files, once the inputs are good,
-    so a failing new run never sits next to an old summary that makes it look finished."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_FILES:
-        (output_dir / name).unlink(missing_ok=True)
-    # an earlier distributed run's Ray state: its checkpoints hold that run's noised steps
-    shutil.rmtree(output_dir / RAY_STATE_DIR, ignore_errors=True)
 
 
 @dataclass
@@ -127,6 +86,31 @@ class RunSummary:
     def final_metrics(self) -> dict[str, float]:
         return final_metrics(self.to_dict())
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> RunSummary:
+        """The summary ``to_dict`` wrote: its own fields, every "<name>_before" and
+        "<name>_after" score, and the rest as ``extra``; a missing field is a ``KeyError``."""
+        values = {name: record[name] for name in _OWN_FIELDS}
+        scores = {key: value for key, value in record.items() if _is_score(key)}
+        extra = {key: value for key, value in record.items() if _is_extra(key)}
+        return cls(**values, scores=scores, extra=extra)
+
+
+def read_summary(path: Path) -> RunSummary | None:
+    """The summary in ``path``, or None when it is missing, unreadable or not a whole run's
+    (an interrupted write, another file): such a directory holds no finished run."""
+    record = read_json_object(path)
+    if record is None:
+        return None
+    try:
+        return RunSummary.from_dict(record)
+    except (KeyError, TypeError):
+        return None
+
+
+def write_summary(path: Path, summary: RunSummary) -> None:
+    write_json_atomically(path, summary.to_dict())
+
 
 def summary_record(
     context: RunContext,
@@ -182,6 +166,14 @@ _FIELDS = tuple(item.name for item in fields(RunSummary))
 _OWN_FIELDS = frozenset(_FIELDS) - {"scores", "extra"}
 
 
+def _is_score(key: str) -> bool:
+    return key not in _OWN_FIELDS and key.endswith(("_before", "_after"))
+
+
+def _is_extra(key: str) -> bool:
+    return key not in _OWN_FIELDS and not _is_score(key)
+
+
 RESOURCE_FIGURES = (
     "eval_time_s",
     "peak_memory_mb",
@@ -234,23 +226,3 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         for key in keys
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
     }
-
-
-ADAPTER_VIEWS = ("lora", "prefix")  # views whose trained tensors are a peft adapter
-PIPELINE_TASKS = {"causal": "text-generation", "masked": "fill-mask"}  # by the model's kind
-
-
-def log_adapter_model(context: RunContext, tracker: Tracker) -> None:
-    """A LoRA / prefix run's adapter as the tracker's transformers model, tagged with its URI
-    (``tracker.log_adapter_model``): a local base (a directory, built-in models' included) is
-    referenced by its path, a hub base by its id and revision. The adapter is the trajectory
-    replayed onto public weights, so it releases nothing the trajectory does not."""
-    if context.config.model.trainable not in ADAPTER_VIEWS:
-        return
-    loaded = context.loaded
-    base_path = loaded.source if Path(loaded.source).is_dir() else None
-    uri = tracker.log_adapter_model(
-        context.model, loaded.tokenizer, PIPELINE_TASKS[loaded.kind], base_path
-    )
-    if uri is not None:
-        tracker.set_tags({ADAPTER_URI: uri})

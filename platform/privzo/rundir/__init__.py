@@ -1,0 +1,68 @@
+"""A run's directory, owned here alone: its file names and atomic writes (``files``), the typed
+summary (``summary``), the per-window save of a single-process run (``progress``), the resume
+point (``resume``), and the config and final records with the one "finished with this config?"
+question (``records``).
+"""
+
+from privzo.rundir.files import (
+    CONFIG_FILE,
+    MODEL_DIR,
+    PRIVACY_FILE,
+    RAY_STATE_DIR,
+    RESUME_FILE,
+    RUN_FILES,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    check_output_dir,
+    prepare_output_dir,
+    read_json_object,
+    write_json_atomically,
+    write_text_atomically,
+)
+from privzo.rundir.progress import RunDirectoryProgress
+from privzo.rundir.records import (
+    RunRecords,
+    finished,
+    finished_record,
+    write_config,
+    write_records,
+)
+from privzo.rundir.resume import (
+    ResumePoint,
+    can_resume,
+    resume_point,
+    unfinished_steps,
+    write_resume_point,
+)
+from privzo.rundir.summary import RESOURCE_FIGURES, RunSummary, read_summary, write_summary
+
+__all__ = [
+    "CONFIG_FILE",
+    "MODEL_DIR",
+    "PRIVACY_FILE",
+    "RAY_STATE_DIR",
+    "RESOURCE_FIGURES",
+    "RESUME_FILE",
+    "RUN_FILES",
+    "SUMMARY_FILE",
+    "TRAJECTORY_FILE",
+    "ResumePoint",
+    "RunDirectoryProgress",
+    "RunRecords",
+    "RunSummary",
+    "can_resume",
+    "check_output_dir",
+    "finished",
+    "finished_record",
+    "prepare_output_dir",
+    "read_json_object",
+    "read_summary",
+    "resume_point",
+    "unfinished_steps",
+    "write_config",
+    "write_json_atomically",
+    "write_records",
+    "write_resume_point",
+    "write_summary",
+    "write_text_atomically",
+]

@@ -1,0 +1,76 @@
+"""A run's directory from start to finish: the config written first, the records that mark it
+finished written last, and the one question every caller asks before it starts a run, searches,
+studies, audits and the demo alike: does this directory already hold this config's result?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privzo.config import RunConfig, dump_config
+from privzo.rundir.files import (
+    CONFIG_FILE,
+    PRIVACY_FILE,
+    SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    read_json_object,
+    write_atomically,
+    write_json_atomically,
+    write_text_atomically,
+)
+from privzo.rundir.resume import clear_resume_point
+from privzo.rundir.summary import RunSummary, read_summary, write_summary
+
+
+def write_config(output_dir: Path, config: RunConfig) -> None:
+    """The resolved config, first of a new run's files: what ``finished`` and a resume compare."""
+    write_text_atomically(output_dir / CONFIG_FILE, dump_config(config))
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """What a finished run leaves besides its config: the summary, the privacy state, and the
+    trajectory where a Ray Train rank returned it (a single process writes its own as it goes)."""
+
+    summary: RunSummary
+    privacy: dict[str, Any]
+    trajectory: bytes | None = None
+
+
+def write_records(output_dir: Path, records: RunRecords) -> None:
+    """The finished run's files: the privacy state, then the summary that marks it finished;
+    nothing is left to resume."""
+    if records.trajectory is not None:
+        write_atomically(output_dir / TRAJECTORY_FILE, records.trajectory)
+    write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
+    write_summary(output_dir / SUMMARY_FILE, records.summary)
+    clear_resume_point(output_dir)
+
+
+def finished(output_dir: Path, config: RunConfig) -> RunSummary | None:
+    """The summary of a finished run of exactly ``config`` in ``output_dir``, else None."""
+    if not holds_configs(Path(output_dir), {CONFIG_FILE: dump_config(config)}):
+        return None
+    return read_summary(Path(output_dir) / SUMMARY_FILE)
+
+
+def finished_record(
+    directory: Path, result_file: str, configs: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The JSON result of finished work other than a run (an audit, the synthetic study) whose
+    config files (name → text) hold exactly ``configs``; None if it is not there whole."""
+    if not holds_configs(Path(directory), configs):
+        return None
+    return read_json_object(Path(directory) / result_file)
+
+
+def holds_configs(directory: Path, configs: Mapping[str, str]) -> bool:
+    """Whether every config file named in ``configs`` is in ``directory`` with exactly its text."""
+    for name, text in configs.items():
+        path = directory / name
+        if not path.is_file() or path.read_text() != text:
+            return False
+    return True

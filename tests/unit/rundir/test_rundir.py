@@ -1,0 +1,107 @@
+"""The run directory's records: written whole, and read as finished only when whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privzo.rundir import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    RunSummary,
+    finished,
+    finished_record,
+    write_config,
+    write_summary,
+    write_text_atomically,
+)
+
+SUMMARY = {
+    "model": "tiny-opt",
+    "task": "sentiment",
+    "algorithm": "dpzero",
+    "metric": "accuracy",
+    "metric_before": 0.5,
+    "metric_after": 0.75,
+    "accuracy_before": 0.5,
+    "accuracy_after": 0.75,
+    "private": True,
+    "epsilon": 1.9,
+    "epsilon_target": 2.0,
+    "delta": 1e-5,
+    "noise_multiplier": 3.2,
+    "mechanism": "gaussian",
+    "mechanism_parameters": None,
+    "accountant": "pld",
+    "sample_rate": 0.1,
+    "expected_batch_size": 4.0,
+    "clip": 1.0,
+    "steps": 2,
+    "resumed_steps": 0,
+    "train_examples": 40,
+    "test_examples": 20,
+    "skipped_rows": 0,
+    "trainable_parameters": 100,
+    "model_parameters": 200,
+    "eval_time_s": None,
+    "peak_memory_mb": None,
+    "step_peak_memory_mb": None,
+    "mean_step_time_s": None,
+    "wall_time_s": None,
+    "nonfinite_differences": None,
+    "empty_batches": None,
+    "device": "cpu",
+    "dtype": "float32",
+    "tracking_run_id": None,
+    "validation_accuracy": 0.7,
+    "selection_score": 0.6,
+}
+
+
+@pytest.fixture
+def run_dir(tmp_path, tiny_run_config):
+    config = tiny_run_config()
+    write_config(tmp_path, config)
+    return tmp_path, config
+
+
+def test_a_summary_reads_back_as_it_was_written(run_dir):
+    directory, config = run_dir
+    write_summary(directory / SUMMARY_FILE, RunSummary.from_dict(SUMMARY))
+    done = finished(directory, config)
+    assert done is not None and done.to_dict() == SUMMARY
+    assert done.scores == {"accuracy_before": 0.5, "accuracy_after": 0.75}
+    assert done.extra == {"validation_accuracy": 0.7, "selection_score": 0.6}
+
+
+@pytest.mark.parametrize("text", ["", "{", "{}", "[1]", json.dumps({"model": "tiny-opt"})])
+def test_a_summary_not_written_whole_is_no_finished_run(run_dir, text):
+    directory, config = run_dir
+    (directory / SUMMARY_FILE).write_text(text)
+    assert finished(directory, config) is None
+
+
+def test_a_summary_of_another_config_is_no_finished_run(run_dir, tiny_run_config):
+    directory, _config = run_dir
+    write_summary(directory / SUMMARY_FILE, RunSummary.from_dict(SUMMARY))
+    assert finished(directory, tiny_run_config("seed=7")) is None
+    (directory / CONFIG_FILE).unlink()
+    assert finished(directory, tiny_run_config()) is None
+
+
+def test_a_record_is_finished_only_with_every_config_text(tmp_path):
+    write_text_atomically(tmp_path / "a.yaml", "a: 1\n")
+    write_text_atomically(tmp_path / "result.json", '{"done": true}')
+    assert finished_record(tmp_path, "result.json", {"a.yaml": "a: 1\n"}) == {"done": True}
+    assert finished_record(tmp_path, "result.json", {"a.yaml": "a: 2\n"}) is None
+    assert finished_record(tmp_path, "result.json", {"a.yaml": "a: 1\n", "b.yaml": ""}) is None
+    write_text_atomically(tmp_path / "result.json", "")
+    assert finished_record(tmp_path, "result.json", {"a.yaml": "a: 1\n"}) is None
+
+
+def test_an_atomic_write_leaves_no_temporary_file(tmp_path):
+    write_text_atomically(tmp_path / "x.json", "first")
+    write_text_atomically(tmp_path / "x.json", "second")
+    assert [path.name for path in tmp_path.iterdir()] == ["x.json"]
+    assert (tmp_path / "x.json").read_text() == "second"
