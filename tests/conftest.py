@@ -135,6 +135,16 @@ def sentiment_files(tmp_path) -> tuple[Path, Path]:
     )
 
 
+# The distributed twins' data and schedule, shrunk to seconds: tiny-opt, 64 training examples.
+SMALL_RUN = [
+    "model.name_or_path=tiny-opt",
+    "task.examples_per_class=32",
+    "task.test_size=16",
+    "optimizer.steps=12",
+    "optimizer.batch_size=8",
+    "tracking.log_every=4",
+]
+
 # The tiny run the run-level tests share: 12 DPZero steps of tiny-opt on ``sentiment_files``,
 # 8 rows a batch, learning rate 1e-3, ε = 3, metrics every 5 steps.
 TINY_RUN = (

@@ -1,5 +1,7 @@
 """Distributed runs on a real local Ray cluster (gloo on CPU) and real DeepSpeed ZeRO-3.
 
+The refusals that need no Ray are in tests/unit/distributed/test_layout_refusals.py.
+
 One Ray session serves the module (starting Ray costs ~10 s, each TorchTrainer ~20 s on 2 CPUs).
 """
 
@@ -18,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, adapter_against_replay, local_ray
+from conftest import REPO, SMALL_RUN, adapter_against_replay, local_ray
 from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.distributed.worker import checkpoint_name
@@ -26,17 +28,10 @@ from privzo.privacy import compute_epsilon
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
 
+pytestmark = pytest.mark.integration
+
 TINY_MEZO = REPO / "configs" / "runs" / "tiny-mezo.yaml"
 TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
-# The twins' data and schedule, shrunk to seconds: tiny-opt, 64 training examples.
-SMALL = [
-    "model.name_or_path=tiny-opt",
-    "task.examples_per_class=32",
-    "task.test_size=16",
-    "optimizer.steps=12",
-    "optimizer.batch_size=8",
-    "tracking.log_every=4",
-]
 PERTURBATION_SCALE = 1e-3  # both twins'
 ONE_LOSS_BIT_IN_G = float(np.spacing(np.float32(1.0))) / (2 * PERTURBATION_SCALE)
 
@@ -48,7 +43,7 @@ def ray_session():
 
 
 def _config(path: Path, *extra: str):
-    return load_config(path, [*SMALL, *extra])
+    return load_config(path, [*SMALL_RUN, *extra])
 
 
 def _layout(strategy: str, workers: int) -> list[str]:
@@ -208,49 +203,6 @@ def test_final_scores_run_on_the_workers(ray_session, tmp_path, cache_dir, strat
     assert summary["selection_rescored"] == summary["metric_after"]  # the same model and data
     written = json.loads((tmp_path / strategy / "summary.json").read_text())
     assert written["selection_rescored"] == summary["metric_after"]
-
-
-def test_canaries_are_refused_on_a_distributed_layout(tmp_path, cache_dir):
-    """An audit's ``training_rows`` needs the rows in this process: refused before Ray starts."""
-    config = _config(TINY_MEZO, *_layout("replica", 2))
-    hooks = RunHooks(training_rows=lambda task_config, rows: rows)
-    with pytest.raises(ConfigError, match="an audit's canaries need the training rows"):
-        run(config, tmp_path / "out", cache_dir=cache_dir, progress=False, hooks=hooks)
-    assert not (tmp_path / "out").exists()
-
-
-# --- bad input: a clear error before any worker starts (no Ray needed) ---------------------
-
-
-def test_expected_batch_smaller_than_workers_is_refused(tmp_path, cache_dir):
-    config = _config(TINY_MEZO, *_layout("replica", 2), "optimizer.batch_size=1")
-    with pytest.raises(ConfigError, match=r"batch_size=1 .* parallel.workers=2"):
-        _run(config, tmp_path / "out", cache_dir)
-    assert not (tmp_path / "out").exists()
-
-
-def test_zero3_needs_float32_weights(tmp_path, cache_dir):
-    config = _config(TINY_MEZO, *_layout("zero3", 2), "model.dtype=bfloat16")
-    with pytest.raises(ConfigError, match=r"model.dtype='bfloat16' with parallel.strategy='zero3'"):
-        _run(config, tmp_path / "out", cache_dir)
-
-
-def test_single_strategy_takes_one_worker():
-    with pytest.raises(ConfigError, match=r"parallel.workers=2 with parallel.strategy='single'"):
-        _config(TINY_MEZO, "parallel.workers=2")
-
-
-def test_planner_refuses_a_model_that_does_not_fit(tmp_path, cache_dir):
-    config = _config(
-        TINY_MEZO,
-        *_layout("replica", 2),
-        "parallel.use_gpu=true",
-        "model.device=auto",
-        "parallel.gpu_memory_gb=0.01",
-    )
-    with pytest.raises(ConfigError, match=r"does not fit whole in one 0.01 GiB GPU"):
-        _run(config, tmp_path / "out", cache_dir)
-    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.ray

@@ -29,6 +29,8 @@ from conftest import RAY_TEST_ENV, REPO, local_ray
 from privzo.privacy import compute_epsilon
 from privzo.tracking import find_runs, read_run
 
+pytestmark = pytest.mark.integration
+
 STEPS = 300
 KILLS = 3
 WAIT_S = 600  # a margin for a loaded machine, not a timing

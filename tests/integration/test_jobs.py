@@ -21,6 +21,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 RAY = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
 
 

@@ -22,6 +22,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 COMMANDS_PAGE = REPO / "docs" / "guides" / "commands.md"
 NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs the network
 # Smaller sizes appended to a command (by its leading words): only overrides / options the README

@@ -15,6 +15,8 @@ import torch
 from conftest import REPO
 from privzo.cli import main
 
+pytestmark = pytest.mark.integration
+
 MEASUREMENTS = REPO / "docs" / "measurements.md"
 MARKER = "<!-- demo-arms: checked by tests/integration/test_readme_figures.py -->"
 ROWS = ("zero-shot", "DPZero (private)", "MeZO (non-private)")

@@ -1,0 +1,77 @@
+"""A CLI run stopped by SIGTERM or SIGKILL resumes with the same command: the steps written
+before the kill kept as they were, every step once, the same MLflow run finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from privzo.tracking import read_run
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(args: list[str], **kwargs) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "privzo.cli", *args]
+    return subprocess.Popen(command, env=environment, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_files, cache_dir, stop):
+    train, test = sentiment_files
+    output = tmp_path / "runs" / "dp"
+    command = [
+        "run",
+        "--quiet",
+        "--cache-dir",
+        str(cache_dir),
+        "--output-dir",
+        str(output),
+        "model.name_or_path=tiny-opt",
+        f"task.train_path={train}",
+        f"task.test_path={test}",
+        "optimizer.steps=400",
+        "optimizer.batch_size=8",
+        "tracking.log_every=5",
+    ]
+    config = tmp_path / "run.yaml"
+    config.write_text("seed: 0\n")
+    process = _cli([command[0], str(config), *command[1:]], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 900  # a margin for a loaded machine, not a timing
+    while not (output / "resume.json").exists() or _rows(output) < 10:
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no window written"
+        time.sleep(0.2)
+    process.send_signal(stop)
+    _out, err = process.communicate(timeout=600)
+    assert process.returncode == (143 if stop == signal.SIGTERM else -signal.SIGKILL), err
+    done = _rows(output)
+    first = pq.read_table(output / "trajectory.parquet").to_pylist()
+    point = json.loads((output / "resume.json").read_text())
+
+    resumed = _cli([command[0], str(config), *command[1:]], stderr=subprocess.PIPE)
+    _out, err = resumed.communicate(timeout=1800)
+    assert resumed.returncode == 0, err
+    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in rows] == list(range(400))
+    assert rows[:done] == first
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["tracking_run_id"] == point["tracking_run_id"]
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert read_run(uri, summary["tracking_run_id"])["status"] == "FINISHED"
+
+
+def _rows(output: Path) -> int:
+    try:
+        return pq.read_table(output / "trajectory.parquet").num_rows
+    except (OSError, ValueError):  # not written yet
+        return 0
