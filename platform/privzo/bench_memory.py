@@ -180,15 +180,17 @@ def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[st
     from privzo.config import load_config
     from privzo.memory import PeakMemory
     from privzo.run import build_context, make_loop
+    from privzo.tasks.interface import ScoringTask
     from privzo.tracking import NoopTracker
 
     config = load_config(None, overrides)
     context = build_context(config, Path(cache_dir), progress=False)
     memory = PeakMemory(context.loaded.device)
-    batch = context.task.collate(context.train, list(range(len(context.train))))
+    task: ScoringTask = context.task
+    batch = task.collate(context.train, list(range(len(context.train))))
 
     def forward() -> Any:
-        return context.task.per_example_loss(context.scoring_model, batch)
+        return task.per_example_loss(context.scoring_model, batch)
 
     # inference first, before any training state (optimizer moments, noise buffers) exists
     forward_s, forward_mb = _timed(forward, memory, repeats)

@@ -16,6 +16,7 @@ from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
 from privzo.layouts.context import RunContext
 from privzo.privacy.plan import make_sampler
 from privzo.privacy.sampling import Sampler
+from privzo.tasks.interface import ScoringTask
 from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.zo.directions import step_seed
 from privzo.zo.estimators import GradientEstimator, estimator_for
@@ -56,11 +57,12 @@ class ZerothOrderStepper(Stepper):
 
     def step(self, step: int) -> StepOutcome:
         context = self.context
+        task: ScoringTask = context.task
         indices = self.sampler.next_batch()
-        batch = context.task.collate(context.train, indices) if len(indices) else None
+        batch = task.collate(context.train, indices) if len(indices) else None
         batch_size, keep = len(indices), len(indices)
         if self.forward_on_empty and not len(indices):  # a public input: no record is read
-            batch, batch_size = context.task.collate(context.task.public_example(), [0]), 1
+            batch, batch_size = task.collate(task.public_example(), [0]), 1
         with self.meter.measure():
             record = zo_step(
                 step=step,

@@ -29,7 +29,7 @@ import torch
 
 from privzo.models.peft_views import unwrap_for_scoring
 from privzo.replay import prepare_replay
-from privzo.tasks import Task
+from privzo.tasks.interface import ScoringTask
 from privzo.zo.trajectory import replay_steps
 
 MATCH_FLOOR = 1e-12  # relative gap below float64 resolution: an exact match
@@ -52,7 +52,9 @@ def centre_by_label(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return centred
 
 
-def canary_losses(task: Task, model: torch.nn.Module, encoded, batch_size: int) -> np.ndarray:
+def canary_losses(
+    task: ScoringTask, model: torch.nn.Module, encoded, batch_size: int
+) -> np.ndarray:
     """Per-canary fp32 losses under ``model``, in canary order."""
     losses = []
     with torch.inference_mode():
@@ -74,7 +76,7 @@ class WhiteBoxTrace:
 def replay_differences(
     base: str,
     trajectory: Path,
-    task: Task,
+    task: ScoringTask,
     encoded,
     *,
     clip: float | None,

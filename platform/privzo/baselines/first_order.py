@@ -24,7 +24,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import torch
@@ -35,9 +35,12 @@ from privzo.privacy.mechanisms import secret_torch_generator
 from privzo.privacy.plan import make_sampler
 from privzo.privacy.sampling import Sampler
 from privzo.tasks.classification import differentiable_scoring
+from privzo.tasks.interface import ScoringTask
 from privzo.zo.schedules import make_schedule
 
 if TYPE_CHECKING:
+    from transformers.models.opt.modeling_opt import OPTLearnedPositionalEmbedding
+
     from privzo.layouts.context import RunContext
 
 
@@ -80,7 +83,9 @@ class FirstOrderStepper(Stepper):
         self._cleanup.callback(self._freeze)
         update_rule = _update_rule(config)
         self.optimizer = update_rule(
-            self.parameters, lr=config.optimizer.learning_rate, **_update_options(config)
+            self.parameters,
+            lr=config.optimizer.learning_rate,
+            weight_decay=config.optimizer.first_order.weight_decay,
         )
         if self.private:
             self._start_private()
@@ -108,8 +113,9 @@ class FirstOrderStepper(Stepper):
             # point attacks on a single Gaussian draw (Opacus' secure mode, arXiv 2107.10138)
             secure_mode=True,
         )
-        loader = torch.utils.data.DataLoader(
-            list(range(len(self.context.train))),
+        loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(
+            # torch's stub asks for a Dataset; a list is a map-style dataset (__getitem__, __len__)
+            list(range(len(self.context.train))),  # type: ignore[arg-type]
             batch_sampler=LogicalBatches(self.sampler, config.optimizer.steps),
             collate_fn=list,
         )
@@ -196,9 +202,10 @@ class FirstOrderStepper(Stepper):
         """Per-example losses with non-finite ones counted and replaced by 0, and the mask of
         the finite ones."""
         context = self.context
-        batch = context.task.collate(context.train, indices)
+        task: ScoringTask = context.task
+        batch = task.collate(context.train, indices)
         with differentiable_scoring():
-            losses = context.task.per_example_loss(context.scoring_model, batch).float()
+            losses = task.per_example_loss(context.scoring_model, batch).float()
         finite = torch.isfinite(losses)
         self.nonfinite += int((~finite).sum())
         return torch.where(finite, losses, torch.zeros_like(losses)), finite
@@ -210,17 +217,17 @@ class FirstOrderStepper(Stepper):
         loss_reduction="mean" Opacus also rescaled those rows by B·L instead of B, which the
         factor B / (B·L) undoes. Exact; a no-op when every layer saw B rows."""
         for parameter in self.parameters:
-            grad_sample = parameter.grad_sample
+            grad_sample = parameter.grad_sample  # type: ignore[attr-defined]  # Opacus' hooks set it
             rows = grad_sample.shape[0]
             if rows != batch_size:
                 assert rows % batch_size == 0, f"{rows} gradient rows for {batch_size} examples"
                 folded = grad_sample.reshape(batch_size, rows // batch_size, *grad_sample.shape[1:])
-                parameter.grad_sample = folded.sum(dim=1) * (batch_size / rows)
+                parameter.grad_sample = folded.sum(dim=1) * (batch_size / rows)  # type: ignore[attr-defined]
 
     def _empty_grad_samples(self) -> None:
         """Zero per-example gradients of a batch of none, so Opacus noises a zero sum."""
         for parameter in self.parameters:
-            parameter.grad_sample = parameter.new_zeros((0, *parameter.shape))
+            parameter.grad_sample = parameter.new_zeros((0, *parameter.shape))  # type: ignore[attr-defined]
 
 
 def zero_nonfinite_grad_samples(parameters: list[nn.Parameter], batch_size: int) -> torch.Tensor:
@@ -231,7 +238,8 @@ def zero_nonfinite_grad_samples(parameters: list[nn.Parameter], batch_size: int)
     sum of the whole step; a zeroed example contributes nothing, as a non-finite loss
     difference does on the zeroth-order path (the sensitivity bound C still holds).
     """
-    samples = [p.grad_sample for p in parameters if getattr(p, "grad_sample", None) is not None]
+    found = (getattr(p, "grad_sample", None) for p in parameters)
+    samples = [sample for sample in found if sample is not None]
     if not samples:
         return torch.zeros(batch_size, dtype=torch.bool)
     finite = torch.stack([torch.isfinite(s.flatten(1)).all(dim=1) for s in samples]).all(dim=0)
@@ -267,7 +275,7 @@ def fp32_noise_optimizer(dp_optimizer: type) -> type:
     only the noisy gradient is rounded, once, to the weights' dtype.
     """
 
-    class Fp32NoiseDPOptimizer(dp_optimizer):  # type: ignore[misc, valid-type]
+    class Fp32NoiseDPOptimizer(dp_optimizer):
         def add_noise(self) -> None:
             std = self.noise_multiplier * self.max_grad_norm
             for parameter in self.params:
@@ -283,22 +291,19 @@ def secure_gaussian_noise(
 ) -> torch.Tensor:
     """fp32 N(0, std²) noise shaped like ``reference``, as a halved sum of four draws (after one
     discarded draw), which Opacus' secure mode uses against floating-point attacks on a draw."""
-    options = {"device": reference.device, "generator": generator}
-    torch.normal(0.0, std, size=(1, 1), **options)  # discarded, as in Opacus
-    total = torch.zeros(reference.shape, dtype=torch.float32, device=reference.device)
+    device = reference.device
+    # discarded, as in Opacus
+    torch.normal(0.0, std, size=(1, 1), device=device, generator=generator)
+    total = torch.zeros(reference.shape, dtype=torch.float32, device=device)
     for _ in range(4):
-        total += torch.normal(0.0, std, size=reference.shape, **options)
+        total += torch.normal(0.0, std, size=reference.shape, device=device, generator=generator)
     return total / 2
 
 
-def _update_rule(config: Any) -> type[torch.optim.Optimizer]:
+def _update_rule(config: Any) -> type[torch.optim.SGD] | type[torch.optim.AdamW]:
     first_order = config.optimizer.first_order
     name = first_order.update_rule or ("sgd" if config.optimizer.algorithm == "dpsgd" else "adamw")
     return {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[name]
-
-
-def _update_options(config: Any) -> dict[str, float]:
-    return {"weight_decay": config.optimizer.first_order.weight_decay}
 
 
 @contextlib.contextmanager
@@ -320,6 +325,11 @@ def parameter_layers_in_training_mode(model: nn.Module) -> Iterator[None]:
             module.training = False
 
 
+def _is_opt_positions(module: object) -> TypeGuard[OPTLearnedPositionalEmbedding]:
+    """Whether ``module`` is OPT's positional embedding (by name: no OPT import needed)."""
+    return type(module).__name__ == "OPTLearnedPositionalEmbedding"
+
+
 class _PositionTable(nn.Module):
     """OPT's learned positions as a plain ``nn.Embedding`` child, which Opacus supports.
 
@@ -328,7 +338,7 @@ class _PositionTable(nn.Module):
     ids the same way and looks them up in the same weight tensor.
     """
 
-    def __init__(self, original: nn.Module) -> None:
+    def __init__(self, original: OPTLearnedPositionalEmbedding) -> None:
         super().__init__()
         self.offset = original.offset
         self.table = nn.Embedding(*original.weight.shape)
@@ -353,7 +363,7 @@ def opacus_compatible_positions(model: nn.Module) -> Iterator[None]:
     swapped = []
     for parent in list(model.modules()):
         original = getattr(parent, "embed_positions", None)
-        if type(original).__name__ == "OPTLearnedPositionalEmbedding":
+        if _is_opt_positions(original):
             table = _PositionTable(original)
             table.train(original.training)
             parent.embed_positions = table

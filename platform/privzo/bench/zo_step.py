@@ -203,9 +203,11 @@ def _privzo_step(
     algorithm: str,
     batch_size: int,
 ) -> Callable[[], Any]:
-    options = {"clip": 1.0, "noise_multiplier": 1.0, "expected_batch_size": batch_size}
-    private = algorithm == "dpzero"
-    estimator = make_estimator("gaussian" if private else None, **(options if private else {}))
+    estimator = (
+        make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=batch_size)
+        if algorithm == "dpzero"
+        else make_estimator()
+    )
     steps = iter(range(10**9))
     return lambda: zo_step(
         step=0,

@@ -20,7 +20,7 @@ import torch
 from privzo.config import RunConfig
 from privzo.distributed.collectives import WorkerGroup
 from privzo.layouts.context import RunContext, build_context
-from privzo.models.loading import LoadedModel, load_model
+from privzo.models.loading import LoadedModel, SavesPretrained, load_model
 from privzo.zo.sweeps import ParameterShard
 
 
@@ -44,8 +44,9 @@ def partition_shards(
     """This rank's real (unpadded) elements of every partitioned parameter."""
     shards = []
     for name, parameter in named_parameters:
-        local = parameter.ds_tensor.view(-1)
-        numel = parameter.ds_numel
+        # attributes ZeRO-3 attaches to every partitioned parameter, unknown to torch's stubs
+        local = parameter.ds_tensor.view(-1)  # type: ignore[attr-defined]
+        numel = parameter.ds_numel  # type: ignore[attr-defined]
         offset = group.rank * local.numel()
         length = max(0, min(local.numel(), numel - offset))
         shards.append(ParameterShard(name, local[:length], numel, offset if length else numel))
@@ -102,7 +103,9 @@ def gathered_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
 
 def save_gathered(context: RunContext, rank: int, path: Path) -> None:
     """Gather every parameter (one at a time) and save the whole model from rank 0."""
-    state = gathered_state_dict(context.model, keep=rank == 0)
+    model = context.model
+    assert isinstance(model, SavesPretrained), "a view runs a Hugging Face or peft model"
+    state = gathered_state_dict(model, keep=rank == 0)
     if rank == 0:
-        context.model.save_pretrained(path, state_dict=state)
+        model.save_pretrained(path, state_dict=state)
         context.loaded.tokenizer.save_pretrained(path)

@@ -147,7 +147,7 @@ def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> P
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.init_seed)
         if recipe.arch == "opt":
-            config = OPTConfig(
+            opt_config = OPTConfig(
                 hidden_size=recipe.hidden,
                 word_embed_proj_dim=recipe.hidden,
                 num_hidden_layers=recipe.layers,
@@ -159,8 +159,8 @@ def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> P
                 init_std=recipe.init_std,
                 **ids,
             )
-            return OPTForCausalLM(config)
-        config = RobertaConfig(
+            return OPTForCausalLM(opt_config)
+        roberta_config = RobertaConfig(
             hidden_size=recipe.hidden,
             num_hidden_layers=recipe.layers,
             num_attention_heads=recipe.heads,
@@ -172,7 +172,7 @@ def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> P
             initializer_range=recipe.init_std,
             **ids,
         )
-        return RobertaForMaskedLM(config)
+        return RobertaForMaskedLM(roberta_config)
 
 
 def _corpus_tensor(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import transformers
@@ -134,7 +135,8 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
             "allowed: an existing local directory, a reachable hub id, or a built-in name"
         ) from None
-    model.to(device).eval()
+    # typeshed's functools.wraps (on transformers' PreTrainedModel.to) does not bind self
+    model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, kind, source, device, loaded_commit(config, hf_config))
 
@@ -220,7 +222,15 @@ def model_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
+@runtime_checkable
+class SavesPretrained(Protocol):
+    """A Hugging Face or peft model: what every PEFT view runs, saved in its own format."""
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Any: ...
+
+
 def save_weights(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
     """HF format: the whole model for full / bitfit, the adapter (peft format) for lora / prefix."""
+    assert isinstance(model, SavesPretrained), "a view runs a Hugging Face or peft model"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -23,10 +23,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 NamedParameters = list[tuple[str, nn.Parameter]]
 
@@ -192,11 +195,13 @@ class PrefixScoringView(nn.Module):
     vocabulary head is the underlying model's, so only the scored position is projected.
     """
 
-    def __init__(self, peft_model: nn.Module) -> None:
+    def __init__(self, peft_model: PeftModel) -> None:
         super().__init__()
         underlying = peft_model.get_base_model()
+        body = underlying.base_model
+        assert isinstance(body, nn.Module), "a Hugging Face model's base_model is its body"
         self.peft_model = peft_model
-        self.body = _PrefixBody(peft_model, underlying.base_model)
+        self.body = _PrefixBody(peft_model, body)
         for attribute in ("lm_head", "cls"):
             head = getattr(underlying, attribute, None)
             if isinstance(head, nn.Module):
@@ -213,7 +218,7 @@ class PrefixScoringView(nn.Module):
 class _PrefixBody(nn.Module):
     """The transformer body called with the current prefix prepended as past key/values."""
 
-    def __init__(self, peft_model: nn.Module, body: nn.Module) -> None:
+    def __init__(self, peft_model: PeftModel, body: nn.Module) -> None:
         super().__init__()
         self.peft_model = peft_model
         self.body = body
@@ -248,7 +253,7 @@ def _import_peft(view: str) -> Any:
     return peft
 
 
-def _peft_model_class() -> type | None:
+def _peft_model_class() -> type[PeftModel] | None:
     try:
         from peft import PeftModel
     except ImportError:

@@ -7,7 +7,7 @@ from the same plan: the single-process run, the Ray Train workers and the baseli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from privzo.config import ConfigError, RunConfig
 from privzo.privacy.accountants import Accountant, calibrate_noise_multiplier, make_accountant
@@ -31,6 +31,17 @@ class PrivacyPlan:
     noise_parameters: dict[str, Any] | None = None  # lmo's, or {"grid": K} of discrete noise
 
 
+class _Accounting(TypedDict):
+    """What calibration and the feasibility check both account for."""
+
+    sample_rate: float
+    steps: int
+    delta: float
+    mechanism: str
+    accountant: str
+    noise_parameters: dict[str, Any] | None
+
+
 def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     """Calibrate σ to (ε, δ) for this sampling rate and T, or check a fixed σ meets it."""
     batch_size = config.optimizer.batch_size
@@ -43,11 +54,13 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     if not config.optimizer.is_private:
         return PrivacyPlan(private=False, sample_rate=sample_rate, expected_batch_size=batch_size)
     privacy, steps = config.privacy, config.optimizer.steps
-    common = dict(
+    mechanism = config.mechanism
+    assert mechanism is not None, "every private algorithm has a mechanism"
+    common = _Accounting(
         sample_rate=sample_rate,
         steps=steps,
         delta=privacy.delta,
-        mechanism=config.mechanism,
+        mechanism=mechanism,
         accountant=privacy.accountant,
         noise_parameters=mechanism_parameters(config),
     )

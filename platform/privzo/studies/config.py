@@ -76,7 +76,7 @@ class ScalingStudyConfig(Section):
         min_length=1, description="model.name_or_path values, or model config YAML files."
     )
     tasks: list[str | None] = Field(
-        default_factory=lambda: [None], description="Task config YAML files; null = the base's."
+        [None], description="Task config YAML files; null = the base's."
     )
     private_algorithms: list[str] = Field(default_factory=lambda: ["dpzero"])
     epsilons: list[float] = Field(default_factory=list, description="ε per private cell.")
@@ -143,7 +143,9 @@ class ScalingStudyConfig(Section):
             unknown = [value for value in chosen or [] if value not in allowed]
             if unknown:
                 raise ValueError(f"audit.{name}: {unknown} not in the study's {allowed}")
-        budgets = [(a, e) for a in self.private_algorithms for e in self.epsilons]
+        budgets: list[tuple[str, float | None]] = [
+            (a, e) for a in self.private_algorithms for e in self.epsilons
+        ]
         budgets += [(a, None) for a in self.non_private_algorithms]
         if not any(audit.selects(m, a, e) for m in self.models for a, e in budgets):
             raise ValueError("audit: its algorithms, epsilons and models select no cell")

@@ -17,7 +17,7 @@ seeds: [0, 1, 2]
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -35,7 +35,7 @@ __all__ = [
     "load_synthetic_config",
 ]
 
-STUDY_TYPE = "synthetic-quadratic"
+STUDY_TYPE: Final = "synthetic-quadratic"
 # Kept in step with the registries in quadratic.py / algorithms.py (a test checks it); listed
 # here so the config module validates names without importing the numerics.
 PATTERN_NAMES: tuple[str, ...] = ("rank-d", "rank-sqrt-d", "rank-log-d")

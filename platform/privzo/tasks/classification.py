@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, TaskConfig, template_fields
 from privzo.tasks.data import Row, hash_order
+from privzo.tasks.interface import Indices
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Batch:
         return int(self.labels.numel())
 
 
-def collate_examples(examples: EncodedExamples, indices: Sequence[int], pad: int) -> Batch:
+def collate_examples(examples: EncodedExamples, indices: Indices, pad: int) -> Batch:
     """The examples at ``indices`` padded to the longest of them (right padding), on the CPU."""
     length = max(len(examples.input_ids[i]) for i in indices)
     input_ids = torch.full((len(indices), length), pad, dtype=torch.long)
@@ -164,31 +165,31 @@ class PromptClassificationTask:
             return ids, len(ids) - 1
         return ids, ids.index(tokenizer.mask_token_id)
 
-    def collate(self, examples: EncodedExamples, indices: Sequence[int]) -> Batch:
+    def collate(self, examples: EncodedExamples, indices: Indices) -> Batch:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return collate_examples(examples, indices, pad)
 
-    def label_logits(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+    def label_logits(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """fp32 logits of the label words at each example's scored position, shape [B, K]."""
         if self.single_token:
             return score_label_logits(model, batch, self.label_token_ids)
         return score_candidates(model, batch, self.candidates)
 
-    def per_example_loss(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+    def per_example_loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         logits = self.label_logits(model, batch)
         return F.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
 
     def evaluate(
-        self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int
+        self, model: torch.nn.Module, examples: EncodedExamples, batch_size: int
     ) -> dict[str, float]:
         return {"accuracy": self.accuracy(model, examples, batch_size)}
 
-    def accuracy(self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int) -> float:
+    def accuracy(self, model: torch.nn.Module, examples: EncodedExamples, batch_size: int) -> float:
         correct = sum(self.example_scores(model, examples, batch_size)["accuracy"])
         return correct / max(len(examples), 1)
 
     def example_scores(
-        self, model: PreTrainedModel, examples: EncodedExamples, batch_size: int
+        self, model: torch.nn.Module, examples: EncodedExamples, batch_size: int
     ) -> dict[str, list[float]]:
         """Each example's score in [0, 1] per metric (1.0 if its label is predicted, else 0.0):
         what a noised sum over a private split adds up."""
@@ -222,8 +223,12 @@ def invalid_row_reason(row: Row, config: TaskConfig) -> str | None:
     label_field = config.label_field or "label"
     label = row.get(label_field)
     num_labels = len(config.label_words)
-    valid = isinstance(label, (int, np.integer)) and not isinstance(label, bool)
-    if not valid or not 0 <= label < num_labels:
+    valid = (
+        isinstance(label, (int, np.integer))
+        and not isinstance(label, bool)
+        and 0 <= label < num_labels
+    )
+    if not valid:
         return (
             f"{label_field}={label!r} (task.label_field) must be an integer in [0, {num_labels}),"
             f" one per label word {config.label_words}"
@@ -258,7 +263,7 @@ def scoring_mode() -> contextlib.AbstractContextManager:
 
 
 def score_label_logits(
-    model: PreTrainedModel, batch: Batch, label_token_ids: torch.Tensor
+    model: torch.nn.Module, batch: Batch, label_token_ids: torch.Tensor
 ) -> torch.Tensor:
     """fp32 logits of ``label_token_ids`` at each example's scored position, shape [B, K].
 
@@ -270,23 +275,22 @@ def score_label_logits(
     attention_mask = batch.attention_mask.to(device)
     positions = batch.positions.to(device)
     rows = torch.arange(len(positions), device=device)
-    head = vocabulary_head(model)
+    split = body_and_head(model)
     with scoring_mode():
-        if head is None:
+        if split is None:
             logits = model(
                 input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
             ).logits
             scored = logits[rows, positions]
         else:
-            hidden = model.base_model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            )[0]
+            body, head = split
+            hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
             scored = head(hidden[rows, positions])
     return scored[:, label_token_ids.to(device)].float()
 
 
 def score_candidates(
-    model: PreTrainedModel, batch: Batch, candidates: list[list[int]]
+    model: torch.nn.Module, batch: Batch, candidates: list[list[int]]
 ) -> torch.Tensor:
     """Length-normalised log-probability of each multi-token candidate after each prompt, [B, K].
 
@@ -324,15 +328,20 @@ def score_candidates(
     return scores.view(len(lengths), len(candidates))
 
 
-def vocabulary_head(model: PreTrainedModel) -> torch.nn.Module | None:
-    """The module mapping final hidden states to vocabulary logits, if the model exposes it.
+def body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """The transformer body (``base_model``) and the module mapping its final hidden states to
+    vocabulary logits, if the model exposes both.
 
-    Applying it only at the scored position skips the [seq × vocab] projection of a full forward.
+    Applying the head only at the scored position skips the [seq × vocab] projection of a full
+    forward.
     """
+    body = getattr(model, "base_model", None)
+    if not isinstance(body, torch.nn.Module) or body is model:
+        return None
     for attribute in ("lm_head", "cls"):
         head = getattr(model, attribute, None)
-        if isinstance(head, torch.nn.Module) and model.base_model is not model:
-            return head
+        if isinstance(head, torch.nn.Module):
+            return body, head
     return None
 
 

@@ -13,16 +13,17 @@ can drive either task.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from privzo.config import ConfigError, template_fields
-from privzo.tasks.classification import no_cache, scoring_mode, vocabulary_head
+from privzo.tasks.classification import body_and_head, no_cache, scoring_mode
 from privzo.tasks.data import Row
+from privzo.tasks.interface import Indices
 from privzo.tasks.metrics import exact_match, f1_score, mean_exact_match, mean_f1
 
 SQUAD_TEMPLATE = "Title: {title}\nContext: {context}\nQuestion: {question}\nAnswer:"
@@ -182,7 +183,7 @@ class GenerationTask:
         head = 1 if self.tokenizer.bos_token_id is not None else 0
         return prompt_ids[:head] + prompt_ids[len(prompt_ids) - (budget - head) :]
 
-    def collate(self, examples: GenerationExamples, indices: Sequence[int]) -> GenerationBatch:
+    def collate(self, examples: GenerationExamples, indices: Indices) -> GenerationBatch:
         """Right padding: every real token keeps the position it has in an unpadded forward."""
         sequences = [examples.prompt_ids[i] + examples.target_ids[i] for i in indices]
         width = max(len(ids) for ids in sequences)
@@ -197,7 +198,7 @@ class GenerationTask:
 
     # ----------------------------------------------------------------------------- loss
 
-    def per_example_loss(self, model: PreTrainedModel, batch: GenerationBatch) -> torch.Tensor:
+    def per_example_loss(self, model: torch.nn.Module, batch: GenerationBatch) -> torch.Tensor:
         """Mean NLL of each example's answer tokens, fp32, shape [B].
 
         Per example, as the private estimators clip one loss difference per example (MeZO's
@@ -217,7 +218,7 @@ class GenerationTask:
     # ----------------------------------------------------------------------------- decoding
 
     def evaluate(
-        self, model: PreTrainedModel, examples: GenerationExamples, batch_size: int
+        self, model: torch.nn.Module, examples: GenerationExamples, batch_size: int
     ) -> dict[str, float]:
         """Mean exact match and F1 (SQuAD normalization) of greedy answers over ``examples``."""
         predictions = self.predict(model, examples, batch_size)
@@ -227,7 +228,7 @@ class GenerationTask:
         }
 
     def example_scores(
-        self, model: PreTrainedModel, examples: GenerationExamples, batch_size: int
+        self, model: torch.nn.Module, examples: GenerationExamples, batch_size: int
     ) -> dict[str, list[float]]:
         """Each example's exact match and F1, each in [0, 1]: what a noised sum adds up."""
         predictions = self.predict(model, examples, batch_size)
@@ -237,7 +238,7 @@ class GenerationTask:
         }
 
     def predict(
-        self, model: PreTrainedModel, examples: GenerationExamples, batch_size: int
+        self, model: torch.nn.Module, examples: GenerationExamples, batch_size: int
     ) -> list[str]:
         """Greedy answers: the new tokens up to EOS or a newline, decoded, first line only."""
         predictions: list[str] = []
@@ -255,27 +256,31 @@ class GenerationTask:
             return prompt_ids
         return self._left_truncate(prompt_ids, self.max_length - self.max_new_tokens)
 
-    def _generate(self, model: PreTrainedModel, prompts: list[list[int]]) -> list[list[int]]:
+    def _generate(self, model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
         """New token ids per prompt. HF models use ``generate`` (with its KV cache); a scoring
         view without it (privzo's prefix-tuning view) gets a cache-free greedy loop."""
         can_generate = getattr(model, "can_generate", None)
-        if callable(can_generate) and can_generate():
-            return self._generate_with_hf(model, prompts)
+        generate = getattr(model, "generate", None)
+        if callable(can_generate) and can_generate() and callable(generate):
+            return self._generate_with_hf(generate, _device(model), prompts)
         return self._generate_by_loop(model, prompts)
 
     def _generate_with_hf(
-        self, model: PreTrainedModel, prompts: list[list[int]]
+        self,
+        generate: Callable[..., torch.Tensor],
+        device: torch.device,
+        prompts: list[list[int]],
     ) -> list[list[int]]:
-        """Left padding, so that every row's next token is read at the last column."""
+        """Left padding, so that every row's next token is read at the last column; ``generate``
+        is the model's Hugging Face ``generate``."""
         width = max(len(ids) for ids in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
-        device = _device(model)
         with torch.inference_mode():
-            output = model.generate(
+            output = generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 do_sample=False,
@@ -287,7 +292,7 @@ class GenerationTask:
         return output[:, width:].tolist()
 
     def _generate_by_loop(
-        self, model: PreTrainedModel, prompts: list[list[int]]
+        self, model: torch.nn.Module, prompts: list[list[int]]
     ) -> list[list[int]]:
         """Greedy decoding by full forwards over a right-padded buffer: no cache, so it works
         with any module that scores like the training loss does, at the cost of recomputation."""
@@ -381,7 +386,7 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 def _logits_at(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     rows: torch.Tensor,
@@ -390,16 +395,15 @@ def _logits_at(
     """fp32 vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one
     forward pass; the vocabulary projection runs only there when the model exposes its head,
     which for a long passage and a short answer is most of the logits' memory."""
-    head = vocabulary_head(model)
+    split = body_and_head(model)
     with scoring_mode():
-        if head is None:
+        if split is None:
             logits = model(
                 input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
             ).logits
             return logits[rows, cols].float()
-        hidden = model.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-        )[0]
+        body, head = split
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
         return head(hidden[rows, cols]).float()
 
 

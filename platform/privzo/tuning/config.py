@@ -277,6 +277,7 @@ def base_run_config(search: SearchConfig, values: dict[str, Any] | None = None) 
     if search.experiment:
         dotted["tracking.experiment"] = search.experiment
     source = " + ".join(search.base) + (f" with {values}" if values else "")
-    config = with_values(load_config(search.base), dotted, source)
+    bases: list[str | Path] = [*search.base]  # load_config takes an (invariant) list of either
+    config = with_values(load_config(bases), dotted, source)
     check_capabilities(config)  # what the algorithm cannot do is refused with the search
     return config
