@@ -236,15 +236,22 @@ def _build(name: str, recipe: BuiltinRecipe, target: Path, progress: bool) -> No
     """Build the model and tokenizer of ``recipe`` and save both to ``target``."""
     tokenizer = build_word_tokenizer(demo_data.vocabulary(), append_eos=recipe.arch == "roberta")
     model = _build_model(recipe, tokenizer)
+    losses: list[float] = []
     if recipe.pretrain is not None:
         if progress:
             print(f"[privzo] building built-in model {name!r} (one-off)", file=sys.stderr)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.pretrain.seed)
-            pretrain(model, tokenizer, recipe.pretrain, progress)
+            losses = pretrain(model, tokenizer, recipe.pretrain, progress)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    info = {"name": name, "version": recipe.version(), "recipe": asdict(recipe)}
+    # the pretraining losses say how the weights were made, beside the recipe that made them
+    info = {
+        "name": name,
+        "version": recipe.version(),
+        "recipe": asdict(recipe),
+        "pretrain_losses": losses,
+    }
     (target / "privzo_builtin.json").write_text(json.dumps(info, indent=2))
 
 
