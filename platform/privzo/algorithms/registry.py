@@ -31,15 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from privzo.algorithms.config import ALGORITHMS
 from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowSaver
 from privzo.algorithms.noise import NOISE
 from privzo.algorithms.stepper import StepMeter, Stepper
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.baselines.dpgd import DpgdStepper, check_dpgd_size
 from privzo.baselines.first_order import FirstOrderStepper
-from privzo.config import ALGORITHMS, ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
+from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
 Family = Literal["zeroth-order", "first-order"]

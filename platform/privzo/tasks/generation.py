@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from privzo.config import ConfigError, template_fields
+from privzo.config.tasks import template_fields
+from privzo.section import ConfigError
 from privzo.tasks.classification import no_cache, scoring_mode, vocabulary_head
 from privzo.tasks.data import Row
 from privzo.tasks.metrics import exact_match, f1_score, mean_exact_match, mean_f1
