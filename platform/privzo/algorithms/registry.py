@@ -20,7 +20,7 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 
 Adding an algorithm is one module (its stepper), one entry below and its noise in
 ``privzo.algorithms.noise``, plus its name in the config Literal
-``privzo.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the Literal to
+``privzo.algorithms.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the Literal to
 the keys.
 ``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
 """
@@ -148,7 +148,7 @@ REGISTRY: dict[str, Algorithm] = {
         ),
     )
 }
-assert tuple(REGISTRY) == ALGORITHMS, "the registry and privzo.config.AlgorithmName differ"
+assert tuple(REGISTRY) == ALGORITHMS, "the registry and AlgorithmName differ"
 
 
 def get_algorithm(name: str) -> Algorithm:

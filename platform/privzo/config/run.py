@@ -14,6 +14,7 @@ from privzo.algorithms.noise import NOISE
 from privzo.config.tasks import TaskConfig
 from privzo.layouts.config import ParallelConfig
 from privzo.models.config import ModelConfig
+from privzo.privacy.accountants import ACCOUNTANTS, accountants_for
 from privzo.privacy.config import PrivacyConfig
 from privzo.section import Section
 from privzo.tracking.config import TrackingConfig
@@ -42,15 +43,12 @@ class RunConfig(Section):
         if not self.optimizer.is_private:
             return self
         mechanism = self.mechanism
+        assert mechanism is not None  # every private algorithm adds a mechanism's noise
         if self.privacy.sampler != "poisson":
             raise ValueError(
                 f"privacy.sampler={self.privacy.sampler!r} with a private algorithm: the "
                 "accountants here assume Poisson sampling; allowed: 'poisson'"
             )
-        # Imported here: the accountants load dp_accounting (seconds), which a config that
-        # fails before this point, or a non-private one, never needs.
-        from privzo.privacy.accountants import ACCOUNTANTS, accountants_for
-
         name = self.privacy.accountant
         accountant = ACCOUNTANTS[name]
         if not accountant.bounds(mechanism):
