@@ -20,8 +20,8 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 
 Adding an algorithm is one module (its stepper), one entry below and its noise in
 ``privzo.algorithms.noise``, plus its name in the config Literal
-``privzo.algorithms.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the Literal to
-the keys.
+``privzo.algorithms.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the
+Literal to the keys.
 ``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
 """
 
