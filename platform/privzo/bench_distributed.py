@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, build_config
+from privzo.config.loading import build_config
+from privzo.config.run import RunConfig
 from privzo.run import run
 
 LAYOUTS = (("replica", 1), ("replica", 2), ("zero3", 2))

@@ -70,7 +70,7 @@ def _write_bench_model(work_dir: Path, cache_dir: Path) -> tuple[Path, int]:
     import torch
     from transformers import AutoConfig, AutoTokenizer, OPTForCausalLM
 
-    from privzo.config import ModelConfig
+    from privzo.models.config import ModelConfig
     from privzo.models.loading import resolve_source
 
     source = resolve_source(ModelConfig(name_or_path="tiny-opt"), cache_dir, progress=False)
@@ -177,7 +177,7 @@ def _map_large_allocations() -> None:
 def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str, Any]:
     import opacus  # noqa: F401  # every process holds the same libraries before measuring
 
-    from privzo.config import load_config
+    from privzo.config.loading import load_config
     from privzo.memory import PeakMemory
     from privzo.run import build_context, make_loop
     from privzo.tasks.interface import ScoringTask

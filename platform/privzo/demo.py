@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from privzo.config import load_config
+from privzo.config.loading import load_config
 from privzo.run import run
 from privzo.rundir import finished
 from privzo.threads import threads_per_process, use_threads

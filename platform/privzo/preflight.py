@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.algorithms.registry import Algorithm, check_capabilities, get_algorithm
-from privzo.config import ConfigError, RunConfig, TaskConfig
+from privzo.config.run import RunConfig
+from privzo.config.tasks import TaskConfig
 from privzo.distributed.launch import check_batch, check_layout, check_verdict
 from privzo.layouts.context import direction_sampler
 from privzo.models.builtin import is_builtin
@@ -27,6 +28,7 @@ from privzo.models.loading import check_model, is_hub_id, peek_kind
 from privzo.planner import Plan, arch_from_config, plan, resolve_arch
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.rundir.files import check_output_dir
+from privzo.section import ConfigError
 from privzo.tasks import TaskSplits, load_splits, resolve_task_config
 from privzo.tracking import probe_tracking_store
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from privzo.config import ModelConfig
+from privzo.models.config import ModelConfig
 from privzo.models.loading import (
     LoadedModel,
     apply_view,

@@ -18,10 +18,21 @@ PACKAGE = REPO / "platform" / "privzo"
 # Layer of each package or module (the longest matching name wins); an import may point to the
 # same layer or a lower one, never up. The order is the architecture's
 # (shared/design/architecture.md): entry points → searches, studies → the run pipeline →
-# layouts and algorithms → the parts (zo, privacy, models, tasks, tracking) → config.
+# layouts and algorithms → the parts (zo, privacy, models, tasks, tracking) → the config
+# sections and what they read.
 LAYERS = {
     # 0: leaves that import no other privzo layer
     "privzo": 0,  # the package itself (``__version__``)
+    # the run config: the base of every section, each package's section (beside the code it
+    # configures, beneath every layer that reads a config), and RunConfig and its loader
+    # composing them; ``privzo.config.tasks`` stays in the config package because importing
+    # ``privzo.tasks`` loads torch, and a config must load before torch does
+    "privzo.section": 0,
+    "privzo.models.config": 0,
+    "privzo.algorithms.config": 0,
+    "privzo.privacy.config": 0,
+    "privzo.layouts.config": 0,
+    "privzo.tracking.config": 0,
     "privzo.config": 0,
     "privzo.extras": 0,
     "privzo.threads": 0,

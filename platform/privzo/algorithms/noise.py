@@ -1,9 +1,10 @@
 """What noise each training algorithm adds: the facts the run config decides its privacy rules
 by at load, and the registry's entries read.
 
-A leaf (it imports no privzo module), beneath ``privzo.config``: the config validates at load,
-and the registry (``privzo.algorithms.registry``) cannot be read from there, since it imports
-the config, the layouts and the steppers. The rest of what an algorithm is lives in the registry.
+A leaf (it imports no privzo module), beneath the optimizer section
+(``privzo.algorithms.config``), which validates at load: the registry
+(``privzo.algorithms.registry``) cannot be read from there, since it imports the run config,
+the layouts and the steppers. The rest of what an algorithm is lives in the registry.
 """
 
 from __future__ import annotations
@@ -41,4 +42,4 @@ NOISE: dict[str, Noise] = {
     "adamw": Noise((), scalar=False, words="no noise"),
     "dpgd-0th": Noise(("gaussian",), scalar=False, words="d-dimensional Gaussian noise"),
 }
-"""Each algorithm's noise, by the names of ``privzo.config.AlgorithmName``."""
+"""Each algorithm's noise, by the names of ``privzo.algorithms.config.AlgorithmName``."""

@@ -20,8 +20,8 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 
 Adding an algorithm is one module (its stepper), one entry below and its noise in
 ``privzo.algorithms.noise``, plus its name in the config Literal
-``privzo.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the Literal to
-the keys.
+``privzo.algorithms.config.AlgorithmName``; ``tests/unit/algorithms/test_registry.py`` ties the
+Literal to the keys.
 ``check_capabilities`` is the algorithm × layout × mechanism × view check preflight runs.
 """
 
@@ -31,15 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from privzo.algorithms.config import ALGORITHMS
 from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowSaver
 from privzo.algorithms.noise import NOISE
 from privzo.algorithms.stepper import StepMeter, Stepper
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.baselines.dpgd import DpgdStepper, check_dpgd_size
 from privzo.baselines.first_order import FirstOrderStepper
-from privzo.config import ALGORITHMS, ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
+from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
 Family = Literal["zeroth-order", "first-order"]
@@ -146,7 +148,7 @@ REGISTRY: dict[str, Algorithm] = {
         ),
     )
 }
-assert tuple(REGISTRY) == ALGORITHMS, "the registry and privzo.config.AlgorithmName differ"
+assert tuple(REGISTRY) == ALGORITHMS, "the registry and AlgorithmName differ"
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from privzo.config import ConfigError
+from privzo.section import ConfigError
 from privzo.tracking import StoredRun, find_runs, tags
 
 _TAGS = {

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privzo.config import ConfigError, TaskConfig, template_fields
+from privzo.config.tasks import TaskConfig, template_fields
+from privzo.section import ConfigError
 from privzo.tasks.data import Row
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from privzo.config import Section
+from privzo.section import Section
 
 ScoreName = Literal["black-box", "white-box-correlation", "white-box-likelihood", "white-box-match"]
 WHITE_BOX_SCORES: tuple[ScoreName, ...] = (

@@ -34,11 +34,13 @@ from privzo.audit.scores import (
     match_scores,
     replay_differences,
 )
-from privzo.config import ConfigError, RunConfig, TaskConfig
+from privzo.config.run import RunConfig
+from privzo.config.tasks import TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import TRAJECTORY_FILE, write_json_atomically
+from privzo.section import ConfigError
 from privzo.tasks import is_generation, resolve_task_config
 from privzo.tracking.tags import AUDIT
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from privzo.config import RunConfig
+from privzo.config.run import RunConfig
 from privzo.tracking import connect_tracker, make_tracker
 from privzo.tracking.tags import AUDIT, AUDIT_VERDICT
 

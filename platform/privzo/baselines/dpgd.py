@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from privzo.algorithms.stepper import StepMeter, StepOutcome, Stepper
-from privzo.config import ConfigError
 from privzo.privacy.mechanisms import secret_torch_generator, secure_gaussian_
 from privzo.privacy.plan import make_sampler
+from privzo.section import ConfigError
 from privzo.tasks.micro_batches import losses_in_micro_batches
 from privzo.zo.directions import DirectionSampler, step_seed
 from privzo.zo.estimators import GradientEstimator

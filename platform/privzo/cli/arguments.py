@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from privzo.config import RunConfig
+    from privzo.config.run import RunConfig
 
 DEFAULT_CACHE = Path("~/.cache/privzo").expanduser()
 DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
@@ -105,7 +105,7 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
 def load_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config of ``args.config`` and ``args.overrides``; read before torch and
     transformers are imported, so a typo is reported in a second, not half a minute."""
-    from privzo.config import load_config
+    from privzo.config.loading import load_config
 
     extra_files, overrides = split_overrides(args.overrides)
     return load_config([args.config, *extra_files], overrides)

@@ -57,7 +57,7 @@ def add_audit(commands: Commands) -> None:
 
 def _audit_command(args: argparse.Namespace) -> int:
     from privzo.audit import VIOLATED_EXIT_CODE, AuditConfig, run_audit
-    from privzo.config import validate_section
+    from privzo.config.loading import validate_section
 
     quiet_libraries(args.verbose)
     config = load_run_config(args)

@@ -14,13 +14,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
 from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
+from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
 

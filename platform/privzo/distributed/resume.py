@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from privzo.config import ConfigError
 from privzo.distributed.checkpoint import read_checkpoint
+from privzo.section import ConfigError
 
 CHECKPOINT_PREFIX = "checkpoint_"
 

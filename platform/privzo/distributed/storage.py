@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from privzo.config import ConfigError
+from privzo.section import ConfigError
 
 # Filesystem types (as /proc/mounts names them) that every node of a cluster can mount.
 SHARED_FILESYSTEMS = (

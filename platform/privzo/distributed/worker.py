@@ -22,7 +22,7 @@ import pyarrow as pa
 from privzo.algorithms.loop import StepperFactory, TrainingLoop, WindowEnd, WindowSaver
 from privzo.algorithms.stepper import StepMeter
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
-from privzo.config import build_config
+from privzo.config.loading import build_config
 from privzo.distributed.checkpoint import RunState, read_checkpoint, write_checkpoint
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import distribute_estimator

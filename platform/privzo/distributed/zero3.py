@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from privzo.config import RunConfig
+from privzo.config.run import RunConfig
 from privzo.distributed.collectives import WorkerGroup
 from privzo.layouts.context import RunContext, build_context
 from privzo.models.loading import LoadedModel, SavesPretrained, load_model

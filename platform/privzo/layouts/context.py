@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
-from privzo.config import RunConfig, TaskConfig
+from privzo.config.run import RunConfig
+from privzo.config.tasks import TaskConfig
 from privzo.models.loading import (
     LoadedModel,
     apply_view,

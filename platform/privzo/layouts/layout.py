@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig
+from privzo.config.run import RunConfig
 from privzo.layouts.context import RunContext, RunHooks, build_context
 from privzo.models.loading import save_weights
 

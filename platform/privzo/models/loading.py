@@ -18,9 +18,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from privzo.config import ConfigError, ModelConfig
 from privzo.models.builtin import BUILTIN_MODELS, is_builtin, materialize_builtin
+from privzo.models.config import ModelConfig
 from privzo.models.peft_views import apply_peft_view
+from privzo.section import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MASKED_TYPES = {"roberta", "bert", "xlm-roberta", "deberta", "deberta-v2", "electra", "distilbert"}

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from privzo.config import LMO_MIN_GAMMA_SHAPE
+from privzo.privacy.config import LMO_MIN_GAMMA_SHAPE
 from privzo.privacy.discrete import (
     check_grid,
     discrete_gaussian,

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from privzo.config import ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.privacy.accountants import Accountant, calibrate_noise_multiplier, make_accountant
 from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetLedger, check_feasible
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
+from privzo.section import ConfigError
 
 
 @dataclass(frozen=True)

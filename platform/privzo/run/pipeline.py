@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from privzo.algorithms.registry import check_built, writes_trajectory
-from privzo.config import ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.dirlock import locks_output_dir
 from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.layout import get_layout
@@ -41,6 +41,7 @@ from privzo.rundir import (
     write_records,
     write_resume_point,
 )
+from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, make_tracker
 from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
 

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError
+from privzo.section import ConfigError
 
 SUMMARY_FILE = "summary.json"
 TRAJECTORY_FILE = "trajectory.parquet"

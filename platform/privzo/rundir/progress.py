@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from privzo.algorithms.loop import TrainingLoop, WindowEnd, WindowSaver
-from privzo.config import ConfigError
 from privzo.privacy.plan import privacy_record
 from privzo.rundir.files import (
     PRIVACY_FILE,
@@ -27,6 +26,7 @@ from privzo.rundir.files import (
     write_json_atomically,
 )
 from privzo.rundir.resume import ResumePoint, write_resume_point
+from privzo.section import ConfigError
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import Tracker
 from privzo.zo.integrity import check_fingerprint

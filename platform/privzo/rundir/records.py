@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.config import RunConfig, dump_config
+from privzo.config.loading import dump_config
+from privzo.config.run import RunConfig
 from privzo.rundir.files import (
     CONFIG_FILE,
     PRIVACY_FILE,

@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from privzo.algorithms.registry import writes_trajectory
-from privzo.config import RunConfig, dump_config, load_config
+from privzo.config.loading import dump_config, load_config
+from privzo.config.run import RunConfig
 from privzo.rundir.files import (
     CONFIG_FILE,
     RESUME_FILE,

@@ -17,7 +17,8 @@ from privzo.audit import AUDIT_FILE, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
 from privzo.audit.pipeline import RUN_DIR
-from privzo.config import RunConfig, dump_config
+from privzo.config.loading import dump_config
+from privzo.config.run import RunConfig
 from privzo.models.loading import check_model
 from privzo.rundir import CONFIG_FILE, finished_record, write_text_atomically
 from privzo.studies.config import ScalingStudyConfig

@@ -30,14 +30,8 @@ from pydantic import Field, field_validator, model_validator
 
 from privzo.algorithms.registry import names
 from privzo.audit.config import AuditConfig
-from privzo.config import (
-    ConfigError,
-    Section,
-    apply_overrides,
-    dotted_items,
-    read_yaml,
-    validate_section,
-)
+from privzo.config.loading import apply_overrides, dotted_items, read_yaml, validate_section
+from privzo.section import ConfigError, Section
 from privzo.synthetic.config import SyntheticStudyConfig
 
 

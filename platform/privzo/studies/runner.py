@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from privzo.config import Section
 from privzo.rundir import finished_record, write_json_atomically, write_text_atomically
+from privzo.section import Section
 from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
 from privzo.tracking import connect_tracker, make_tracker

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.algorithms.registry import check_capabilities
-from privzo.config import ConfigError, RunConfig, dump_config, load_config, with_values
+from privzo.config.loading import dump_config, load_config, with_values
+from privzo.config.run import RunConfig
 from privzo.preflight import preflight
 from privzo.run import run
 from privzo.rundir import (
@@ -26,6 +27,7 @@ from privzo.rundir import (
     write_json_atomically,
     write_summary,
 )
+from privzo.section import ConfigError
 from privzo.studies.audits import (
     AUDITS_DIR,
     audit_cell_names,

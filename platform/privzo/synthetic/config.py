@@ -21,8 +21,9 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from privzo.config import ConfigError, Section, apply_overrides, read_yaml, validate_section
+from privzo.config.loading import apply_overrides, read_yaml, validate_section
 from privzo.privacy import ACCOUNTANTS
+from privzo.section import ConfigError, Section
 
 __all__ = [
     "ALGORITHM_NAMES",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from privzo.config import ConfigError, TaskConfig, template_fields
+from privzo.config.tasks import TaskConfig, template_fields
+from privzo.section import ConfigError
 from privzo.tasks.classification import (
     EncodedExamples,
     PromptClassificationTask,

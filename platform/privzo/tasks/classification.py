@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from privzo.config import ConfigError, TaskConfig, template_fields
+from privzo.config.tasks import TaskConfig, template_fields
+from privzo.section import ConfigError
 from privzo.tasks.data import Row, hash_order
 from privzo.tasks.interface import Indices
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError
 from privzo.extras import require_extra
+from privzo.section import ConfigError
 from privzo.tasks.presets import HubSource
 
 Row = dict[str, Any]

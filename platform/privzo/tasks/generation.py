@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from privzo.config import ConfigError, template_fields
+from privzo.config.tasks import template_fields
+from privzo.section import ConfigError
 from privzo.tasks.classification import body_and_head, no_cache, scoring_mode
 from privzo.tasks.data import Row
 from privzo.tasks.interface import Indices

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError
+from privzo.section import ConfigError
 from privzo.tasks.data import Row, load_hf_rows
 from privzo.tasks.presets import PRESETS, HubSource
 

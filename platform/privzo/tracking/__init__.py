@@ -93,7 +93,7 @@ __all__ = [
 
 def connect_tracker(tracker: Tracker, uri: str | None) -> Tracker:
     """Reach the tracker's store now, so an unreachable or bad store fails before compute."""
-    from privzo.config import ConfigError
+    from privzo.section import ConfigError
 
     try:
         tracker.connect()
@@ -109,7 +109,7 @@ def probe_tracking_store(backend: str, uri: str | None, output_root: Path) -> No
     """Checked before any model loads: an http(s) tracking server takes a connection within
     10 s (MLflow's own client retries for minutes before it reports), and a sqlite store
     (``uri`` or, when None, the default one under ``output_root``) can be written."""
-    from privzo.config import ConfigError
+    from privzo.section import ConfigError
 
     if backend != "mlflow":
         return

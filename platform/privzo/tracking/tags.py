@@ -7,7 +7,7 @@ runs by them (model size, ε, algorithm, task).
 
 from __future__ import annotations
 
-from privzo.config import RunConfig
+from privzo.config.run import RunConfig
 
 MODEL = "privzo.model"
 MODEL_PARAMETERS = "privzo.model_parameters"

@@ -24,9 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from privzo.algorithms.registry import check_capabilities
-from privzo.config import (
-    RunConfig,
-    Section,
+from privzo.config.loading import (
     apply_overrides,
     dotted_items,
     load_config,
@@ -34,8 +32,10 @@ from privzo.config import (
     validate_section,
     with_values,
 )
+from privzo.config.run import RunConfig
 from privzo.extras import require_extra
 from privzo.privacy.discrete import DEFAULT_SCORE_GRID
+from privzo.section import Section
 
 # Keys a search may vary. The privacy budget (ε, δ) is fixed: it is what every trial meets.
 SEARCHABLE = (

@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError
 from privzo.rundir import CONFIG_FILE, MODEL_DIR, TRAJECTORY_FILE, write_json_atomically
 from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
+from privzo.section import ConfigError
 from privzo.tracking.clock import stamp_public_time
 from privzo.tuning.search import SUMMARY_FILE
 from privzo.tuning.trial import TRIALS_DIR

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privzo.config import ConfigError, RunConfig
+from privzo.config.run import RunConfig
 from privzo.distributed.launch import check_batch, check_layout
 from privzo.models.loading import (
     load_tokenizer,
@@ -21,6 +21,7 @@ from privzo.models.loading import (
 from privzo.privacy.discrete import noise_units
 from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
+from privzo.section import ConfigError
 from privzo.tasks import build_task, load_splits, resolve_task_config
 from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
 from privzo.tuning.privacy import (

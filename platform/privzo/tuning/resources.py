@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from privzo.config import ConfigError, RunConfig
+from privzo.config.run import RunConfig
+from privzo.section import ConfigError
 from privzo.tuning.config import SearchConfig
 
 # The driver of a distributed trial: a Python process with torch and Ray loaded that validates

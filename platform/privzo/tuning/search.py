@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 from privzo.algorithms.registry import writes_trajectory
-from privzo.config import ConfigError
 from privzo.distributed.launch import ray_runtime_env
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
@@ -29,6 +28,7 @@ from privzo.rundir import (
     write_json_atomically,
     write_text_atomically,
 )
+from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tracking.tags import BEST_MODEL_URI
 from privzo.tuning.config import SearchConfig

@@ -27,7 +27,7 @@ DRAW_LIMIT = 2**53
 SUM_LIMIT = 2**50
 
 if TYPE_CHECKING:
-    from privzo.config import RunConfig
+    from privzo.config.run import RunConfig
     from privzo.privacy.plan import PrivacyPlan
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from privzo.config import RunConfig
+from privzo.config.run import RunConfig
 from privzo.zo.directions import DIRECTIONS_VERSION
 from privzo.zo.integrity import check_rows, columns_checksum
 from privzo.zo.perturbation import Perturber

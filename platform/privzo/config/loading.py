@@ -1,0 +1,228 @@
+"""Reading configs: YAML files merged in order, ``key.sub=value`` overrides, validation errors
+that name the field, and a config written back as YAML.
+
+The search, study and synthetic-study configs read their files and sections through the same
+functions, so every config file fails the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from privzo.config.run import RunConfig
+from privzo.section import ConfigError
+
+__all__ = [
+    "apply_overrides",
+    "build_config",
+    "dotted_items",
+    "dump_config",
+    "format_validation_error",
+    "load_config",
+    "read_yaml",
+    "validate_section",
+    "with_values",
+]
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value the way YAML would ('1e-3' → float, 'null' → None).
+
+    Text YAML cannot parse (such as ``{sentence} It was``) stays a plain string.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides to a nested dict (a copy)."""
+    result = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        node = result
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {key!r} is not a section")
+            node = child
+        node[keys[-1]] = _parse_scalar(raw)
+    return result
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        value = item.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {field}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def build_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+    return config
+
+
+def load_config(
+    path: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Load YAML run config(s) (the defaults when ``path`` is None) and apply overrides.
+
+    Several files merge in order, later ones winning key by key, so a model file
+    (configs/models/) and a task file (configs/tasks/) combine with a run file.
+    """
+    paths = [] if path is None else path if isinstance(path, list) else [path]
+    data: dict[str, Any] = {}
+    for item in paths:
+        data = _merge(data, read_yaml(Path(item)))
+    data = apply_overrides(data, overrides or [])
+    return build_config(data, " + ".join(str(item) for item in paths) or "defaults")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML config file's top-level mapping; every fault names the file (and line, key)."""
+    text = _read_text(path)
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as error:
+        raise ConfigError(_yaml_error_message(path, text, error)) from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return loaded or {}
+
+
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file in it")
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte {error.start}); is it YAML?"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one,
+    so a repeated ``steps:`` would silently win over the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges are allowed
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.line + 1}); a key may "
+                    "appear once per section",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error_message(path: Path, text: str, error: yaml.YAMLError) -> str:
+    """'file, line L, column C: problem' plus the line itself (which shows the key)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    if mark is None:
+        return f"config file {str(path)!r} is not valid YAML: {problem}"
+    lines = text.splitlines()
+    shown = lines[mark.line].strip() if mark.line < len(lines) else ""
+    where = f"config file {str(path)!r}, line {mark.line + 1}, column {mark.column + 1}"
+    message = f"{where}: {problem}"
+    if shown:
+        message += f" (in {shown!r})"
+    if mark.line < len(lines) and "\t" in lines[mark.line][: mark.column + 1]:
+        message += "; YAML indents with spaces, not tabs"
+    return message
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+_SectionT = TypeVar("_SectionT", bound=BaseModel)
+
+
+def validate_section(section: type[_SectionT], data: Any, source: str) -> _SectionT:
+    """``section.model_validate(data)``, with a validation error as a ConfigError that names
+    the field, the value and what is allowed."""
+    try:
+        return section.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+
+
+def dotted_items(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optimizer": {"steps": 40}}`` → ``{"optimizer.steps": 40}``: nested sections become
+    dotted leaves, so setting them merges key by key (like merging YAML files) instead of
+    replacing the whole section. Lists and other values are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(dotted_items(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def with_values(
+    config: RunConfig, values: dict[str, Any], source: str = "<overrides>"
+) -> RunConfig:
+    """A copy of ``config`` with dotted keys set to (already typed) values, validated again;
+    a nested mapping among them merges into its section key by key (``dotted_items``)."""
+    data = config.model_dump(mode="json")
+    for key, value in dotted_items(values).items():
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            child = node.get(section)
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: {section!r} is not a config section")
+            node = child
+        node[leaf] = value
+    return build_config(data, source)
