@@ -25,7 +25,7 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     summary = run(config, output, cache_dir=cache_dir, progress=False)
 
     on_disk = json.loads((output / "summary.json").read_text())
-    assert on_disk == summary
+    assert on_disk == summary.to_dict()
     assert summary["steps"] == 12 and summary["private"] is True
     assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-6)
     expected = compute_epsilon(

@@ -34,7 +34,7 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     record = run_audit(config, audit, tmp_path / "audit", cache_dir=cache_dir, progress=False)
 
     written = json.loads((tmp_path / "audit" / AUDIT_FILE).read_text())
-    assert written == record
+    assert written == record.to_dict()
     assert record["verdict"] == "consistent"
     assert record["epsilon_claimed"] == pytest.approx(3.0, rel=0.01)
     assert 0 <= record["epsilon_lower_bound"] < 2.5
@@ -56,7 +56,7 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     # the run trained on its rows plus the canaries that came up "in"; nothing names them
     summary = json.loads((tmp_path / "audit" / "run" / "summary.json").read_text())
     assert summary["train_examples"] == 64 + record["canaries_in"]
-    assert "included" not in json.dumps(record)
+    assert "included" not in json.dumps(record.to_dict())
     assert "audit_time_s" not in record  # a private run's duration is withheld
 
     uri = f"sqlite:///{(tmp_path / 'audit' / 'mlflow.db').resolve()}"
