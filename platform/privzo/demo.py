@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from privzo.config.loading import load_config
 from privzo.run import run
-from privzo.rundir import finished
+from privzo.rundir import RunSummary, finished
 from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
@@ -39,7 +39,7 @@ def run_demo(
     arms_only: bool = False,
     config_dir: Path = CONFIG_DIR,
     cores: int = 1,
-) -> list[dict[str, Any]]:
+) -> list[DemoRow]:
     """Run (or reuse finished) demo arms under ``output_dir``, print the comparison table, then
     run (or resume) the small search in ``output_dir/search`` and the scaling study over the
     built-in model sizes in ``output_dir/scaling``, printing their tables and each part's time.
@@ -81,11 +81,9 @@ def timed(part: str, echo: Callable[[str], None] = print) -> Iterator[None]:
         echo(f"[{part}: {time.perf_counter() - started:.0f} s]")
 
 
-def _run_arms(
-    output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool
-) -> list[dict[str, Any]]:
+def _run_arms(output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool) -> list[DemoRow]:
     overrides = ["optimizer.steps=20"] if quick else []
-    summaries = {}
+    summaries: dict[str, RunSummary] = {}
     for arm, config_name in ARMS.items():
         arm_dir = output_dir / arm
         config_path = config_dir / config_name
@@ -94,7 +92,7 @@ def _run_arms(
         reused = finished(arm_dir, config)
         if reused is not None:
             print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
-            summaries[arm] = reused.to_dict()
+            summaries[arm] = reused
             continue
         print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
         summaries[arm] = run(
@@ -145,38 +143,42 @@ def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, qui
     run_study(study, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent)
 
 
-def _table_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    private = summaries["dpzero"]
-    rows = [
-        {
-            "method": "zero-shot",
-            "accuracy": private["accuracy_before"],
-            "epsilon": None,
-            "steps": 0,
-            "seconds": None,
-        }
-    ]
+@dataclass(frozen=True)
+class DemoRow:
+    """One line of the demo's comparison: a method's test accuracy and what it spent."""
+
+    method: str
+    accuracy: float | None
+    epsilon: float | None
+    steps: int
+    seconds: float | None
+    delta: float | None = None
+
+
+def _table_rows(summaries: dict[str, RunSummary]) -> list[DemoRow]:
+    zero_shot = summaries["dpzero"].scores["accuracy_before"]
+    rows = [DemoRow("zero-shot", zero_shot, epsilon=None, steps=0, seconds=None)]
     for arm, label in (("dpzero", "DPZero (private)"), ("mezo", "MeZO (non-private)")):
         summary = summaries[arm]
         rows.append(
-            {
-                "method": label,
-                "accuracy": summary["accuracy_after"],
-                "epsilon": summary["epsilon"],
-                "delta": summary["delta"],
-                "steps": summary["steps"],
-                "seconds": summary["wall_time_s"],
-            }
+            DemoRow(
+                label,
+                summary.scores["accuracy_after"],
+                summary.epsilon,
+                summary.steps,
+                summary.wall_time_s,
+                summary.delta,
+            )
         )
     return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[DemoRow]) -> str:
     lines = [f"\n{'method':<22}{'test accuracy':>14}{'epsilon':>10}{'steps':>7}{'time s':>8}"]
     for row in rows:
-        epsilon = "-" if row["epsilon"] is None else f"{row['epsilon']:.2f}"
-        seconds = "-" if row["seconds"] is None else f"{row['seconds']:.0f}"
+        epsilon = "-" if row.epsilon is None else f"{row.epsilon:.2f}"
+        seconds = "-" if row.seconds is None else f"{row.seconds:.0f}"
         lines.append(
-            f"{row['method']:<22}{row['accuracy']:>14.3f}{epsilon:>10}{row['steps']:>7}{seconds:>8}"
+            f"{row.method:<22}{row.accuracy:>14.3f}{epsilon:>10}{row.steps:>7}{seconds:>8}"
         )
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from privzo.cli import main
-from privzo.cli.run import summary_lines
+from privzo.rundir.summary import summary_lines
 
 KEYS = {
     "noise_multiplier",

@@ -39,6 +39,7 @@ LAYERS = {
     "privzo.memory": 0,
     "privzo.demo_data": 0,
     "privzo.dirlock": 0,  # the run directory's lock
+    "privzo.results": 0,  # key access to a typed result's record
     # what the config reads at load: the noise each algorithm adds, and the accountants (with the
     # validators and grids they need), whose classes state which noise each one bounds
     "privzo.algorithms.noise": 0,

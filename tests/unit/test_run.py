@@ -25,21 +25,22 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     summary = run(config, output, cache_dir=cache_dir, progress=False)
 
     on_disk = json.loads((output / "summary.json").read_text())
-    assert on_disk == summary
-    assert summary["steps"] == 12 and summary["private"] is True
-    assert 0 < summary["epsilon"] <= 3.0 * (1 + 1e-6)
+    assert on_disk == summary.to_dict()
+    assert summary.steps == 12 and summary.private is True
+    assert 0 < summary.epsilon <= 3.0 * (1 + 1e-6)
     expected = compute_epsilon(
-        noise_multiplier=summary["noise_multiplier"],
+        noise_multiplier=summary.noise_multiplier,
         sample_rate=8 / 64,
         steps=12,
         delta=1e-5,
-        noise_parameters=summary["mechanism_parameters"],
+        noise_parameters=summary.mechanism_parameters,
     )
-    assert summary["mechanism_parameters"] == {"grid": 1024}  # discrete noise by default
-    assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert summary.mechanism_parameters == {"grid": 1024}  # discrete noise by default
+    assert summary.epsilon == pytest.approx(expected, rel=1e-9)
     for figure in RESOURCE_FIGURES:  # they follow the sampled records: withheld
-        assert summary[figure] is None, figure
-    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+        assert getattr(summary, figure) is None, figure
+    scores = summary.scores
+    assert 0.0 <= scores["accuracy_before"] <= 1.0 and 0.0 <= scores["accuracy_after"] <= 1.0
     assert load_config(output / "config.yaml") == config
 
     trajectory = pq.read_table(output / "trajectory.parquet")
@@ -48,26 +49,26 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert len(set(trajectory.column("seed").to_pylist())) == 12
 
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    record = read_run(uri, summary["tracking_run_id"])
+    record = read_run(uri, summary.tracking_run_id)
     assert record["status"] == "FINISHED"
     assert record["params"]["optimizer.algorithm"] == "dpzero"
     assert float(record["params"]["privacy.epsilon"]) == 3.0
-    assert record["metrics"]["final_epsilon"] == pytest.approx(summary["epsilon"])
-    assert record["metrics"]["final_accuracy_after"] == pytest.approx(summary["accuracy_after"])
+    assert record["metrics"]["final_epsilon"] == pytest.approx(summary.epsilon)
+    assert record["metrics"]["final_accuracy_after"] == pytest.approx(scores["accuracy_after"])
     steps = [step for step, _ in record["history"]["epsilon_spent"]]
     assert steps == [5, 10, 12]
     epsilons = [value for _, value in record["history"]["epsilon_spent"]]
-    assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary["epsilon"])
+    assert epsilons == sorted(epsilons) and epsilons[-1] == pytest.approx(summary.epsilon)
     for private_diagnostic in ("train_loss", "step_time_s", "nonfinite_differences"):
         assert private_diagnostic not in record["history"]  # data-dependent: not logged
     for figure in RESOURCE_FIGURES:
         assert f"final_{figure}" not in record["metrics"], figure
     client = open_client(uri)  # no timing either: metrics are stamped start + step
-    start = client.get_run(summary["tracking_run_id"]).info.start_time
-    stamps = client.get_metric_history(summary["tracking_run_id"], "epsilon_spent")
+    start = client.get_run(summary.tracking_run_id).info.start_time
+    stamps = client.get_metric_history(summary.tracking_run_id, "epsilon_spent")
     assert sorted((m.step, m.timestamp) for m in stamps) == [(s, start + s) for s in (5, 10, 12)]
     assert record["end_time"] == start
-    assert summary["nonfinite_differences"] is None and summary["empty_batches"] is None
+    assert summary.nonfinite_differences is None and summary.empty_batches is None
     run_files = {"summary.json", "trajectory.parquet", "config.yaml", "privacy.json"}
     assert run_files <= set(record["artifacts"])
     assert "tracking.uri" not in record["params"]
@@ -171,11 +172,11 @@ def test_replay_refuses_what_the_trajectory_cannot_reproduce(tmp_path):
 def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, tiny_run_config, cache_dir):
     config = tiny_run_config("optimizer.algorithm=mezo", "privacy.sampler=shuffle")
     summary = run(config, tmp_path / "runs" / "mezo", cache_dir=cache_dir, progress=False)
-    assert summary["private"] is False and summary["epsilon"] is None
+    assert summary.private is False and summary.epsilon is None
     trajectory = pq.read_table(tmp_path / "runs" / "mezo" / "trajectory.parquet")
     assert trajectory.column("batch_size").to_pylist() == [8] * 12
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    record = read_run(uri, summary["tracking_run_id"])
+    record = read_run(uri, summary.tracking_run_id)
     assert [step for step, _ in record["history"]["train_loss"]] == [5, 10, 12]
 
 
@@ -186,7 +187,7 @@ def test_masked_lm_run(tmp_path, tiny_run_config, cache_dir):
         "task.template={sentence} It was {mask} .",
     )
     summary = run(config, tmp_path / "mlm", cache_dir=cache_dir, progress=False)
-    assert summary["steps"] == 12
+    assert summary.steps == 12
 
 
 @pytest.mark.parametrize(
@@ -290,10 +291,10 @@ def test_private_diagnostics_are_logged_only_when_asked(tmp_path, tiny_run_confi
     config = tiny_run_config("tracking.log_private_diagnostics=true")
     summary = run(config, tmp_path / "runs" / "d", cache_dir=cache_dir, progress=False)
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    history = read_run(uri, summary["tracking_run_id"])["history"]
+    history = read_run(uri, summary.tracking_run_id)["history"]
     assert {"train_loss", "step_time_s", "nonfinite_differences"} <= set(history)
-    assert summary["nonfinite_differences"] == 0 and summary["empty_batches"] >= 0
-    assert all(summary[figure] > 0 for figure in RESOURCE_FIGURES)
+    assert summary.nonfinite_differences == 0 and summary.empty_batches >= 0
+    assert all(getattr(summary, figure) > 0 for figure in RESOURCE_FIGURES)
     assert {f"final_{figure}" for figure in RESOURCE_FIGURES} <= set(history)
 
 
@@ -332,7 +333,7 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, tiny_run_config, cache_dir, view
     assert trained.keys() == rebuilt.keys() and trained
     assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
     full = replay_base(cache_dir)
-    assert summary["trainable_parameters"] < sum(t.numel() for t in full.values())
+    assert summary.trainable_parameters < sum(t.numel() for t in full.values())
 
 
 @pytest.mark.parametrize("diagnostics", [False, True])
@@ -354,7 +355,7 @@ def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
     printed = "non-finite" in caplog.text
     assert printed == diagnostics
     if diagnostics:
-        assert summary["nonfinite_differences"] > 0
+        assert summary.nonfinite_differences > 0
 
 
 def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, tiny_run_config, cache_dir):

@@ -3,5 +3,14 @@
 
 from privzo.audit.config import AuditConfig
 from privzo.audit.pipeline import AUDIT_FILE, VIOLATED_EXIT_CODE, check_audit, run_audit
+from privzo.audit.record import AuditBrief, AuditRecord
 
-__all__ = ["AUDIT_FILE", "VIOLATED_EXIT_CODE", "AuditConfig", "check_audit", "run_audit"]
+__all__ = [
+    "AUDIT_FILE",
+    "VIOLATED_EXIT_CODE",
+    "AuditBrief",
+    "AuditConfig",
+    "AuditRecord",
+    "check_audit",
+    "run_audit",
+]

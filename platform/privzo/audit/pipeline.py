@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from privzo.audit.config import (
     AuditConfig,
     ScoreName,
 )
+from privzo.audit.record import VIOLATED, AuditRecord, BestGuess
 from privzo.audit.report import plot_scores, record_child_run, score_distribution
 from privzo.audit.scores import (
     canary_losses,
@@ -39,7 +40,7 @@ from privzo.config.tasks import TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
 from privzo.privacy.audit import GuessResult, audit_guesses
 from privzo.run import RunContext, RunHooks, run
-from privzo.rundir import TRAJECTORY_FILE, write_json_atomically
+from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
 from privzo.tasks import is_generation, resolve_task_config
 from privzo.tracking.tags import AUDIT
@@ -129,7 +130,7 @@ def run_audit(
     overwrite: bool = False,
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> AuditRecord:
     """Train once with canaries, score, guess and bound ε; writes ``DIR/audit.json`` and an
     MLflow child of the audited run. Returns the audit record. ``tags`` go on the audited run
     (a study's: its parent run, study and cell) and, but for its parent, on the child."""
@@ -154,7 +155,7 @@ def run_audit(
     results = guess_and_bound(config, audit, values, injection)
     record = audit_record(config, audit, summary, results, values, injection, note)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
-        record["audit_time_s"] = round(time.perf_counter() - started, 1)
+        record.audit_time_s = round(time.perf_counter() - started, 1)
     child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_TAG}
     write_outputs(config, record, values, injection, output_dir, tracking_uri, child_tags)
     return record
@@ -181,7 +182,7 @@ def guess_and_bound(
 
 def write_outputs(
     config: RunConfig,
-    record: dict[str, Any],
+    record: AuditRecord,
     values: dict[ScoreName, np.ndarray],
     injection: CanaryInjection,
     output_dir: Path,
@@ -190,11 +191,12 @@ def write_outputs(
 ) -> None:
     """audit.json, the scores' plot and the MLflow child run (whose id audit.json then gets)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(output_dir / AUDIT_FILE, record)
+    write_json_atomically(output_dir / AUDIT_FILE, record.to_dict())
     plot = plot_scores(values, injection.included, output_dir / "audit_scores.png")
     artifacts = [output_dir / AUDIT_FILE, plot]
-    record_child_run(config, record, artifacts, output_dir, tracking_uri, tags)
-    write_json_atomically(output_dir / AUDIT_FILE, record)
+    child = record_child_run(config, record.to_dict(), artifacts, output_dir, tracking_uri, tags)
+    record.tracking_run_id, record.child_recorded = child, True
+    write_json_atomically(output_dir / AUDIT_FILE, record.to_dict())
 
 
 def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list[str]]:
@@ -218,7 +220,7 @@ def score_canaries(
     config: RunConfig,
     audit: AuditConfig,
     scores: list[ScoreName],
-    summary: dict[str, Any],
+    summary: RunSummary,
     tuned: TunedLosses,
     output_dir: Path,
     cache_dir: Path,
@@ -233,13 +235,13 @@ def score_canaries(
             output_dir / RUN_DIR / TRAJECTORY_FILE,
             tuned.task,
             tuned.encoded,
-            clip=config.privacy.clip if summary["private"] else None,
+            clip=config.privacy.clip if summary.private else None,
             batch_size=audit.score_batch_size,
             cache_dir=cache_dir,
         )
         batch = config.optimizer.batch_size
         values["white-box-correlation"] = correlation_scores(trace)
-        values["white-box-likelihood"] = likelihood_scores(trace, batch, summary["sample_rate"])
+        values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
         values["white-box-match"] = match_scores(trace, batch)
     labels = tuned.injection.labels
     return {
@@ -252,48 +254,49 @@ def verdict(claimed: float | None, bound: float) -> str:
     """'VIOLATED' when the audit proves more leakage than the accountant claims."""
     if claimed is None:
         return "not private"
-    return "VIOLATED" if bound > claimed else "consistent"
+    return VIOLATED if bound > claimed else "consistent"
 
 
 def audit_record(
     config: RunConfig,
     audit: AuditConfig,
-    summary: dict[str, Any],
+    summary: RunSummary,
     results: dict[ScoreName, list[GuessResult]],
     values: dict[ScoreName, np.ndarray],
     injection: CanaryInjection,
     note: str | None,
-) -> dict[str, Any]:
+) -> AuditRecord:
     """audit.json: counts, bounds and score distributions; no canary and no coin."""
     name, best = max(
         ((name, result) for name, rows in results.items() for result in rows),
         key=lambda pair: pair[1].epsilon_lower_bound,
     )
-    claimed = summary["epsilon"] if summary["private"] else None
-    return {
-        "verdict": verdict(claimed, best.epsilon_lower_bound),
-        "epsilon_claimed": claimed,
-        "epsilon_lower_bound": best.epsilon_lower_bound,
-        "tightness": best.epsilon_lower_bound / claimed if claimed else None,
-        "delta": _audit_delta(config),
-        "alpha": audit.alpha,
-        "canaries": audit.canaries,
-        "canaries_in": int(injection.included.sum()),
-        "training_rows": injection.training_rows,
-        "best": {"score": name, **asdict(best)},
-        "tests": len(results) * len(audit.k_values()),
-        "bonferroni_level": audit.alpha / (len(results) * len(audit.k_values())),
-        "results": {key: [asdict(row) for row in rows] for key, rows in results.items()},
-        "score_distributions": {
+    claimed = summary.epsilon if summary.private else None
+    tests = len(results) * len(audit.k_values())
+    return AuditRecord(
+        verdict=verdict(claimed, best.epsilon_lower_bound),
+        epsilon_claimed=claimed,
+        epsilon_lower_bound=best.epsilon_lower_bound,
+        tightness=best.epsilon_lower_bound / claimed if claimed else None,
+        delta=_audit_delta(config),
+        alpha=audit.alpha,
+        canaries=audit.canaries,
+        canaries_in=int(injection.included.sum()),
+        training_rows=injection.training_rows,
+        best=BestGuess.of(name, best),
+        tests=tests,
+        bonferroni_level=audit.alpha / tests,
+        results={name: rows for name, rows in results.items()},
+        score_distributions={
             key: score_distribution(value, injection.included) for key, value in values.items()
         },
-        "white_box": any(key in WHITE_BOX_SCORES for key in results),
-        "note": note,
-        "algorithm": config.optimizer.algorithm,
-        "model": config.model.name_or_path,
-        "steps": summary["steps"],
-        "noise_multiplier": summary["noise_multiplier"],
-        "sample_rate": summary["sample_rate"],
-        "audited_run_id": summary["tracking_run_id"],
-        "run_dir": RUN_DIR,
-    }
+        white_box=any(key in WHITE_BOX_SCORES for key in results),
+        note=note,
+        algorithm=config.optimizer.algorithm,
+        model=config.model.name_or_path,
+        steps=summary.steps,
+        noise_multiplier=summary.noise_multiplier,
+        sample_rate=summary.sample_rate,
+        audited_run_id=summary.tracking_run_id,
+        run_dir=RUN_DIR,
+    )

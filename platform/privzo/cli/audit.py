@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from privzo.cli.arguments import (
     Commands,
@@ -78,39 +77,9 @@ def _audit_command(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tracking_uri=tracking_uri(),
     )
-    print(json.dumps({"privzo_audit": record}) if args.json else audit_lines(record))
-    if record["verdict"] == "VIOLATED":
-        print(_violated_line(record), file=sys.stderr)
+    lines = [json.dumps({"privzo_audit": record.to_dict()})] if args.json else record.lines()
+    print("\n".join(lines))
+    if record.violated:
+        print(record.violation_line(), file=sys.stderr)
         return VIOLATED_EXIT_CODE
     return 0
-
-
-def _violated_line(record: dict[str, Any]) -> str:
-    return (
-        f"privzo: PRIVACY VIOLATED: the audit proves ε ≥ {record['epsilon_lower_bound']:.3f} "
-        f"at {1 - record['alpha']:.0%} confidence, above the claimed "
-        f"ε = {record['epsilon_claimed']:.3f}: the run is NOT "
-        f"({record['epsilon_claimed']:.3g}, {record['delta']:g})-DP as recorded"
-    )
-
-
-def audit_lines(record: dict[str, Any]) -> str:
-    """An audit's record as the console shows it: the verdict, the bound and its evidence."""
-    best = record["best"]
-    claimed = record["epsilon_claimed"]
-    lines = [
-        f"verdict              {record['verdict']}",
-        f"epsilon claimed      {'-' if claimed is None else f'{claimed:.3f}'}",
-        f"epsilon lower bound  {record['epsilon_lower_bound']:.3f} "
-        f"({1 - record['alpha']:.0%} confidence, delta {record['delta']:g})",
-        f"best guesses         {best['score']}, k = {best['k']}: {best['correct']} of "
-        f"{best['guesses']} right",
-        f"canaries             {record['canaries']} ({record['tests']} tests, Bonferroni)",
-    ]
-    if claimed is None:
-        lines.append("(not private: the lower bound is the run's empirical leakage)")
-    elif record["tightness"] is not None:
-        lines.append(f"tightness            ε_lb / ε = {record['tightness']:.3f}")
-    if record["note"]:
-        lines.append(f"note: {record['note']}")
-    return "\n".join(lines)

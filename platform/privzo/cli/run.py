@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from privzo.cli.arguments import (
     Commands,
@@ -85,9 +84,9 @@ def _run_command(args: argparse.Namespace) -> int:
         # what a shell reports: 128 + SIGTERM (a job scheduler's stop) or SIGINT (Ctrl+C)
         return 143 if isinstance(stop, Terminated) else 130
     if args.json:  # one line a job's log can be parsed from
-        print(json.dumps({"privzo_summary": summary}, default=str))
+        print(json.dumps({"privzo_summary": summary.to_dict()}, default=str))
     else:
-        print("\n".join(summary_lines(summary, args.output_dir)))
+        print("\n".join(summary.lines(args.output_dir)))
     return 0
 
 
@@ -97,43 +96,6 @@ def interrupted_line(output_dir: Path) -> str:
         "keeps the steps made so far: the same command resumes a zeroth-order run from there, "
         "--overwrite starts over"
     )
-
-
-SUMMARY_HEAD = ("algorithm",)
-SUMMARY_TAIL = (
-    "epsilon",
-    "delta",
-    "noise_multiplier",
-    "accountant",
-    "steps",
-    "mean_step_time_s",
-    "peak_memory_mb",
-    "tracking_run_id",
-)
-
-
-def summary_lines(summary: dict[str, Any], output_dir: Path) -> list[str]:
-    """A finished run's summary as the console shows it: the task's own metrics before and
-    after (accuracy, or exact match and F1), the privacy spent and the figures that were
-    measured; a value the run did not record (None) is left out, not printed as None."""
-    scores = [key for key in summary if _is_task_score(key)]
-    keys = [*SUMMARY_HEAD, *scores, *SUMMARY_TAIL]
-    shown = {key: summary[key] for key in keys if summary.get(key) is not None}
-    width = max(map(len, shown), default=0)
-    lines = [f"{key:<{width}}  {_show(value)}" for key, value in shown.items()]
-    return [*lines, f"results in {output_dir}"]
-
-
-def _is_task_score(key: str) -> bool:
-    """A task metric's score before or after training (``accuracy_after``, ``f1_before``); the
-    primary metric's copies (``metric_before``) and validation scores are not repeated."""
-    return key.endswith(("_before", "_after")) and not key.startswith(
-        ("metric_", "validation_", "selection_")
-    )
-
-
-def _show(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def add_check(commands: Commands) -> None:

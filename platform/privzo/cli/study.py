@@ -66,13 +66,13 @@ def _study_command(args: argparse.Namespace) -> int:
     if args.max_cells is not None:
         options["max_cells"] = args.max_cells
     summary = run_study(study, args.output_dir, **options)
-    violated = [name for name, a in summary.get("audits", {}).items() if a["verdict"] == "VIOLATED"]
+    violated = summary.violated_audits()
     if violated:
         from privzo.audit import VIOLATED_EXIT_CODE
 
         print(f"privzo: PRIVACY VIOLATED in audit cells {violated}", file=sys.stderr)
         return VIOLATED_EXIT_CODE
-    return 0 if summary.get("complete", True) else 3
+    return 0 if summary.complete else 3
 
 
 def add_report(commands: Commands) -> None:

@@ -60,7 +60,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         tracking_uri=tracking_uri(),
         progress=not args.quiet,
     )
-    return 130 if summary["interrupted"] else 0
+    return 130 if summary.interrupted else 0
 
 
 def add_export_best(commands: Commands) -> None:
@@ -78,8 +78,6 @@ def add_export_best(commands: Commands) -> None:
 def _export_best_command(args: argparse.Namespace) -> int:
     from privzo.tuning.export import export_best
 
-    summary = export_best(args.search_dir, args.output_dir)
-    print(f"exported the best trial of {args.search_dir} to {args.output_dir}")
-    if summary.get("guarantee"):
-        print(f"privacy: {summary['guarantee']}")
+    exported = export_best(args.search_dir, args.output_dir)
+    print("\n".join(exported.lines()))
     return 0

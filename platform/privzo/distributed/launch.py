@@ -21,6 +21,7 @@ from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
 from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
+from privzo.rundir.summary import RunRecords
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
@@ -56,9 +57,10 @@ def train_on_ray(
     tracking_root: Path | None,
     hooks: RunHooks | None,
     ray_run: str,
-) -> dict[str, Any]:
+) -> RunRecords:
     """Train on Ray Train workers, rank 0 logging into ``tracker``'s run; rank 0's records
-    (``summary``, ``trajectory`` as parquet bytes, ``privacy``) for the run pipeline to write.
+    (the summary, the privacy state, the trajectory as parquet bytes) for the run pipeline to
+    write.
 
     ``ray_run`` names the Ray Train run: a new one (``ray_run_name``) for a new run, the
     earlier launch's to resume it (``privzo.distributed.resume``). ``hooks`` are the caller's
@@ -220,9 +222,7 @@ def worker_settings(
 CHECKPOINTS_KEPT = 2
 
 
-def fit(
-    config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: str
-) -> dict[str, Any]:
+def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: str) -> RunRecords:
     """Run the workers under a TorchTrainer and return rank 0's result."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -262,10 +262,10 @@ def fit(
     except Exception:
         _keep_checkpointed_steps(run_path, output_dir)
         raise
-    value = result.return_value
-    assert value is not None, "rank 0 returns the run's summary and trajectory"
+    records: RunRecords | None = result.return_value
+    assert records is not None, "rank 0 returns the run's summary and trajectory"
     remove_uncommitted(run_path, committed(run_path).registered)  # only Ray's newest stay
-    return value
+    return records
 
 
 def _resume_from(run_path: str, output_dir: Path) -> bytes | None:

@@ -33,13 +33,14 @@ from privzo.layouts.layout import Layout, get_layout
 from privzo.layouts.train import LayoutFigures, train_and_evaluate
 from privzo.privacy.plan import privacy_record
 from privzo.rundir.files import MODEL_DIR, TRAJECTORY_FILE
+from privzo.rundir.summary import RunRecords
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
 from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, read_trajectory
 
 
-def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
+def train_worker(settings: dict[str, Any]) -> RunRecords | None:
     """Ray Train's per-worker function; ``settings`` comes from ``launch.worker_settings``."""
     quiet_worker_console()
     config = build_config(settings["config"], source="parallel worker")
@@ -64,11 +65,8 @@ def train_worker(settings: dict[str, Any]) -> dict[str, Any] | None:
     if trained.summary is None:  # not the reporting rank
         return None
     tracker.flush()
-    return {
-        "summary": trained.summary,
-        "trajectory": trained.recorder.to_bytes(),
-        "privacy": privacy_record(context.plan, trained.loop.ledger),
-    }
+    privacy = privacy_record(context.plan, trained.loop.ledger)
+    return RunRecords(trained.summary, privacy, trained.recorder.to_bytes())
 
 
 def quiet_worker_console() -> None:

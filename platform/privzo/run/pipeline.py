@@ -14,7 +14,7 @@ import logging
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from privzo.algorithms.registry import check_built, writes_trajectory
 from privzo.config.run import RunConfig
@@ -60,7 +60,7 @@ def run(
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
     hooks: RunHooks | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
     ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
@@ -107,7 +107,7 @@ def run(
                 tracker.log_artifact(output_dir / name)
         if training.logs_model:
             _log_replayable_model(tracker, config, output_dir, cache_dir)
-    return records.summary.to_dict()
+    return records.summary
 
 
 class Training(Protocol):
@@ -211,7 +211,7 @@ class OnRayTrain:
 
         # before any step: the same command finds this launch's Ray Train run and MLflow run
         write_resume_point(self.output_dir, ResumePoint(tracker.run_id, None, self.ray_run))
-        result = train_on_ray(
+        return train_on_ray(
             self.config,
             self.output_dir,
             self.cache_dir,
@@ -220,8 +220,6 @@ class OnRayTrain:
             self.hooks,
             self.ray_run,
         )
-        summary: RunSummary = result["summary"]  # rank 0's, pickled by Ray
-        return RunRecords(summary, result["privacy"], result["trajectory"])
 
 
 def _training(

@@ -21,7 +21,6 @@ from privzo.rundir.files import (
 )
 from privzo.rundir.progress import RunDirectoryProgress
 from privzo.rundir.records import (
-    RunRecords,
     finished,
     finished_record,
     write_config,
@@ -34,7 +33,13 @@ from privzo.rundir.resume import (
     unfinished_steps,
     write_resume_point,
 )
-from privzo.rundir.summary import RESOURCE_FIGURES, RunSummary, read_summary, write_summary
+from privzo.rundir.summary import (
+    RESOURCE_FIGURES,
+    RunRecords,
+    RunSummary,
+    read_summary,
+    write_summary,
+)
 
 __all__ = [
     "CONFIG_FILE",

@@ -6,7 +6,6 @@ studies, audits and the demo alike: does this directory already hold this config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,12 @@ from privzo.rundir.files import (
     write_text_atomically,
 )
 from privzo.rundir.resume import clear_resume_point
-from privzo.rundir.summary import RunSummary, read_summary, write_summary
+from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
 
 
 def write_config(output_dir: Path, config: RunConfig) -> None:
     """The resolved config, first of a new run's files: what ``finished`` and a resume compare."""
     write_text_atomically(output_dir / CONFIG_FILE, dump_config(config))
-
-
-@dataclass(frozen=True)
-class RunRecords:
-    """What a finished run leaves besides its config: the summary, the privacy state, and the
-    trajectory where a Ray Train rank returned it (a single process writes its own as it goes)."""
-
-    summary: RunSummary
-    privacy: dict[str, Any]
-    trajectory: bytes | None = None
 
 
 def write_records(output_dir: Path, records: RunRecords) -> None:

@@ -8,19 +8,21 @@ one schema.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from privzo.layouts.context import RunContext
 from privzo.models.loading import model_parameters
+from privzo.results import RecordKeys
 from privzo.rundir.files import read_json_object, write_json_atomically
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import Tracker
 
 
 @dataclass
-class RunSummary:
+class RunSummary(RecordKeys):
     """The record of a finished run, written to summary.json (``to_dict``): scores before and
     after, the privacy it spent, sizes, and resource figures (None in a private run without
     diagnostics: see ``resource_figures``). ``extra`` holds what the layout and the caller add
@@ -86,6 +88,10 @@ class RunSummary:
     def final_metrics(self) -> dict[str, float]:
         return final_metrics(self.to_dict())
 
+    def lines(self, output_dir: Path) -> list[str]:
+        """The summary as the console shows it (``summary_lines``)."""
+        return summary_lines(self.to_dict(), output_dir)
+
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> RunSummary:
         """The summary ``to_dict`` wrote: its own fields, every "<name>_before" and
@@ -94,6 +100,16 @@ class RunSummary:
         scores = {key: value for key, value in record.items() if _is_score(key)}
         extra = {key: value for key, value in record.items() if _is_extra(key)}
         return cls(**values, scores=scores, extra=extra)
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """What a finished run leaves besides its config: the summary, the privacy state, and the
+    trajectory where a Ray Train rank returned it (a single process writes its own as it goes)."""
+
+    summary: RunSummary
+    privacy: dict[str, Any]
+    trajectory: bytes | None = None
 
 
 def read_summary(path: Path) -> RunSummary | None:
@@ -226,3 +242,40 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         for key in keys
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary[key], bool)
     }
+
+
+SUMMARY_HEAD = ("algorithm",)
+SUMMARY_TAIL = (
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "accountant",
+    "steps",
+    "mean_step_time_s",
+    "peak_memory_mb",
+    "tracking_run_id",
+)
+
+
+def summary_lines(summary: Mapping[str, Any], output_dir: Path) -> list[str]:
+    """A finished run's summary as the console shows it: the task's own metrics before and
+    after (accuracy, or exact match and F1), the privacy spent and the figures that were
+    measured; a value the run did not record (None) is left out, not printed as None."""
+    scores = [key for key in summary if _is_task_score(key)]
+    keys = [*SUMMARY_HEAD, *scores, *SUMMARY_TAIL]
+    shown = {key: summary[key] for key in keys if summary.get(key) is not None}
+    width = max(map(len, shown), default=0)
+    lines = [f"{key:<{width}}  {_show(value)}" for key, value in shown.items()]
+    return [*lines, f"results in {output_dir}"]
+
+
+def _is_task_score(key: str) -> bool:
+    """A task metric's score before or after training (``accuracy_after``, ``f1_before``); the
+    primary metric's copies (``metric_before``) and validation scores are not repeated."""
+    return key.endswith(("_before", "_after")) and not key.startswith(
+        ("metric_", "validation_", "selection_")
+    )
+
+
+def _show(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

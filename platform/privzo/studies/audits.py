@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from privzo.audit import AUDIT_FILE, check_audit, run_audit
+from privzo.audit import AUDIT_FILE, AuditRecord, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
 from privzo.audit.pipeline import RUN_DIR
@@ -49,10 +49,10 @@ def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> N
     check_canary_count(audit.canaries, load_splits(task).train)
 
 
-def finished_audit(cell_dir: Path, config: RunConfig, audit: AuditConfig) -> dict | None:
+def finished_audit(cell_dir: Path, config: RunConfig, audit: AuditConfig) -> AuditRecord | None:
     """The record of a finished audit of exactly this run config and these settings."""
     configs = {f"{RUN_DIR}/{CONFIG_FILE}": dump_config(config), SETTINGS_FILE: _dump(audit)}
-    return finished_record(cell_dir, AUDIT_FILE, configs)
+    return AuditRecord.parse(finished_record(cell_dir, AUDIT_FILE, configs))
 
 
 def run_audit_cell(
@@ -64,7 +64,7 @@ def run_audit_cell(
     tracking_uri: str,
     tags: dict[str, str],
     progress: bool,
-) -> dict[str, Any]:
+) -> AuditRecord:
     """Train with canaries and audit; the settings file, written last, marks it finished."""
     record = run_audit(
         config,

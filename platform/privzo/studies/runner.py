@@ -11,10 +11,11 @@ import yaml
 from privzo.rundir import finished_record, write_json_atomically, write_text_atomically
 from privzo.section import Section
 from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
+from privzo.studies.summary import StudyResult, SyntheticSummary
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
 from privzo.tracking import connect_tracker, make_tracker
 
-StudyRunner = Callable[..., dict[str, Any]]
+StudyRunner = Callable[..., StudyResult]
 SYNTHETIC_CONFIG_FILE = "synthetic_config.yaml"
 SYNTHETIC_SUMMARY_FILE = "synthetic_summary.json"
 
@@ -28,7 +29,7 @@ def run_synthetic(
     progress: bool = True,
     echo: Callable[[str], None] = print,
     **_: Any,  # the scaling study's options (cache_dir, max_cells) do not apply
-) -> dict[str, Any]:
+) -> SyntheticSummary:
     """The synthetic study as one MLflow run (config as params; the results and the Markdown
     table as artifacts, the selected rows as an MLflow table, the figure as a logged figure,
     which the MLflow UI shows); a finished study with the same config in ``output_dir`` is not
@@ -40,7 +41,7 @@ def run_synthetic(
     )
     if reused is not None:
         echo(f"synthetic study: reusing the finished study in {output_dir} (same config)")
-        return reused
+        return SyntheticSummary.from_dict(reused)
     tracker = make_tracker(
         "mlflow",
         uri=tracking_uri,
@@ -59,18 +60,18 @@ def run_synthetic(
         )
         for key in ("results_path", "table_path"):  # the figure went with log_figure
             tracker.log_artifact(Path(result[key]))
-        summary = {
-            "study": "synthetic-quadratic",
-            "complete": True,
-            "parent_run_id": tracker.run_id,
-            "noise_multiplier": result["noise_multiplier"],
-            "seconds": result["seconds"],
-            "table": str(result["table_path"]),
-            "figure": str(result["figure_path"]),
-        }
+        summary = SyntheticSummary(
+            study="synthetic-quadratic",
+            complete=True,
+            parent_run_id=tracker.run_id,
+            noise_multiplier=result["noise_multiplier"],
+            seconds=result["seconds"],
+            table=str(result["table_path"]),
+            figure=str(result["figure_path"]),
+        )
     echo(Path(result["table_path"]).read_text())
     write_text_atomically(output_dir / SYNTHETIC_CONFIG_FILE, config_text)
-    write_json_atomically(output_dir / SYNTHETIC_SUMMARY_FILE, summary)
+    write_json_atomically(output_dir / SYNTHETIC_SUMMARY_FILE, summary.to_dict())
     return summary
 
 
@@ -80,7 +81,7 @@ STUDY_RUNNERS: dict[type[Section], StudyRunner] = {
 }
 
 
-def run_study(study: Section, output_dir: Path, **options: Any) -> dict[str, Any]:
+def run_study(study: Section, output_dir: Path, **options: Any) -> StudyResult:
     """Run (or resume) ``study`` with the runner registered for its config type."""
     runner = STUDY_RUNNERS.get(type(study))
     if runner is None:

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from privzo.algorithms.registry import check_capabilities
+from privzo.audit import AuditRecord
 from privzo.config.loading import dump_config, load_config, with_values
 from privzo.config.run import RunConfig
 from privzo.preflight import preflight
 from privzo.run import run
 from privzo.rundir import (
     SUMMARY_FILE,
+    RunSummary,
     finished,
     read_summary,
     write_config,
@@ -36,6 +38,7 @@ from privzo.studies.audits import (
     run_audit_cell,
 )
 from privzo.studies.config import ScalingStudyConfig
+from privzo.studies.summary import StudySummary
 from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
 
 STATE_FILE = "study_state.json"
@@ -127,7 +130,7 @@ def run_scaling_study(
     max_cells: int | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> StudySummary:
     """Run (or resume) every cell, then build the report; returns the study summary.
 
     Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
@@ -157,7 +160,7 @@ def run_scaling_study(
         summaries, trained = _run_trained_cells(
             study, cells, configs, output_dir, tracking_root, tracker, max_cells, options, echo
         )
-        records: dict[str, dict[str, Any]] = {}
+        records: dict[str, AuditRecord] = {}
         if len(summaries) == len(cells):  # the audit cells come after every trained cell
             left = None if max_cells is None else max_cells - trained
             records = _run_audit_cells(
@@ -165,24 +168,24 @@ def run_scaling_study(
             )
         done, total = len(summaries) + len(records), len(cells) + len(audits)
         complete = done == total
-        summary = {
-            "study": study.name,
-            "cells": len(cells),
-            "cells_finished": len(summaries),
-            "audit_cells": len(audits),
-            "audit_cells_finished": len(records),
-            "audits": {name: _audit_line(record) for name, record in records.items()},
-            "complete": complete,
-            "parent_run_id": tracker.run_id,
-        }
+        summary = StudySummary(
+            study=study.name,
+            cells=len(cells),
+            cells_finished=len(summaries),
+            audit_cells=len(audits),
+            audit_cells_finished=len(records),
+            audits={name: record.brief() for name, record in records.items()},
+            complete=complete,
+            parent_run_id=tracker.run_id,
+        )
         if complete:
-            summary["report"] = _report(study, output_dir, tracker, tracking_uri, echo)
+            summary.report = _report(study, output_dir, tracker, tracking_uri, echo)
         else:
             echo(
                 f"[study {study.name}] {done}/{total} cells finished; run the same command "
                 "again to continue"
             )
-    write_json_atomically(output_dir / "study_summary.json", summary)
+    write_json_atomically(output_dir / "study_summary.json", summary.to_dict())
     return summary
 
 
@@ -196,15 +199,16 @@ def _run_trained_cells(
     max_cells: int | None,
     options: dict[str, Any],
     echo: Callable[[str], None],
-) -> tuple[dict[str, dict[str, Any]], int]:
+) -> tuple[dict[str, RunSummary], int]:
     """Run (or reuse) the trained cells in order, at most ``max_cells`` new ones; their
     summaries and how many were trained now."""
-    trained, summaries = 0, {}
+    trained = 0
+    summaries: dict[str, RunSummary] = {}
     for index, cell in enumerate(cells, start=1):
         cell_dir = output_dir / CELLS_DIR / cell.name
         done = finished(cell_dir, configs[cell.name])
         if done is not None:
-            summaries[cell.name] = done.to_dict()
+            summaries[cell.name] = done
             continue
         if max_cells is not None and trained >= max_cells:
             break
@@ -264,11 +268,12 @@ def _run_audit_cells(
     budget: int | None,
     options: dict[str, Any],
     echo: Callable[[str], None],
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, AuditRecord]:
     """Run (or reuse) the audit cells in order, at most ``budget`` new ones; their records."""
     if study.audit is None:
         return {}
-    settings, records, ran = study.audit.settings(), {}, 0
+    settings, ran = study.audit.settings(), 0
+    records: dict[str, AuditRecord] = {}
     by_name = {cell.name: cell for cell in cells}
     for index, (cell_name, name) in enumerate(audits.items(), start=1):
         cell_dir = output_dir / AUDITS_DIR / name
@@ -280,15 +285,10 @@ def _run_audit_cells(
             tags = {**_cell_tags(study, by_name[cell_name], tracker), "privzo.cell": name}
             record = run_audit_cell(configs[cell_name], settings, cell_dir, tags=tags, **options)
             ran += 1
-        if record["verdict"] == "VIOLATED":
-            echo(f"[study {study.name}] PRIVACY VIOLATED in {name}: {_audit_line(record)}")
+        if record.violated:
+            echo(f"[study {study.name}] PRIVACY VIOLATED in {name}: {record.brief().to_dict()}")
         records[name] = record
     return records
-
-
-def _audit_line(record: dict[str, Any]) -> dict[str, Any]:
-    keys = ("verdict", "epsilon_claimed", "epsilon_lower_bound", "canaries")
-    return {key: record[key] for key in keys} | {"k": record["best"]["k"]}
 
 
 def _check_search(study: ScalingStudyConfig) -> None:
@@ -332,7 +332,7 @@ def _run_cell(
     cache_dir: Path,
     tracking_uri: str,
     progress: bool,
-) -> dict[str, Any]:
+) -> RunSummary:
     tags = _cell_tags(study, cell, tracker)
     if study.search is not None and cell.epsilon is not None:
         return _search_cell(study, config, cell_dir, tracking_root, tags, cache_dir, tracking_uri)
@@ -356,7 +356,7 @@ def _search_cell(
     tags: dict[str, str],
     cache_dir: Path,
     tracking_uri: str,
-) -> dict[str, Any]:
+) -> RunSummary:
     """A private cell answered by a search: the best trial's run stands for the cell (tagged
     as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
     from privzo.tracking import set_run_tags
@@ -378,21 +378,20 @@ def _search_cell(
         tags={**tags, "privzo.role": "search"},
         progress=False,
     )
-    best = next(row for row in summary["trials"] if row["trial_id"] == summary["best_trial"])
-    best_dir = cell_dir / "search" / "trials" / str(best["trial_id"])
+    best_dir = cell_dir / "search" / "trials" / str(summary.best_trial)
     result = read_summary(best_dir / SUMMARY_FILE)
     assert result is not None, "the best trial is a finished one"
     result.add(
         {
-            "search_end_to_end_epsilon": summary.get("end_to_end_epsilon"),
-            "search_guarantee": summary.get("guarantee"),
+            "search_end_to_end_epsilon": summary.bounds.end_to_end_epsilon,
+            "search_guarantee": summary.bounds.guarantee,
         }
     )
     cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
     set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
     write_summary(cell_dir / SUMMARY_FILE, result)
     write_config(cell_dir, config)
-    return result.to_dict()
+    return result
 
 
 def _report(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,34 @@ from privzo.tracking.clock import stamp_public_time
 from privzo.tuning.search import SUMMARY_FILE
 from privzo.tuning.trial import TRIALS_DIR
 
-__all__ = ["EXPORT_WITHHELD", "export_best"]
+__all__ = ["EXPORT_WITHHELD", "ExportedTrial", "export_best"]
 
 # Run-summary keys that identify the trial inside the search (its MLflow child run).
 EXPORT_WITHHELD = ("tracking_run_id",)
 
 
-def export_best(search_dir: Path, output_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ExportedTrial:
+    """A search's best trial, exported: where from and to, and the export's summary.json, the
+    trial's run summary as the search recorded it, its identifiers withheld."""
+
+    search_dir: Path
+    output_dir: Path
+    summary: dict[str, Any]
+
+    @property
+    def guarantee(self) -> str | None:
+        """What the export alone is (ε, δ)-DP by; None for a non-private search."""
+        return self.summary.get("guarantee")
+
+    def lines(self) -> list[str]:
+        lines = [f"exported the best trial of {self.search_dir} to {self.output_dir}"]
+        if self.guarantee:
+            lines.append(f"privacy: {self.guarantee}")
+        return lines
+
+
+def export_best(search_dir: Path, output_dir: Path) -> ExportedTrial:
     """Copy the best trial of the finished search in ``search_dir`` to ``output_dir`` and write
     its export summary; returns that summary. Refused before anything is written when the
     search is unfinished, has no best trial, or ``output_dir`` is not empty."""
@@ -54,7 +76,7 @@ def export_best(search_dir: Path, output_dir: Path) -> dict[str, Any]:
     write_json_atomically(output_dir / RUN_SUMMARY_FILE, summary)
     if search.get("private"):  # a non-private export keeps the times of its copying
         stamp_public_time(output_dir)
-    return summary
+    return ExportedTrial(search_dir, output_dir, summary)
 
 
 def _finished_search(search_dir: Path) -> dict[str, Any]:

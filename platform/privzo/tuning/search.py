@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ from privzo.tuning.config import SearchConfig
 from privzo.tuning.plan import SearchPlan, plan_search
 from privzo.tuning.ray_adapter import result_grid_trials
 from privzo.tuning.resources import TrialResources, check_trial_resources
-from privzo.tuning.trial import SCORE, TRIALS_DIR, run_trial
+from privzo.tuning.summary import SCORE, SearchBounds, SearchSummary, TrialRow
+from privzo.tuning.trial import TRIALS_DIR, run_trial
 
 STATE_FILE = "search_state.json"
 TRIALS_FILE = "trials.parquet"
@@ -79,7 +80,7 @@ def run_search(
     tags: dict[str, str] | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> SearchSummary:
     """Plan, run (or resume) and record the search; returns the search summary.
 
     Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
@@ -125,10 +126,10 @@ def run_search(
         places = _Places(output_dir, cache_dir, tracking_root, tracking_uri)
         results = _fit(plan, state, places, resources, progress)
         summary = _record(plan, results, output_dir, tracker)
-        if summary["interrupted"]:
+        if summary.interrupted:
             tracker.finish("KILLED")
-    echo(format_table(summary))
-    if summary["interrupted"]:
+    echo("\n".join(summary.lines()))
+    if summary.interrupted:
         echo(f"the search was interrupted; run the same command again to resume it in {output_dir}")
     return summary
 
@@ -355,7 +356,7 @@ def _max_scores(plan: SearchPlan) -> int:
     return max(1, math.ceil(plan.base.optimizer.steps / every))
 
 
-def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) -> dict[str, Any]:
+def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) -> SearchSummary:
     """trials.parquet, the summary and the parent run's metrics, tags and artifacts."""
     import pandas as pd
 
@@ -372,19 +373,22 @@ def _record(plan: SearchPlan, results: Any, output_dir: Path, tracker: Tracker) 
     pd.DataFrame(rows).to_parquet(output_dir / TRIALS_FILE, index=False)
     stopped = {row["trial_id"] for row in rows if row["status"] == "stopped"}
     _close_stopped_children(tracker, plan, stopped)
-    summary = {
-        "interrupted": any(row["status"] in UNFINISHED for row in rows),
-        "trials_run": sum(row["status"] != "pending" for row in rows),
-        "trials_finished": sum(row["status"] == "finished" for row in rows),
-        "best_trial": best_trial(rows, plan.search.selection.mode),
-        "space": list(plan.search.space),
-        "metric": next((row["metric"] for row in rows if row["metric"]), None),
-    }
-    summary.update(plan.bounds(trials_run=summary["trials_run"]))
-    summary["best_model_uri"] = best_model_uri(rows, summary["best_trial"], plan)
-    summary["trials"] = rows
-    write_json_atomically(output_dir / SUMMARY_FILE, summary)
-    log_search_parent(tracker, summary, output_dir)
+    trials_run = sum(row["status"] != "pending" for row in rows)
+    best = best_trial(rows, plan.search.selection.mode)
+    summary = SearchSummary(
+        interrupted=any(row["status"] in UNFINISHED for row in rows),
+        trials_run=trials_run,
+        trials_finished=sum(row["status"] == "finished" for row in rows),
+        best_trial=best,
+        space=list(plan.search.space),
+        metric=next((row["metric"] for row in rows if row["metric"]), None),
+        bounds=SearchBounds(**plan.bounds(trials_run=trials_run)),
+        best_model_uri=best_model_uri(rows, best, plan),
+        trials=rows,
+    )
+    record = summary.to_dict()
+    write_json_atomically(output_dir / SUMMARY_FILE, record)
+    log_search_parent(tracker, record, output_dir)
     return summary
 
 
@@ -415,12 +419,12 @@ def _saved_statuses(experiment_path: str) -> dict[str, str]:
 
 def _trial_row(
     trial: Any, status: str, result: Any, output_dir: Path, plan: SearchPlan
-) -> dict[str, Any]:
+) -> TrialRow:
     """One trials.parquet row: the point, the trial's layout, the run's summary fields and how
     the trial ended."""
     summary_path = output_dir / TRIALS_DIR / trial.trial_id / RUN_SUMMARY_FILE
     summary = read_json_object(summary_path) or {}
-    row: dict[str, Any] = {"trial_id": trial.trial_id, "status": _status(status, summary)}
+    row: TrialRow = {"trial_id": trial.trial_id, "status": _status(status, summary)}
     row.update(trial.config["point"])
     # the layout is not searchable: every trial runs the base's (and overrides') parallel keys
     parallel = plan.base.parallel
@@ -438,7 +442,7 @@ def _status(tune_status: str, summary: dict[str, Any]) -> str:
     return tune_status.lower()  # error, or pending / running / paused when interrupted
 
 
-def best_trial(rows: list[dict[str, Any]], mode: str) -> str | None:
+def best_trial(rows: list[TrialRow], mode: str) -> str | None:
     """The finished trial with the best selection score (never the test metric)."""
     scored = [row for row in rows if row["status"] == "finished" and row[SCORE] is not None]
     if not scored:
@@ -464,7 +468,7 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
     end_runs(uri, unfinished, "KILLED", release_timing=plan.base.releases_diagnostics)
 
 
-def best_model_uri(rows: list[dict[str, Any]], best: str | None, plan: SearchPlan) -> str | None:
+def best_model_uri(rows: list[TrialRow], best: str | None, plan: SearchPlan) -> str | None:
     """The best trial's logged model (``runs:/<its run>/model``): runs that keep a trajectory
     log one (the base reference plus the trajectory, rebuilt by replay when loaded)."""
     row = next((row for row in rows if row["trial_id"] == best), {})
@@ -473,12 +477,14 @@ def best_model_uri(rows: list[dict[str, Any]], best: str | None, plan: SearchPla
     return f"runs:/{row['tracking_run_id']}/model"
 
 
-def log_search_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Path) -> None:
-    """The search's parent run: best-trial metrics and tags, the trials as an MLflow table
-    (``trials.json``, shown in the UI) and the search's files as artifacts."""
+def log_search_parent(tracker: Tracker, summary: Mapping[str, Any], output_dir: Path) -> None:
+    """The search's parent run, from search_summary.json's content: best-trial metrics and
+    tags, the trials as an MLflow table (``trials.json``, shown in the UI) and the search's files
+    as artifacts."""
     import pandas as pd
 
-    best = next((row for row in summary["trials"] if row["trial_id"] == summary["best_trial"]), {})
+    trials: list[TrialRow] = summary["trials"]
+    best = next((row for row in trials if row["trial_id"] == summary["best_trial"]), {})
     metrics = {
         "trials_run": summary["trials_run"],
         "trials_finished": summary["trials_finished"],
@@ -503,47 +509,3 @@ def log_search_parent(tracker: Tracker, summary: dict[str, Any], output_dir: Pat
     for name in (TRIALS_FILE, SUMMARY_FILE, SEARCH_CONFIG_FILE):
         if (output_dir / name).is_file():
             tracker.log_artifact(output_dir / name)
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """The end-of-search table: one line per trial, the best marked, then the guarantee."""
-    from tabulate import tabulate
-
-    space = summary["space"]
-    header = ["", "trial", *[key.split(".")[-1] for key in space], "σ", "ε", "score", "test", "MB"]
-    header.append("time s")
-    header.append("status")
-    lines = [header]  # every cell already formatted: tabulate must not re-parse numbers
-    for row in summary["trials"]:
-        mark = "*" if row["trial_id"] == summary["best_trial"] else ""
-        values = [_fmt(row.get(key)) for key in space]
-        lines.append(
-            [
-                mark,
-                row["trial_id"],
-                *values,
-                _fmt(row["noise_multiplier"], ".3f"),
-                _fmt(row["epsilon"], ".3f"),  # 1.999 next to 2.000, not next to 2
-                _fmt(row[SCORE]),
-                _fmt(row["metric_after"]),
-                _fmt(row["peak_memory_mb"], ".0f"),
-                _fmt(row["wall_time_s"], ".0f"),
-                row["status"],
-            ]
-        )
-    # the header goes in as a row: tabulate pads a header line by two more spaces a column
-    text = [tabulate(lines, tablefmt="plain", stralign="right", disable_numparse=True)]
-    metric = summary.get("metric") or "metric"
-    text.append(f"(score: selection score; test: {metric} on the test split, for reporting only)")
-    if summary.get("guarantee"):
-        text.append(f"privacy: {summary['guarantee']}")
-        text.append(f"selection: {summary['selection']}")
-    return "\n".join(text)
-
-
-def _fmt(value: Any, spec: str = ".4g") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return format(value, spec)
-    return str(value)

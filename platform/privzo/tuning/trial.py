@@ -19,12 +19,12 @@ from typing import Any
 
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, run
-from privzo.rundir import can_resume, finished, unfinished_steps
+from privzo.rundir import RunSummary, can_resume, finished, unfinished_steps
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
 from privzo.tuning.config import SearchConfig, base_run_config
+from privzo.tuning.summary import SCORE
 
-SCORE = "selection_score"
 TRIALS_DIR = "trials"
 
 
@@ -103,14 +103,13 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     output_dir = Path(setup["output_dir"]) / TRIALS_DIR / trial_id
     done = finished(output_dir, config)
     if done is not None:
-        summary = done.to_dict()
-        tune.report(_report(summary, summary.get(SCORE)))
+        tune.report(_report(done, done.extra.get(SCORE)))
         return
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
     report = window_reporter(config.parallel.strategy) if evaluate_every else None
     resumes = can_resume(config, output_dir)  # any layout: a distributed trial's checkpoints too
-    done = unfinished_steps(config, output_dir) if resumes else 0
-    earlier = _earlier_scores(done, config.optimizer.steps, evaluate_every)
+    kept = unfinished_steps(config, output_dir) if resumes else 0
+    earlier = _earlier_scores(kept, config.optimizer.steps, evaluate_every)
     scorer = SelectionScorer(search, config.optimizer.is_private, earlier)
 
     def after_window(context: RunContext, step: int, metrics: dict[str, float]) -> None:
@@ -139,7 +138,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         },
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )
-    tune.report(_report(summary, summary[SCORE]))
+    tune.report(_report(summary, summary.extra[SCORE]))
 
 
 def window_reporter(strategy: str) -> Callable[[dict[str, Any]], None]:
@@ -186,10 +185,11 @@ def _earlier_scores(done: int, steps: int, evaluate_every: int | None) -> int:
     return min(done, steps - 1) // evaluate_every
 
 
-def _report(summary: dict[str, Any], score: float | None) -> dict[str, Any]:
+def _report(summary: RunSummary, score: float | None) -> dict[str, float | None]:
     """What Tune sees of a finished trial: public, per-trial numbers only."""
     keys = ("metric_after", "epsilon", "noise_multiplier", "steps", "peak_memory_mb", "wall_time_s")
-    report = {key: summary[key] for key in keys if summary.get(key) is not None}
+    record = summary.to_dict()
+    report = {key: record[key] for key in keys if record.get(key) is not None}
     report[SCORE] = score
-    report["step"] = summary["steps"]
+    report["step"] = summary.steps
     return report

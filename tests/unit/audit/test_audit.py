@@ -34,40 +34,40 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     record = run_audit(config, audit, tmp_path / "audit", cache_dir=cache_dir, progress=False)
 
     written = json.loads((tmp_path / "audit" / AUDIT_FILE).read_text())
-    assert written == record
-    assert record["verdict"] == "consistent"
-    assert record["epsilon_claimed"] == pytest.approx(3.0, rel=0.01)
-    assert 0 <= record["epsilon_lower_bound"] < 2.5
-    assert record["canaries"] == 40 and record["training_rows"] == 64
-    assert record["white_box"] is True and record["note"] is None
-    assert set(record["results"]) == {
+    assert written == record.to_dict()
+    assert record.verdict == "consistent"
+    assert record.epsilon_claimed == pytest.approx(3.0, rel=0.01)
+    assert 0 <= record.epsilon_lower_bound < 2.5
+    assert record.canaries == 40 and record.training_rows == 64
+    assert record.white_box is True and record.note is None
+    assert set(record.results) == {
         "black-box",
         "white-box-correlation",
         "white-box-likelihood",
         "white-box-match",
     }
-    assert record["tests"] == 4 * len(audit.k_values())
-    best = record["best"]
-    assert best["guesses"] == 2 * best["k"] and 0 <= best["correct"] <= best["guesses"]
-    distribution = record["score_distributions"]["white-box-likelihood"]
+    assert record.tests == 4 * len(audit.k_values())
+    best = record.best
+    assert best.guesses == 2 * best.k and 0 <= best.correct <= best.guesses
+    distribution = record.score_distributions["white-box-likelihood"]
     assert distribution["in"]["count"] + distribution["out"]["count"] == 40
     assert (tmp_path / "audit" / "audit_scores.png").stat().st_size > 0
     assert (tmp_path / "audit" / "run" / "trajectory.parquet").is_file()
     # the run trained on its rows plus the canaries that came up "in"; nothing names them
     summary = json.loads((tmp_path / "audit" / "run" / "summary.json").read_text())
-    assert summary["train_examples"] == 64 + record["canaries_in"]
-    assert "included" not in json.dumps(record)
-    assert "audit_time_s" not in record  # a private run's duration is withheld
+    assert summary["train_examples"] == 64 + record.canaries_in
+    assert "included" not in json.dumps(record.to_dict())
+    assert "audit_time_s" not in record.to_dict()  # a private run's duration is withheld
 
     uri = f"sqlite:///{(tmp_path / 'audit' / 'mlflow.db').resolve()}"
-    child = read_run(uri, record["tracking_run_id"])
-    assert child["tags"]["mlflow.parentRunId"] == record["audited_run_id"]
+    child = read_run(uri, record.tracking_run_id)
+    assert child["tags"]["mlflow.parentRunId"] == record.audited_run_id
     assert child["tags"]["privzo.audit.verdict"] == "consistent"
-    assert child["metrics"]["epsilon_lower_bound"] == pytest.approx(record["epsilon_lower_bound"])
-    assert child["metrics"]["epsilon_claimed"] == pytest.approx(record["epsilon_claimed"])
-    artifacts = {item.path for item in open_client(uri).list_artifacts(record["tracking_run_id"])}
+    assert child["metrics"]["epsilon_lower_bound"] == pytest.approx(record.epsilon_lower_bound)
+    assert child["metrics"]["epsilon_claimed"] == pytest.approx(record.epsilon_claimed)
+    artifacts = {item.path for item in open_client(uri).list_artifacts(record.tracking_run_id)}
     assert {AUDIT_FILE, "audit_scores.png"} <= artifacts
-    parent = read_run(uri, record["audited_run_id"])
+    parent = read_run(uri, record.audited_run_id)
     assert parent["status"] == "FINISHED" and parent["tags"]["privzo.audit"] == "true"
 
 
@@ -112,10 +112,10 @@ def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_
         cache_dir=cache_dir,
         progress=False,
     )
-    assert record["verdict"] == "not private"
-    assert record["epsilon_claimed"] is None and record["tightness"] is None
-    assert record["epsilon_lower_bound"] >= 0
-    assert record["audit_time_s"] > 0  # a non-private run's time is released
+    assert record.verdict == "not private"
+    assert record.epsilon_claimed is None and record.tightness is None
+    assert record.epsilon_lower_bound >= 0
+    assert record.audit_time_s > 0  # a non-private run's time is released
 
 
 def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, cache_dir):
@@ -127,8 +127,8 @@ def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, 
         cache_dir=cache_dir,
         progress=False,
     )
-    assert list(record["results"]) == ["black-box"]
-    assert record["white_box"] is False and "black-box only" in record["note"]
+    assert list(record.results) == ["black-box"]
+    assert record.white_box is False and "black-box only" in record.note
     with pytest.raises(ConfigError, match="writes no trajectory"):
         run_audit(
             config,

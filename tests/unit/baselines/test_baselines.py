@@ -69,7 +69,7 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
         "privacy.noise_grid=null",  # the continuous Gaussian, as Opacus' noise
     )
     assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
-    assert json.loads((output / "summary.json").read_text()) == summary
+    assert json.loads((output / "summary.json").read_text()) == summary.to_dict()
     assert not (output / "trajectory.parquet").exists()  # no trajectory: the weights instead
     assert (output / "model").is_dir()
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"

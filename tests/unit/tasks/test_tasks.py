@@ -116,9 +116,10 @@ def test_generation_presets_run_end_to_end(tmp_path, tiny_models, task):
         ],
     )
     summary = run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
-    assert summary["metric"] == "f1" and summary["test_examples"] == 3
-    assert 0.0 <= summary["f1_after"] <= 1.0 and 0.0 <= summary["exact_match_after"] <= 1.0
-    assert summary["metric_after"] == summary["f1_after"]
+    assert summary.metric == "f1" and summary.test_examples == 3
+    scores = summary.scores
+    assert 0.0 <= scores["f1_after"] <= 1.0 and 0.0 <= scores["exact_match_after"] <= 1.0
+    assert summary.metric_after == scores["f1_after"]
 
 
 def test_user_settings_win_over_the_preset():
@@ -271,11 +272,11 @@ def test_every_preset_runs_end_to_end(tmp_path, tiny_models, task, kind):
         ],
     )
     summary = run(config, tmp_path / "out", cache_dir=tmp_path / "cache", progress=False)
-    assert summary["task"] == task and summary["metric"] == "accuracy"
-    assert summary["train_examples"] == 4 * num_labels
-    assert summary["test_examples"] == 2 * num_labels
-    assert 0.0 <= summary["metric_after"] <= 1.0
-    assert summary["eval_time_s"] is None  # a private run's times are withheld
+    assert summary.task == task and summary.metric == "accuracy"
+    assert summary.train_examples == 4 * num_labels
+    assert summary.test_examples == 2 * num_labels
+    assert 0.0 <= summary.metric_after <= 1.0
+    assert summary.eval_time_s is None  # a private run's times are withheld
 
 
 def test_masked_prompt_scores_the_mask_position(tiny_models):
@@ -379,10 +380,10 @@ def test_validation_split_is_held_out_of_training_and_reported_when_public(tmp_p
     ]
     public = load_config(None, [*common, "optimizer.algorithm=mezo", "privacy.sampler=shuffle"])
     summary = run(public, tmp_path / "mezo", cache_dir=tmp_path / "c", progress=False)
-    assert 0.0 <= summary["validation_accuracy"] <= 1.0 and summary["train_examples"] == 20
+    assert 0.0 <= summary.extra["validation_accuracy"] <= 1.0 and summary.train_examples == 20
     private = load_config(None, common)
     summary = run(private, tmp_path / "dp", cache_dir=tmp_path / "c", progress=False)
-    assert "validation_accuracy" not in summary  # private data: not released by default
+    assert "validation_accuracy" not in summary.extra  # private data: not released by default
 
 
 def test_presets_default_to_the_papers_training_set_sizes():

@@ -29,7 +29,8 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.tuning.search import TRIALS_TABLE_ARTIFACT, format_table, log_search_parent, point_seed
+from privzo.tuning.search import TRIALS_TABLE_ARTIFACT, log_search_parent, point_seed
+from privzo.tuning.summary import format_table
 
 
 def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):

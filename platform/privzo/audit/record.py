@@ -1,0 +1,171 @@
+"""An audit's result (``AuditRecord``): what audit.json holds, read back, and how it prints.
+
+audit.json is counts, bounds and score distributions only: no canary and no coin, so the
+record can be published beside the run it audits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from privzo.privacy.audit import GuessResult
+from privzo.results import RecordKeys
+
+# a score's distribution: "in" and "out" canaries → count, mean, std and quantiles
+ScoreDistribution = dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class BestGuess:
+    """The (score, k) test with the largest ε lower bound."""
+
+    score: str
+    k: int
+    guesses: int
+    correct: int
+    correct_in: int
+    correct_out: int
+    epsilon_lower_bound: float
+
+    @classmethod
+    def of(cls, score: str, result: GuessResult) -> BestGuess:
+        return cls(score=score, **asdict(result))
+
+
+@dataclass(frozen=True)
+class AuditBrief:
+    """An audit in a study's summary: its verdict, bound and evidence size."""
+
+    verdict: str
+    epsilon_claimed: float | None
+    epsilon_lower_bound: float
+    canaries: int
+    k: int
+
+    @property
+    def violated(self) -> bool:
+        return self.verdict == VIOLATED
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AuditRecord(RecordKeys):
+    """audit.json: the verdict, the best bound and every test behind it. ``audit_time_s`` is
+    written only where the run releases its duration, ``tracking_run_id`` (the MLflow child
+    run, None without tracking) once that run is recorded (``child_recorded``)."""
+
+    verdict: str
+    epsilon_claimed: float | None
+    epsilon_lower_bound: float
+    tightness: float | None
+    delta: float
+    alpha: float
+    canaries: int
+    canaries_in: int
+    training_rows: int
+    best: BestGuess
+    tests: int
+    bonferroni_level: float
+    results: dict[str, list[GuessResult]]
+    score_distributions: dict[str, ScoreDistribution]
+    white_box: bool
+    note: str | None
+    algorithm: str
+    model: str
+    steps: int
+    noise_multiplier: float | None
+    sample_rate: float
+    audited_run_id: str | None
+    run_dir: str
+    audit_time_s: float | None = None
+    tracking_run_id: str | None = None
+    child_recorded: bool = False
+
+    @property
+    def violated(self) -> bool:
+        return self.verdict == VIOLATED
+
+    def to_dict(self) -> dict[str, Any]:
+        """audit.json's content, in its order."""
+        record = {item.name: getattr(self, item.name) for item in fields(self)[:_OPTIONAL]}
+        record["best"] = asdict(self.best)
+        record["results"] = {
+            name: [asdict(row) for row in rows] for name, rows in self.results.items()
+        }
+        if self.audit_time_s is not None:
+            record["audit_time_s"] = self.audit_time_s
+        if self.child_recorded:
+            record["tracking_run_id"] = self.tracking_run_id
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> AuditRecord:
+        """The record ``to_dict`` wrote; a missing field is a ``KeyError``."""
+        values = {item.name: record[item.name] for item in fields(cls)[:_OPTIONAL]}
+        values["best"] = BestGuess(**record["best"])
+        values["results"] = {
+            name: [GuessResult(**row) for row in rows] for name, rows in record["results"].items()
+        }
+        return cls(
+            **values,
+            audit_time_s=record.get("audit_time_s"),
+            tracking_run_id=record.get("tracking_run_id"),
+            child_recorded="tracking_run_id" in record,
+        )
+
+    @classmethod
+    def parse(cls, record: dict[str, Any] | None) -> AuditRecord | None:
+        """The record in an audit.json's content, or None when there is none or it is not
+        a whole audit's (another file): such a directory holds no finished audit."""
+        if record is None:
+            return None
+        try:
+            return cls.from_dict(record)
+        except (KeyError, TypeError):
+            return None
+
+    def brief(self) -> AuditBrief:
+        return AuditBrief(
+            self.verdict,
+            self.epsilon_claimed,
+            self.epsilon_lower_bound,
+            self.canaries,
+            self.best.k,
+        )
+
+    def lines(self) -> list[str]:
+        """The record as the console shows it: the verdict, the bound and its evidence."""
+        best, claimed = self.best, self.epsilon_claimed
+        lines = [
+            f"verdict              {self.verdict}",
+            f"epsilon claimed      {'-' if claimed is None else f'{claimed:.3f}'}",
+            f"epsilon lower bound  {self.epsilon_lower_bound:.3f} "
+            f"({1 - self.alpha:.0%} confidence, delta {self.delta:g})",
+            f"best guesses         {best.score}, k = {best.k}: {best.correct} of "
+            f"{best.guesses} right",
+            f"canaries             {self.canaries} ({self.tests} tests, Bonferroni)",
+        ]
+        if claimed is None:
+            lines.append("(not private: the lower bound is the run's empirical leakage)")
+        elif self.tightness is not None:
+            lines.append(f"tightness            ε_lb / ε = {self.tightness:.3f}")
+        if self.note:
+            lines.append(f"note: {self.note}")
+        return lines
+
+    def violation_line(self) -> str:
+        """Why a VIOLATED verdict fails the command: the proven bound against the claim."""
+        claimed = self.epsilon_claimed
+        return (
+            f"privzo: PRIVACY VIOLATED: the audit proves ε ≥ {self.epsilon_lower_bound:.3f} "
+            f"at {1 - self.alpha:.0%} confidence, above the claimed "
+            f"ε = {claimed:.3f}: the run is NOT ({claimed:.3g}, {self.delta:g})-DP as recorded"
+        )
+
+
+VIOLATED = "VIOLATED"
+# the fields before these are always written; audit_time_s and tracking_run_id only when known
+_OPTIONAL = -3

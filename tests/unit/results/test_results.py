@@ -1,0 +1,103 @@
+"""The typed results write exactly the records their JSON files held as dicts: the same keys
+in the same order, optional keys only where they were written, and read back whole."""
+
+from __future__ import annotations
+
+import json
+
+from privzo.audit import AuditRecord
+from privzo.audit.record import BestGuess
+from privzo.privacy.audit import GuessResult
+from privzo.studies import StudySummary, SyntheticSummary
+from privzo.tuning.summary import SearchBounds, SearchSummary
+
+GUESS = GuessResult(
+    k=5, guesses=10, correct=9, correct_in=5, correct_out=4, epsilon_lower_bound=1.5
+)
+
+
+def _audit(**changes) -> AuditRecord:
+    values = {
+        "verdict": "consistent",
+        "epsilon_claimed": 2.0,
+        "epsilon_lower_bound": 1.5,
+        "tightness": 0.75,
+        "delta": 1e-5,
+        "alpha": 0.05,
+        "canaries": 20,
+        "canaries_in": 11,
+        "training_rows": 64,
+        "best": BestGuess.of("black-box", GUESS),
+        "tests": 1,
+        "bonferroni_level": 0.05,
+        "results": {"black-box": [GUESS]},
+        "score_distributions": {"black-box": {"in": {"count": 11.0}, "out": {"count": 9.0}}},
+        "white_box": False,
+        "note": None,
+        "algorithm": "dpzero",
+        "model": "tiny-opt",
+        "steps": 4,
+        "noise_multiplier": 1.2,
+        "sample_rate": 0.1,
+        "audited_run_id": "abc",
+        "run_dir": "run",
+    }
+    return AuditRecord(**(values | changes))
+
+
+def test_an_audit_record_writes_its_child_run_only_once_recorded():
+    record = _audit()
+    written = record.to_dict()
+    assert list(written)[-1] == "run_dir" and "tracking_run_id" not in written
+    assert written["best"] == {"score": "black-box", **GUESS.__dict__}
+    record.audit_time_s, record.tracking_run_id, record.child_recorded = 3.5, None, True
+    assert list(record.to_dict())[-2:] == ["audit_time_s", "tracking_run_id"]
+    again = AuditRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert again == record and again.to_dict() == record.to_dict()
+    assert AuditRecord.parse({"verdict": "consistent"}) is None
+
+
+def test_an_audit_record_prints_its_verdict_and_a_violation():
+    violated = _audit(verdict="VIOLATED", epsilon_lower_bound=2.5)
+    assert violated.violated and violated.brief().violated
+    assert violated.lines()[0].split() == ["verdict", "VIOLATED"]
+    assert "NOT (2, 1e-05)-DP" in violated.violation_line()
+    assert violated.brief().to_dict() == {
+        "verdict": "VIOLATED",
+        "epsilon_claimed": 2.0,
+        "epsilon_lower_bound": 2.5,
+        "canaries": 20,
+        "k": 5,
+    }
+
+
+def test_a_search_summary_writes_its_bounds_in_place():
+    bounds = {
+        "private": True,
+        "per_trial_epsilon": 2.0,
+        "delta": 1e-5,
+        "records_epsilon": 4.0,
+        "selection": "public split",
+        "end_to_end_epsilon": 4.0,
+        "guarantee": "composition",
+    }
+    rows = [{"trial_id": "t0", "status": "finished"}]
+    summary = SearchSummary(
+        False, 1, 1, "t0", ["privacy.clip"], "accuracy", SearchBounds(**bounds), None, rows
+    )
+    written = summary.to_dict()
+    head = ["interrupted", "trials_run", "trials_finished", "best_trial", "space", "metric"]
+    assert list(written) == [*head, *bounds, "best_model_uri", "trials"]
+    assert summary.best_row() is rows[0] and summary["guarantee"] == "composition"
+    geometric = SearchBounds(**bounds, best_export_epsilon=3.0).to_dict()
+    assert list(geometric)[-2:] == ["best_export_epsilon", "guarantee"]
+    assert SearchBounds(private=False).to_dict() == {"private": False}
+
+
+def test_a_study_summary_names_its_report_once_complete():
+    summary = StudySummary("s", 2, 1, 0, 0, {}, False, "run")
+    assert "report" not in summary and summary.violated_audits() == []
+    summary.complete, summary.report = True, "report.md"
+    assert list(summary.to_dict())[-1] == "report" and summary["report"] == "report.md"
+    synthetic = SyntheticSummary("synthetic-quadratic", True, "run", 1.2, 3.0, "t.md", "f.png")
+    assert SyntheticSummary.from_dict(synthetic.to_dict()) == synthetic
