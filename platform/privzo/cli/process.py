@@ -75,6 +75,10 @@ def quiet_libraries(verbose: bool) -> None:
     logging.getLogger("DeepSpeed").addFilter(
         lambda record: "Setting accelerator to CPU" not in record.getMessage()
     )
+    # Ctrl+C inside an MLflow store call unwinds through SQLAlchemy's pool, which logs the
+    # interrupted connection's reset with a traceback (the run is marked KILLED all the same);
+    # the pool's loggers are per class below this one, so its level is what reaches them all
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
     # a local cluster turns token auth on by default and says so at every start
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR
