@@ -1,5 +1,5 @@
 """A record that moves a gridded sum by fewer than Δ grid units costs no more privacy than one
-that moves it by Δ (the proof is in docs/privacy/smaller-shifts.md; issue 13).
+that moves it by Δ (the proof is in docs/privacy/smaller-shifts.md).
 
 The proof: for log-concave integer noise (discrete Gaussian, discrete Laplace) the likelihood
 ratio of shift c against shift 0 is monotone, so threshold tests are optimal and the trade-off
