@@ -12,6 +12,7 @@ leaves a half-written cache behind.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -268,6 +269,21 @@ def materialize_builtin(name: str, cache_dir: str | Path, progress: bool = True)
     if (final / "privzo_builtin.json").is_file():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # Trials, workers and test processes that share a cold cache wait for one build instead
+    # of each building the model; the lock goes with its holder, however that process ends.
+    with (cache_dir / f".{final.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "privzo_builtin.json").is_file():
+            return final
+        _build_into(name, recipe, cache_dir, final, progress)
+    return final
+
+
+def _build_into(
+    name: str, recipe: BuiltinRecipe, cache_dir: Path, final: Path, progress: bool
+) -> None:
+    """Build in a staging directory and rename it to ``final``: a reader never sees half a
+    model, and a build killed midway leaves only its staging directory."""
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would make a shared cache unreadable to others
     try:
@@ -279,4 +295,3 @@ def materialize_builtin(name: str, cache_dir: str | Path, progress: bool = True)
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,48 @@ def test_interrupted_build_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(builtin, "_build", crash)
     with pytest.raises(KeyboardInterrupt):
         builtin.materialize_builtin("tiny-opt", tmp_path, progress=False)
-    assert list(tmp_path.iterdir()) == []
+    # no model and no staging directory: only the (unlocked) build lock's file remains
+    assert [path.name for path in tmp_path.iterdir()] == [f".{_final_name('tiny-opt')}.lock"]
+
+
+def _final_name(name: str) -> str:
+    return f"{name}-{builtin.BUILTIN_MODELS[name].version()}"
+
+
+def test_concurrent_builds_into_one_cache_build_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builders of one model in one cold cache: the second waits for the first's build
+    instead of making its own (the first holds its build open until the second has had time
+    to start one, so without the lock both would build)."""
+    real_build = builtin._build
+    builds: list[Path] = []
+    second_built = threading.Event()
+
+    def counted(name: str, recipe: object, target: Path, progress: bool) -> None:
+        builds.append(target)
+        if len(builds) == 1:
+            second_built.wait(timeout=2.0)
+        else:
+            second_built.set()
+        real_build(name, recipe, target, progress)
+
+    monkeypatch.setattr(builtin, "_build", counted)
+    results: list[Path] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                builtin.materialize_builtin("tiny-opt", tmp_path, progress=False)
+            )
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(builds) == 1 and not second_built.is_set()
+    assert results == [tmp_path / _final_name("tiny-opt")] * 2
 
 
 def test_registry_and_versions() -> None:
