@@ -73,6 +73,30 @@ def local_ray(**runtime_env: Any) -> Iterator[Any]:
                 os.environ[name] = value
 
 
+def stop_ray_under(temp_dir: Path) -> None:
+    """Stop the Ray whose files live under ``temp_dir`` (``ray start --temp-dir`` or
+    ``RAY_TMPDIR``): its processes, which name that directory on their command lines, and their
+    children (the workers). ``ray stop`` would stop every Ray on the machine."""
+    import psutil
+
+    ours = []
+    for process in psutil.process_iter(["cmdline"]):
+        if str(temp_dir) in " ".join(process.info["cmdline"] or []):
+            ours.append(process)
+    family = {p.pid: p for p in ours}
+    for process in ours:
+        try:
+            family.update({child.pid: child for child in process.children(recursive=True)})
+        except psutil.Error:
+            continue
+    for process in family.values():
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(list(family.values()), timeout=20)
+
+
 # LMO's parameters in the privacy tests: a mixture with weight on every part
 LMO_PARAMETERS = {
     "weights": [0.4, 0.3, 0.3],
@@ -124,6 +148,12 @@ def write_sentiment_jsonl(path: Path, count: int, seed: int) -> Path:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
+    """The built-in models' cache, one per test run: pytest-xdist's workers share it (each model
+    is built once per run, the others wait on its build lock)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "privzo-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("privzo-cache")
 
 

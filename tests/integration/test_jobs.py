@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, stop_ray_under
 
 pytestmark = pytest.mark.integration
 
@@ -30,29 +30,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _stop_head(temp_dir: Path) -> None:
-    """Kill the processes of our head only: those whose command line names its temp dir, and
-    their children (the workers)."""
-    import psutil
-
-    ours = []
-    for process in psutil.process_iter(["cmdline"]):
-        if str(temp_dir) in " ".join(process.info["cmdline"] or []):
-            ours.append(process)
-    family = {p.pid: p for p in ours}
-    for process in ours:
-        try:
-            family.update({child.pid: child for child in process.children(recursive=True)})
-        except psutil.Error:
-            continue
-    for process in family.values():
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
-    psutil.wait_procs(list(family.values()), timeout=20)
 
 
 @pytest.fixture
@@ -87,7 +64,7 @@ def head_node():
         subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
         yield f"http://127.0.0.1:{dashboard_port}", env
     finally:
-        _stop_head(temp_dir)
+        stop_ray_under(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -6,24 +6,33 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from conftest import stop_ray_under
 from privzo.tuning.search import start_ray
 
 
 @pytest.mark.ray
-def test_a_search_joins_the_local_ray_already_running():
+def test_a_search_joins_the_local_ray_already_running(monkeypatch):
     ray = pytest.importorskip("ray")
     command = shutil.which("ray")
     assert command is not None, "ray's command-line tool comes with ray[default]"
+    # Ray finds a running local cluster through $RAY_TMPDIR/ray/ray_current_cluster: a fresh
+    # RAY_TMPDIR keeps this head apart from any other Ray on the machine (tests beside this
+    # one), and a short path keeps Ray's socket paths under the kernel's limit.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    monkeypatch.setenv("RAY_TMPDIR", str(temp_dir))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
     head = [command, "start", "--head", "--num-cpus=1", "--include-dashboard=false"]
-    subprocess.run([*head, "--disable-usage-stats"], env=env, check=True, timeout=600)
     try:
+        subprocess.run([*head, "--disable-usage-stats"], env=env, check=True, timeout=600)
         start_ray(None, num_cpus=2)  # what `privzo tune` passes on a machine of 2 cores
         assert ray.cluster_resources()["CPU"] == 1.0  # the running cluster's, not ours
     finally:
         ray.shutdown()
-        subprocess.run([command, "stop", "--force"], env=env, timeout=300)
+        stop_ray_under(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
