@@ -12,7 +12,9 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -54,22 +56,57 @@ def _run(config, output: Path, cache_dir: Path) -> dict:
     return run(config, output, cache_dir=cache_dir, progress=False)
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
-    """single, replica x2 and zero3 x2: same trajectory and same final weights (fp32)."""
+def _rescoring_hooks() -> RunHooks:
+    """A search trial's kind of ``final_scores``: it scores the trained model again (forwards,
+    which are collectives under zero3). A closure, so cloudpickle ships it by value."""
+
+    def final_scores(context) -> dict[str, float]:
+        batch_size = context.config.optimizer.eval_batch_size
+        metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
+        return {"selection_rescored": metrics[context.task.metric]}
+
+    return RunHooks(final_scores=final_scores)
+
+
+@dataclass(frozen=True)
+class LayoutRuns:
+    """One MeZO run per layout (single, replica x2, zero3 x2) of one config, with a caller's
+    final scores: what the layout tests read."""
+
+    root: Path
+    summaries: dict[str, Any]
+    trajectories: dict[str, Any]
+    weights: dict[str, dict[str, torch.Tensor]]
+
+
+@pytest.fixture(scope="module")
+def layout_runs(ray_session, tmp_path_factory, cache_dir) -> LayoutRuns:
     layouts = {"single": ("single", 1), "replica": ("replica", 2), "zero3": ("zero3", 2)}
+    root = tmp_path_factory.mktemp("layouts")
     summaries, trajectories, weights = {}, {}, {}
     for name, (strategy, workers) in layouts.items():
         backend = "mlflow" if name == "replica" else "none"
         config = _config(
             TINY_MEZO, *_layout(strategy, workers), "save_model=true", f"tracking.backend={backend}"
         )
-        output = tmp_path / "runs" / name
-        summaries[name] = _run(config, output, cache_dir)
+        output = root / "runs" / name
+        summaries[name] = run(
+            config, output, cache_dir=cache_dir, progress=False, hooks=_rescoring_hooks()
+        )
         trajectories[name] = pq.read_table(output / "trajectory.parquet").to_pandas()
         weights[name] = load_file(output / "model" / "model.safetensors")
+    return LayoutRuns(root, summaries, trajectories, weights)
 
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mezo_is_the_same_on_every_layout(layout_runs):
+    """single, replica x2 and zero3 x2: same trajectory and same final weights (fp32)."""
+    summaries, trajectories, weights = (
+        layout_runs.summaries,
+        layout_runs.trajectories,
+        layout_runs.weights,
+    )
     reference = trajectories["single"]
     assert list(reference["step"]) == list(range(12))
     for name in ("replica", "zero3"):
@@ -101,7 +138,7 @@ def test_mezo_is_the_same_on_every_layout(ray_session, tmp_path, cache_dir):
     )
 
     # MLflow got rank 0's window metrics and the driver's artifacts, in one run
-    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    uri = f"sqlite:///{(layout_runs.root / 'runs' / 'mlflow.db').resolve()}"
     record = read_run(uri, summaries["replica"]["tracking_run_id"])
     assert record["status"] == "FINISHED"
     assert [step for step, _ in record["history"]["projected_gradient_abs"]] == [4, 8, 12]
@@ -178,30 +215,15 @@ def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, c
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
 
 
-def _rescoring_hooks() -> RunHooks:
-    """A search trial's kind of ``final_scores``: it scores the trained model again (forwards,
-    which are collectives under zero3). A closure, so cloudpickle ships it by value."""
-
-    def final_scores(context) -> dict[str, float]:
-        batch_size = context.config.optimizer.eval_batch_size
-        metrics = context.task.evaluate(context.scoring_model, context.test, batch_size)
-        return {"selection_rescored": metrics[context.task.metric]}
-
-    return RunHooks(final_scores=final_scores)
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["replica", "zero3"])
-def test_final_scores_run_on_the_workers(ray_session, tmp_path, cache_dir, strategy):
+def test_final_scores_run_on_the_workers(layout_runs, strategy):
     """The caller's final scores run through the worker's train_and_evaluate: rank 0's value
     lands in the summary (zero3's every rank joins the forwards, or the job deadlocks)."""
-    config = _config(TINY_MEZO, *_layout(strategy, 2), "tracking.backend=none")
-    summary = run(
-        config, tmp_path / strategy, cache_dir=cache_dir, progress=False, hooks=_rescoring_hooks()
-    )
+    summary = layout_runs.summaries[strategy]
     assert summary["selection_rescored"] == summary["metric_after"]  # the same model and data
-    written = json.loads((tmp_path / strategy / "summary.json").read_text())
+    written = json.loads((layout_runs.root / "runs" / strategy / "summary.json").read_text())
     assert written["selection_rescored"] == summary["metric_after"]
 
 

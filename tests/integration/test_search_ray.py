@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
@@ -189,35 +190,6 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     assert again.returncode == 2 and b"is not empty" in again.stderr
 
 
-def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
-    tmp_path, make_search, cache_dir, tune_processes
-):
-    """Tune's result.json, progress.csv and experiment state of a private trial hold no
-    time_this_iter_s, time_total_s, time_since_restore, timestamp or date (issue 13 item 2)."""
-    from privzo.tuning.withhold import TIMING_FIELDS
-
-    search = make_search(space={"privacy.clip": [0.5]})
-    output = tmp_path / "search"
-    process = tune_processes(search, output, cache_dir, tmp_path / "tune.log")
-    returncode, log = process.wait(timeout=1800)
-    assert returncode == 0, log[-3000:]
-    tune_dir = output / "tune"
-    results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
-    states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
-    assert len(results) == 2 and len(states) == 1, list(tune_dir.rglob("*"))
-    reported = "\n".join(path.read_text() for path in results)
-    assert "selection_score" in reported and "training_iteration" in reported
-    for path in [*results, *states]:
-        text = path.read_text(errors="replace")
-        for field in TIMING_FIELDS:
-            assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
-    # the released score is an exact discrete Gaussian on the grid: score × m × size is an
-    # integer (m = selection.score_grid = 1024, 16 validation examples)
-    (summary,) = list((output / "trials").glob("*/summary.json"))
-    units = json.loads(summary.read_text())["selection_score"] * 1024 * 16
-    assert units == pytest.approx(round(units), abs=1e-6)
-
-
 def test_resources_the_cluster_lacks_fail_before_any_trial(
     tmp_path, make_search, cache_dir, tune_processes
 ):
@@ -264,3 +236,31 @@ def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
     assert scaling["model_parameters"].nunique() == 3
     trials = pd.read_parquet(output / "search" / "trials.parquet")
     assert len(trials) == 3 and set(trials["status"]) == {"finished"}
+
+
+def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_demo):
+    """Tune's result.json, progress.csv and experiment state of the quick demo's private
+    search (three trials) hold no time_this_iter_s, time_total_s, time_since_restore,
+    timestamp or date."""
+    from privzo.tuning.withhold import TIMING_FIELDS
+
+    output, _ = quick_demo
+    tune_dir = output / "search" / "tune"
+    results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
+    states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
+    assert len(results) == 2 * 3 and len(states) == 1, list(tune_dir.rglob("*"))
+    reported = "\n".join(path.read_text() for path in results)
+    assert "selection_score" in reported and "training_iteration" in reported
+    for path in [*results, *states]:
+        text = path.read_text(errors="replace")
+        for field in TIMING_FIELDS:
+            assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
+    # each released score is an exact discrete Gaussian on the grid: score × m × size is an
+    # integer (m = selection.score_grid = 1024, the validation examples of the trial's config)
+    summaries = list((output / "search" / "trials").glob("*/summary.json"))
+    assert len(summaries) == 3
+    for summary in summaries:
+        config = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        size = config["task"]["validation_size"]
+        units = json.loads(summary.read_text())["selection_score"] * 1024 * size
+        assert units == pytest.approx(round(units), abs=1e-6)
