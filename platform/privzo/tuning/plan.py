@@ -18,6 +18,7 @@ from privzo.models.loading import (
     resolve_kind,
     resolve_source,
 )
+from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.discrete import noise_units
 from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
@@ -65,9 +66,18 @@ class SearchPlan:
         # Everything the search stores (trials.parquet, every trial's records, the trial
         # count) composes: that is the search's end-to-end bound, whatever the trial count.
         bounds["end_to_end_epsilon"] = records
+        # the records state the training set's size, which only replace-one adjacency covers
+        grouped = replace_one(records, self.delta)
+        bounds |= {
+            "adjacency": ADD_REMOVE,
+            "replace_one_epsilon": grouped.epsilon,
+            "replace_one_delta": grouped.delta,
+        }
         stored = (
             f"composition of {trials_run} trials (RDP): the best trial and every record of "
-            f"the search together are ({records:.3g}, {self.delta:g})-DP"
+            f"the search together are ({records:.3g}, {self.delta:g})-DP under add/remove "
+            f"adjacency given the training set's size N, and ({grouped.epsilon:.3g}, "
+            f"{grouped.delta:.3g})-DP under replace-one adjacency, which also covers N"
         )
         trials = self.search.trials
         if trials.distribution != "geometric":

@@ -400,6 +400,8 @@ _RUN_KEYS = (
     "metric_before",
     "epsilon",
     "delta",
+    "replace_one_epsilon",
+    "replace_one_delta",
     "noise_multiplier",
     "sample_rate",
     "steps",

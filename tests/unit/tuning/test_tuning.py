@@ -56,6 +56,10 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
     bounds = plan.bounds(trials_run=4)
     assert bounds["end_to_end_epsilon"] >= bounds["per_trial_epsilon"]
     assert bounds["end_to_end_epsilon"] == bounds["records_epsilon"]
+    # trials.parquet states q = B/N, so N: replace-one covers the records with it
+    assert bounds["adjacency"] == "add-remove"
+    assert bounds["replace_one_epsilon"] == 2 * bounds["end_to_end_epsilon"]
+    assert "under replace-one adjacency, which also covers N" in bounds["guarantee"]
     assert "composition of 4 trials" in bounds["guarantee"]
 
 
