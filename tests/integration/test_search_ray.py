@@ -18,6 +18,7 @@ from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tracking import open_client
+from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.tuning.export import export_best
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
@@ -193,7 +194,8 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
     tmp_path, make_search, cache_dir, tune_processes
 ):
     """Tune's result.json, progress.csv and experiment state of a private trial hold no
-    time_this_iter_s, time_total_s, time_since_restore, timestamp or date (issue 13 item 2)."""
+    time_this_iter_s, time_total_s, time_since_restore, timestamp or date, its start and last
+    report are at the public time and its folder's name carries no date."""
     from privzo.tuning.withhold import TIMING_FIELDS
 
     search = make_search(space={"privacy.clip": [0.5]})
@@ -211,6 +213,12 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
         text = path.read_text(errors="replace")
         for field in TIMING_FIELDS:
             assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
+    # nor when each trial started and last reported, nor its folder's creation date
+    for _, metadata in json.loads(states[0].read_text())["trial_data"]:
+        times = json.loads(metadata)
+        assert times["start_time"] == times["last_result_time"] == PUBLIC_TIME_MS / 1000
+    folders = [path.name for path in states[0].parent.iterdir() if path.is_dir()]
+    assert folders and not any(re.search(r"\d{4}-\d\d-\d\d", name) for name in folders)
     # the released score is an exact discrete Gaussian on the grid: score × m × size is an
     # integer (m = selection.score_grid = 1024, 16 validation examples)
     (summary,) = list((output / "trials").glob("*/summary.json"))
