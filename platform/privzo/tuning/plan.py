@@ -108,6 +108,27 @@ class SearchPlan:
         )
 
 
+def check_clock_free_decisions(search: SearchConfig) -> None:
+    """A private search's decisions may not follow the wall clock. With several trials at once,
+    Optuna's next point depends on which trials have reported by then and ASHA stops a trial on
+    the results that arrived before its own, so which trials ran and how far would release
+    their durations, which the search's guarantee does not cover."""
+    concurrency = search.resources.concurrency
+    if concurrency == 1:
+        return
+    chooser = None
+    if search.algorithm == "optuna":
+        chooser = "algorithm=optuna picks each point from the trials that have reported by then"
+    elif search.scheduler.type == "asha":
+        chooser = "scheduler.type=asha stops trials on the results that arrived first"
+    if chooser is not None:
+        raise ConfigError(
+            f"resources.concurrency={concurrency} in a private search: {chooser}, so its "
+            "decisions follow the trials' durations, which the guarantee does not cover; set "
+            "resources.concurrency=1, or search with grid or random points without ASHA"
+        )
+
+
 def plan_search(
     search: SearchConfig, cache_dir: Path, trial_count: int | None = None
 ) -> SearchPlan:
@@ -130,6 +151,8 @@ def plan_search(
             "its exact validation metrics, training loss and times, which the search's "
             "guarantee does not cover; turn it off (the selection score is released noised)"
         )
+    if private:
+        check_clock_free_decisions(search)
     if private and (base.noise_grid or 0) > MAX_LATTICE_SCALE:
         raise ConfigError(
             f"privacy.noise_grid={base.noise_grid} in a private search: the search bounds a "

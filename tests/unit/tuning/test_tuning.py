@@ -244,6 +244,14 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
         ({"overrides": {"tracking.log_private_diagnostics": True}}, "log_private_diagnostics"),
         ({"overrides": {"privacy.noise_grid": 2**17}}, "grid of at most 65536"),
+        (
+            {"algorithm": "optuna", "trials": {"count": 2}, "resources": {"concurrency": 2}},
+            "resources.concurrency=2 in a private search: algorithm=optuna",
+        ),
+        (
+            {"scheduler": {"type": "asha"}, "resources": {"concurrency": 2}},
+            "resources.concurrency=2 in a private search: scheduler.type=asha",
+        ),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):
