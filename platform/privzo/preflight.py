@@ -26,6 +26,7 @@ from privzo.layouts.context import direction_sampler
 from privzo.models.builtin import is_builtin
 from privzo.models.loading import check_model, is_hub_id, peek_kind
 from privzo.planner import Plan, arch_from_config, plan, resolve_arch
+from privzo.privacy.adjacency import record_fields, replace_one
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.rundir.files import check_output_dir
 from privzo.section import ConfigError
@@ -63,13 +64,17 @@ class Preflight:
             f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
         ]
         if privacy.private:
+            assert privacy.epsilon is not None and privacy.delta is not None
+            grouped = replace_one(privacy.epsilon, privacy.delta)
             lines += [
                 f"mechanism   {privacy.mechanism}, accountant {privacy.accountant}, "
                 f"clip {config.privacy.clip:g}",
                 f"noise       σ = {privacy.noise_multiplier:.6g}"
                 f"{' (fixed)' if config.privacy.noise_multiplier else ' (calibrated)'}",
                 f"privacy     ε target {config.privacy.epsilon:g}, spends ε = "
-                f"{privacy.epsilon:.6g} at δ = {privacy.delta:g}",
+                f"{privacy.epsilon:.6g} at δ = {privacy.delta:g} (add/remove adjacency, given N)",
+                f"            the records state N = {len(self.splits.train)}: the whole release "
+                f"is ({grouped.epsilon:.6g}, {grouped.delta:.3g})-DP under replace-one adjacency",
             ]
         else:
             lines.append("privacy     none (a non-private run: no noise, no ε)")
@@ -94,6 +99,7 @@ class Preflight:
             "epsilon_target": self.config.privacy.epsilon if privacy.private else None,
             "epsilon": privacy.epsilon,
             "delta": privacy.delta,
+            **record_fields(privacy.epsilon, privacy.delta),
             "memory_plan": self.memory.to_json() if self.memory is not None else None,
         }
 

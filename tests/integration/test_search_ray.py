@@ -19,6 +19,7 @@ from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.tracking import open_client
+from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.tuning.export import export_best
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
@@ -241,7 +242,8 @@ def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
 def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_demo):
     """Tune's result.json, progress.csv and experiment state of the quick demo's private
     search (three trials) hold no time_this_iter_s, time_total_s, time_since_restore,
-    timestamp or date."""
+    timestamp or date, its trials' starts and last reports are at the public time and their
+    folders' names carry no date."""
     from privzo.tuning.withhold import TIMING_FIELDS
 
     output, _ = quick_demo
@@ -255,6 +257,12 @@ def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_
         text = path.read_text(errors="replace")
         for field in TIMING_FIELDS:
             assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
+    # nor when each trial started and last reported, nor its folder's creation date
+    for _, metadata in json.loads(states[0].read_text())["trial_data"]:
+        times = json.loads(metadata)
+        assert times["start_time"] == times["last_result_time"] == PUBLIC_TIME_MS / 1000
+    folders = [path.name for path in states[0].parent.iterdir() if path.is_dir()]
+    assert folders and not any(re.search(r"\d{4}-\d\d-\d\d", name) for name in folders)
     # each released score is an exact discrete Gaussian on the grid: score × m × size is an
     # integer (m = selection.score_grid = 1024, the validation examples of the trial's config)
     summaries = list((output / "search" / "trials").glob("*/summary.json"))

@@ -100,7 +100,9 @@ def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentime
     loaded = load_config(config, overrides)
     expected = preflight(loaded)
     assert f"σ = {expected.privacy.noise_multiplier:.6g} (calibrated)" in printed
-    assert f"spends ε = {expected.privacy.epsilon:.6g} at δ = 1e-05" in printed
+    assert f"spends ε = {expected.privacy.epsilon:.6g} at δ = 1e-05 (add/remove" in printed
+    replace_one = f"({2 * expected.privacy.epsilon:.6g}, "
+    assert f"N = {len(expected.splits.train)}: the whole release is {replace_one}" in printed
     assert "layout      single, 1 worker(s)" in printed
     assert f"steps       {loaded.optimizer.steps}" in printed
     assert "memory      no plan" in printed  # a built-in model: the planner needs its shape

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,6 +38,15 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     )
     assert summary.mechanism_parameters == {"grid": 1024}  # discrete noise by default
     assert summary.epsilon == pytest.approx(expected, rel=1e-9)
+    # the records state N = 64, which add/remove neighbours differ in: replace-one covers it
+    assert summary.adjacency == "add-remove" and summary.train_examples == 64
+    assert summary.replace_one_epsilon == pytest.approx(2 * summary.epsilon)
+    assert summary.replace_one_delta == pytest.approx((1 + math.exp(summary.epsilon)) * 1e-5)
+    assert summary.skipped_rows is None  # a count over the private file's rows: withheld
+    privacy = json.loads((output / "privacy.json").read_text())
+    assert privacy["adjacency"] == "add-remove"
+    assert privacy["replace_one_epsilon"] == summary.replace_one_epsilon
+    assert privacy["replace_one_delta"] == summary.replace_one_delta
     for figure in RESOURCE_FIGURES:  # they follow the sampled records: withheld
         assert getattr(summary, figure) is None, figure
     scores = summary.scores
@@ -54,6 +64,7 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert record["params"]["optimizer.algorithm"] == "dpzero"
     assert float(record["params"]["privacy.epsilon"]) == 3.0
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary.epsilon)
+    assert record["metrics"]["final_replace_one_epsilon"] == pytest.approx(2 * summary.epsilon)
     assert record["metrics"]["final_accuracy_after"] == pytest.approx(scores["accuracy_after"])
     steps = [step for step, _ in record["history"]["epsilon_spent"]]
     assert steps == [5, 10, 12]
@@ -173,6 +184,8 @@ def test_nonprivate_run_logs_train_loss_and_no_epsilon(tmp_path, tiny_run_config
     config = tiny_run_config("optimizer.algorithm=mezo", "privacy.sampler=shuffle")
     summary = run(config, tmp_path / "runs" / "mezo", cache_dir=cache_dir, progress=False)
     assert summary.private is False and summary.epsilon is None
+    assert summary.adjacency is None and summary.replace_one_epsilon is None
+    assert summary.skipped_rows == 0  # nothing private: the count is kept
     trajectory = pq.read_table(tmp_path / "runs" / "mezo" / "trajectory.parquet")
     assert trajectory.column("batch_size").to_pylist() == [8] * 12
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 from privzo.config.run import RunConfig
 from privzo.privacy.accountants import Accountant, calibrate_noise_multiplier, make_accountant
+from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetLedger, check_feasible
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
@@ -141,6 +142,8 @@ def privacy_record(
     """What ``privacy.json`` holds: the mechanism, σ, q, the steps accounted, ε spent at δ and
     the ledger's state (budget and accountant settings), from which a resumed run goes on.
 
+    ε spent and δ hold under add/remove adjacency given the training set's size N; the
+    replace-one pair covers the whole release, N included (``privzo.privacy.adjacency``).
     A run in progress saves it at every window with ``final=False``: ε spent is then left out
     (null), since evaluating it there would put a PLD evaluation (0.2-0.5 s) on each window.
     """
@@ -152,6 +155,8 @@ def privacy_record(
     }
     if ledger is None:
         return record
+    spent = ledger.epsilon_spent if final else None
+    grouped = replace_one(spent, ledger.delta) if spent is not None else None
     return record | {
         "mechanism": plan.mechanism,
         "noise_multiplier": plan.noise_multiplier,
@@ -160,6 +165,9 @@ def privacy_record(
         "delta": ledger.delta,
         "epsilon_budget": ledger.epsilon_budget,
         "steps_accounted": ledger.accountant.steps,
-        "epsilon_spent": ledger.epsilon_spent if final else None,
+        "epsilon_spent": spent,
+        "adjacency": ADD_REMOVE,  # what epsilon_spent and delta hold under
+        "replace_one_epsilon": grouped.epsilon if grouped else None,  # the whole release
+        "replace_one_delta": grouped.delta if grouped else None,
         "ledger": ledger.state_dict(),
     }

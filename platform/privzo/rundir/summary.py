@@ -15,6 +15,7 @@ from typing import Any
 
 from privzo.layouts.context import RunContext
 from privzo.models.loading import model_parameters
+from privzo.privacy.adjacency import record_fields
 from privzo.results import RecordKeys
 from privzo.rundir.files import read_json_object, write_json_atomically
 from privzo.tasks.evaluation import Evaluation
@@ -43,6 +44,9 @@ class RunSummary(RecordKeys):
     mechanism: str | None
     mechanism_parameters: dict[str, Any] | None
     accountant: str | None
+    adjacency: str | None  # what epsilon and delta hold under ("add-remove")
+    replace_one_epsilon: float | None  # the whole release, N included (privacy.adjacency)
+    replace_one_delta: float | None
     sample_rate: float
     expected_batch_size: float
     clip: float | None
@@ -50,7 +54,7 @@ class RunSummary(RecordKeys):
     resumed_steps: int  # replayed from an earlier attempt (resume)
     train_examples: int
     test_examples: int
-    skipped_rows: int
+    skipped_rows: int | None  # None in a private run: a count over private rows
     trainable_parameters: int
     model_parameters: int
     eval_time_s: float | None
@@ -139,6 +143,7 @@ def summary_record(
     """The summary of a finished run (``RunSummary``) from its context, loop and evaluations."""
     config, plan = context.config, context.plan
     metric = context.task.metric
+    epsilon = loop.ledger.epsilon_spent if loop.ledger else None
     scores: dict[str, float | None] = {}
     for name, value in after[0].items():
         scores[f"{name}_before"] = before[0][name] if before else None
@@ -152,13 +157,14 @@ def summary_record(
         metric_after=after[0][metric],
         scores=scores,
         private=plan.private,
-        epsilon=loop.ledger.epsilon_spent if loop.ledger else None,
+        epsilon=epsilon,
         epsilon_target=config.privacy.epsilon if plan.private else None,
         delta=plan.delta,
         noise_multiplier=plan.noise_multiplier,
         mechanism=plan.mechanism,
         mechanism_parameters=plan.noise_parameters,
         accountant=plan.accountant,
+        **record_fields(epsilon, plan.delta),
         sample_rate=plan.sample_rate,
         expected_batch_size=plan.expected_batch_size,
         clip=config.privacy.clip if plan.private else None,
@@ -166,7 +172,7 @@ def summary_record(
         resumed_steps=loop.resumed_steps,
         train_examples=len(context.train),
         test_examples=len(context.test),
-        skipped_rows=context.skipped_rows,
+        skipped_rows=None if plan.private else context.skipped_rows,
         trainable_parameters=context.trainable_parameters,
         model_parameters=model_parameters(context.scoring_model),
         **resource_figures(loop, after, started),
@@ -230,6 +236,8 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         "eval_time_s",
         "epsilon",
         "delta",
+        "replace_one_epsilon",
+        "replace_one_delta",
         "noise_multiplier",
         "model_parameters",  # a metric too, so MLflow's charts can put model size on an axis
         "peak_memory_mb",
@@ -248,6 +256,9 @@ SUMMARY_HEAD = ("algorithm",)
 SUMMARY_TAIL = (
     "epsilon",
     "delta",
+    "adjacency",
+    "replace_one_epsilon",
+    "replace_one_delta",
     "noise_multiplier",
     "accountant",
     "steps",

@@ -9,22 +9,27 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from privzo.tracking.base import DatasetLineage, NoopTracker, RunStatus, Tracker, flatten_params
-from privzo.tracking.mlflow_tracker import (
-    MlflowTracker,
+from privzo.tracking.mlflow_tracker import MlflowTracker
+from privzo.tracking.reader import (
     RunRecord,
+    StoredRun,
+    end_runs,
+    find_runs,
+    metric_history,
+    read_run,
+    read_table,
+    set_run_tags,
+)
+from privzo.tracking.store import (
     check_server_reachable,
     check_store_writable,
     default_artifact_location,
     default_tracking_uri,
     get_or_create_experiment,
     join_split_params,
-    metric_history,
     open_client,
-    read_run,
-    read_table,
     split_param,
 )
-from privzo.tracking.store import StoredRun, end_runs, find_runs, set_run_tags
 
 TRACKERS: dict[str, type[Tracker]] = {"mlflow": MlflowTracker, "none": NoopTracker}
 """Backend name (as written in configs) -> tracker class."""

@@ -17,7 +17,7 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["PUBLIC_TIME_MS", "PUBLIC_UTC_TIME_CREATED", "stamp_public_time"]
+__all__ = ["PUBLIC_TIME_MS", "PUBLIC_UTC_TIME_CREATED", "stamp_mlmodel", "stamp_public_time"]
 
 PUBLIC_TIME_MS = 946_684_800_000
 """2000-01-01T00:00:00Z in ms: fixed, plainly not a real time, and nonzero (MLflow replaces a
@@ -42,3 +42,15 @@ def stamp_public_time(path: Path, *, recursive: bool = True) -> None:
             for name in (*files, *names):
                 os.utime(os.path.join(folder, name), (seconds, seconds), follow_symlinks=False)
     os.utime(path, (seconds, seconds), follow_symlinks=False)
+
+
+def stamp_mlmodel(model_dir: Path) -> None:
+    """Rewrite ``model_dir/MLmodel`` (as MLflow writes it) to say it was created at
+    :data:`PUBLIC_UTC_TIME_CREATED`: MLflow's ``save_model`` takes no creation time and stamps
+    the moment training ended."""
+    import yaml
+
+    path = Path(model_dir) / "MLmodel"
+    data = yaml.safe_load(path.read_text())
+    data["utc_time_created"] = PUBLIC_UTC_TIME_CREATED
+    path.write_text(yaml.safe_dump(data, default_flow_style=False))

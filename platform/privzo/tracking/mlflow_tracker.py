@@ -10,19 +10,13 @@ run owns its client and URI explicitly.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
 import json
-import logging
-import os
 import posixpath
-import socket
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from privzo.tracking.base import (
     DatasetLineage,
@@ -31,19 +25,27 @@ from privzo.tracking.base import (
     check_artifact_file,
     flatten_params,
 )
-from privzo.tracking.clock import PUBLIC_TIME_MS, PUBLIC_UTC_TIME_CREATED, stamp_public_time
+from privzo.tracking.clock import PUBLIC_TIME_MS, stamp_mlmodel
+from privzo.tracking.mlflow_models import save_adapter_model, save_pyfunc_model
+from privzo.tracking.store import (
+    PARAM_KEY_LIMIT,
+    check_server_reachable,
+    check_store_writable,
+    default_artifact_location,
+    default_tracking_uri,
+    get_or_create_experiment,
+    is_local_store,
+    open_client,
+    split_param,
+    stamp_run_artifacts,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-PARAM_VALUE_LIMIT = 6000
-"""MLflow's maximum param value length (``MAX_PARAM_VAL_LENGTH``). Longer values are split."""
-PARAM_KEY_LIMIT = 250
-"""MLflow's maximum param/metric/tag key length."""
-PART_MARKER = "/part"
-"""Suffix of continuation keys for split params: ``key``, ``key/part2``, ``key/part3``, ..."""
+__all__ = ["MlflowTracker"]
 
 DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's tag for a dataset's role in a run
 FIGURE_DPI = 120
@@ -51,182 +53,8 @@ FIGURE_DPI = 120
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
 _METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
 _STATUSES: tuple[RunStatus, ...] = ("FINISHED", "FAILED", "KILLED")
-_REMOTE_SCHEMES = ("http://", "https://", "databricks")
 
 _T = TypeVar("_T")
-
-logger = logging.getLogger(__name__)
-
-
-def _installed(*packages: str) -> list[str]:
-    """Pins of the installed ``packages`` (a model's requirements, stated, not inferred)."""
-    return [f"{name}=={importlib.metadata.version(name)}" for name in packages]
-
-
-def default_tracking_uri(output_root: Path) -> str:
-    """Local sqlite store ``<output_root>/mlflow.db`` with an absolute path.
-
-    Absolute because Ray jobs and Tune trials change the working directory; sqlite is MLflow 3's
-    default store (the file store is legacy).
-    """
-    return f"sqlite:///{(Path(output_root).resolve() / 'mlflow.db').as_posix()}"
-
-
-def default_artifact_location(output_root: Path) -> str:
-    """Absolute ``file://`` URI of ``<output_root>/mlartifacts``.
-
-    MLflow's own default artifact root is relative to the working directory at experiment
-    creation, which scatters artifacts when workers run elsewhere.
-    """
-    return (Path(output_root).resolve() / "mlartifacts").as_uri()
-
-
-def split_param(key: str, value: str, limit: int = PARAM_VALUE_LIMIT) -> list[tuple[str, str]]:
-    """Split an over-long param value into ``key``, ``key/part2``, ... chunks of ``limit`` chars.
-
-    MLflow would otherwise truncate silently (or raise, depending on an environment variable);
-    splitting keeps the value exact and deterministic. :func:`join_split_params` reverses it.
-    """
-    if len(key) > PARAM_KEY_LIMIT:
-        raise ValueError(f"param key longer than {PARAM_KEY_LIMIT} chars: {key[:80]}...")
-    chunks = [value[i : i + limit] for i in range(0, len(value), limit)] or [""]
-    return [(key if i == 0 else f"{key}{PART_MARKER}{i + 1}", c) for i, c in enumerate(chunks)]
-
-
-def join_split_params(params: Mapping[str, str]) -> dict[str, str]:
-    """Reassemble values split by :func:`split_param`; other params pass through unchanged."""
-    joined = dict(params)
-    for key in sorted(params, key=_part_sort_key):
-        base, _, index = key.rpartition(PART_MARKER)
-        if base in params and index.isdigit() and int(index) >= 2:
-            joined[base] += joined.pop(key)
-    return joined
-
-
-def _part_sort_key(key: str) -> tuple[str, int]:
-    base, _, index = key.rpartition(PART_MARKER)
-    return (base, int(index)) if index.isdigit() else (key, 0)
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    """Database file of a ``sqlite:///`` URI, or ``None`` for other stores / in-memory."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///") :].split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path)
-
-
-def _is_local_store(uri: str) -> bool:
-    """Stores whose default artifact root would be resolved against the current directory."""
-    return not uri.startswith(_REMOTE_SCHEMES)
-
-
-@contextlib.contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
-    """Serialise first-time initialisation of a local sqlite store across processes.
-
-    MLflow runs its schema migrations when it finds an empty database; several processes doing
-    so at once (Tune trials starting together) fail with "table ... already exists" and leave the
-    database at a half-migrated version that no later process can open. An advisory ``flock`` on
-    ``<db>.lock`` makes the first process migrate while the others wait.
-    """
-    db = _sqlite_path(uri)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock available
-        fcntl = None  # type: ignore[assignment]
-    if db is None or fcntl is None:
-        yield
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-SERVER_PROBE_TIMEOUT_S = 10.0
-
-
-def check_server_reachable(uri: str, timeout: float = SERVER_PROBE_TIMEOUT_S) -> None:
-    """For an http(s) tracking server, one TCP connection within ``timeout`` seconds.
-
-    MLflow's client retries a refused or silent server with backoff for about four minutes
-    (273 s measured against a closed local port) before it reports; this probe fails in at most
-    ``timeout`` seconds, before any model loads. Other stores (sqlite, file) are not probed.
-    """
-    parsed = urlsplit(uri)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            pass
-    except OSError as error:
-        raise ConnectionError(
-            f"tracking server {parsed.hostname}:{port} is not reachable within {timeout:g} s "
-            f"({error})"
-        ) from None
-
-
-def check_store_writable(uri: str) -> None:
-    """For a local sqlite store, the database file opens for writing and its directory takes
-    new files (sqlite's journal and the store's lock file), without changing either.
-
-    MLflow opens a read-only store without complaint and reads its experiment; only creating
-    the run fails, after the model and data have loaded. Other stores are not probed.
-    """
-    db = _sqlite_path(uri)
-    if db is None:
-        return
-    directory = db.parent
-    while not directory.exists() and directory != directory.parent:
-        directory = directory.parent  # the store's directory is created on first use
-    try:
-        if db.exists():
-            os.close(os.open(db, os.O_RDWR))
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as error:
-        raise PermissionError(
-            f"the sqlite store {db} cannot be written ({error.strerror}: {error.filename})"
-        ) from None
-
-
-def open_client(uri: str) -> MlflowClient:
-    """``MlflowClient`` for ``uri``, safe to call from several processes on a fresh store."""
-    from mlflow.tracking import MlflowClient
-
-    with _store_lock(uri):
-        return MlflowClient(tracking_uri=uri)
-
-
-def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
-    """Id of experiment ``name``, creating it if missing.
-
-    Handles the race where another process creates the same experiment between our lookup and
-    our create (the store answers ``RESOURCE_ALREADY_EXISTS``): we then use theirs. An existing
-    experiment keeps its own artifact location.
-    """
-    from mlflow.exceptions import MlflowException
-
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location)
-        except MlflowException as err:
-            if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            experiment = client.get_experiment_by_name(name)
-            if experiment is None:
-                raise
-    if experiment.lifecycle_stage != "active":
-        raise ValueError(
-            f"MLflow experiment {name!r} is deleted; restore it or choose another name"
-        )
-    return experiment.experiment_id
 
 
 def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
@@ -268,7 +96,7 @@ class MlflowTracker(Tracker):
         self.experiment = experiment
         self.run_name = run_name
         self.artifact_location = (
-            default_artifact_location(self.output_root) if _is_local_store(self.uri) else None
+            default_artifact_location(self.output_root) if is_local_store(self.uri) else None
         )
         self._tags = {k: str(v) for k, v in (tags or {}).items()}
         self._flush_every = flush_every
@@ -395,55 +223,31 @@ class MlflowTracker(Tracker):
             raise FileNotFoundError(path)
         self._stamp_artifacts()
 
-    def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str:
-        """A pyfunc model (MLflow's ``loader_module`` form) saved beside the run's artifacts
-        as ``<name>/``: ``mlflow.pyfunc.load_model(uri)`` imports ``loader_module`` and calls
-        its ``_load_pyfunc`` on the data. Saved with the client, not the fluent API (which
-        would start a run of its own), and with privzo's own requirement, so MLflow does not
-        load the model to infer one."""
-        import mlflow.pyfunc
-
-        from privzo import __version__
-
-        client, run_id = self._require_active()
-        with tempfile.TemporaryDirectory() as scratch:
-            local = Path(scratch) / name
-            mlflow.pyfunc.save_model(
-                path=str(local),
-                loader_module=loader_module,
-                data_path=str(data_dir),
-                pip_requirements=[f"privzo=={__version__}"],
-            )
-            self._stamp_model(local)
-            client.log_artifacts(run_id, str(local), artifact_path=name)
-        self._stamp_artifacts()
-        return f"runs:/{run_id}/{name}"
+    def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str | None:
+        """A pyfunc model saved beside the run's artifacts as ``<name>/`` (see
+        :func:`~privzo.tracking.mlflow_models.save_pyfunc_model`). Saved with the client, not
+        the fluent API, which would start a run of its own."""
+        return self._log_saved(name, lambda path: save_pyfunc_model(path, data_dir, loader_module))
 
     def log_adapter_model(
         self, model: Any, tokenizer: Any, task: str, base_path: str | None, name: str = "adapter"
     ) -> str | None:
-        """The transformers flavor's PEFT form: ``peft/`` holds the adapter, the base is
-        referenced (``base_model_path`` for a local one). Saved beside the run's artifacts with
-        the client, as ``log_model`` does, with explicit requirements so MLflow does not probe
-        the environment. ``mlflow.transformers.load_model(uri)`` returns the PeftModel."""
-        import mlflow.transformers
-        from mlflow.exceptions import MlflowException
+        """The adapter in the transformers flavor's PEFT form, saved beside the run's artifacts
+        as ``log_model`` does (see :func:`~privzo.tracking.mlflow_models.save_adapter_model`)."""
+        return self._log_saved(
+            name, lambda path: save_adapter_model(path, model, tokenizer, task, base_path)
+        )
 
+    def _log_saved(self, name: str, save: Callable[[Path], bool]) -> str | None:
+        """Save a model into a scratch folder, give its ``MLmodel`` the public time where timing
+        is not released, and log it as ``<name>/``; its URI, or None where saving failed."""
         client, run_id = self._require_active()
         with tempfile.TemporaryDirectory() as scratch:
             local = Path(scratch) / name
-            try:
-                mlflow.transformers.save_model(
-                    {"model": model, "tokenizer": tokenizer},
-                    path=str(local),
-                    task=task,
-                    base_model_path=base_path,
-                    pip_requirements=_installed("torch", "transformers", "peft"),
-                )
-            except (MlflowException, OSError, ValueError) as error:
-                logger.warning("the adapter was not logged as an MLflow model: %s", error)
+            if not save(local):
                 return None
-            self._stamp_model(local)
+            if not self.release_timing:
+                stamp_mlmodel(local)
             client.log_artifacts(run_id, str(local), artifact_path=name)
         self._stamp_artifacts()
         return f"runs:/{run_id}/{name}"
@@ -472,30 +276,11 @@ class MlflowTracker(Tracker):
         client.log_figure(run_id, figure, path, save_kwargs={"dpi": FIGURE_DPI})
         self._stamp_artifacts()
 
-    def _stamp_model(self, local: Path) -> None:
-        """Without released timing, the saved model's ``MLmodel`` says it was created at the
-        public time, not when training ended."""
-        if self.release_timing:
-            return
-        import yaml
-
-        path = local / "MLmodel"
-        data = yaml.safe_load(path.read_text())
-        data["utc_time_created"] = PUBLIC_UTC_TIME_CREATED
-        path.write_text(yaml.safe_dump(data, default_flow_style=False))  # as MLflow writes it
-
     def _stamp_artifacts(self) -> None:
-        """Without released timing, give what this run holds in a local artifact store the public
-        time: MLflow keeps a logged file's modification time (``shutil.copystat``) and creates
-        folders on the clock. The run's folder and the experiment's are stamped too (adding an
-        entry touches a folder). A remote store stamps uploads with its own clock."""
-        root = None if self.release_timing else _local_path(self._artifact_uri)
-        if root is None or not root.is_dir():
-            return
-        stamp_public_time(root)
-        if root.name == "artifacts" and root.parent.name == self._run_id:
-            for folder in (root.parent, root.parent.parent):  # not the other runs under them
-                stamp_public_time(folder, recursive=False)
+        """Without released timing, what this run holds in a local artifact store gets the
+        public time (see :func:`~privzo.tracking.store.stamp_run_artifacts`)."""
+        if not self.release_timing and self._run_id is not None:
+            stamp_run_artifacts(self._artifact_uri, self._run_id)
 
     def log_inputs(self, datasets: Sequence[DatasetLineage]) -> None:
         """``MlflowClient.log_inputs`` with entities built here, so MLflow computes no digest or
@@ -546,90 +331,8 @@ class MlflowTracker(Tracker):
         client.set_terminated(run_id, status=status, end_time=end_time)
 
 
-def _local_path(uri: str | None) -> Path | None:
-    """The folder of a local artifact URI (``file://`` or a plain path); None for others."""
-    if not uri:
-        return None
-    parts = urlsplit(uri)
-    if parts.scheme == "file":
-        return Path(unquote(parts.path))
-    return Path(uri) if parts.scheme == "" else None
-
-
 def _metric_key(key: str) -> str:
     """Reject bad keys when logged, not at the next flush where they would block the buffer."""
     if not isinstance(key, str) or not key or len(key) > PARAM_KEY_LIMIT:
         raise ValueError(f"metric key must be a non-empty str <= {PARAM_KEY_LIMIT} chars: {key!r}")
     return key
-
-
-class RunRecord(TypedDict):
-    """Everything :func:`read_run` returns about one run."""
-
-    run_id: str
-    run_name: str
-    experiment_id: str
-    status: str
-    start_time: int | None
-    end_time: int | None
-    artifact_uri: str
-    params: dict[str, str]
-    metrics: dict[str, float]
-    history: dict[str, list[tuple[int, float]]]
-    tags: dict[str, str]
-    artifacts: list[str]
-
-
-def read_run(uri: str, run_id: str) -> RunRecord:
-    """Read back one run: params (split values rejoined), latest metrics, per-key histories
-    sorted by step then time, tags (including MLflow's ``mlflow.*`` system tags) and the
-    artifact files as paths relative to the run's artifact root."""
-    client = open_client(uri)
-    run = client.get_run(run_id)
-    history = {key: _history(client, run_id, key) for key in run.data.metrics}
-    return RunRecord(
-        run_id=run.info.run_id,
-        run_name=run.info.run_name,
-        experiment_id=run.info.experiment_id,
-        status=run.info.status,
-        start_time=run.info.start_time,
-        end_time=run.info.end_time,
-        artifact_uri=run.info.artifact_uri,
-        params=join_split_params(run.data.params),
-        metrics=dict(run.data.metrics),
-        history=history,
-        tags=dict(run.data.tags),
-        artifacts=sorted(_list_artifacts(client, run_id)),
-    )
-
-
-def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
-    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
-    return [(m.step, m.value) for m in points]
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) of one metric of one run, by step then time."""
-    return _history(open_client(uri), run_id, key)
-
-
-def read_table(uri: str, run_id: str, artifact_file: str) -> pd.DataFrame:
-    """A table logged with :meth:`MlflowTracker.log_table`, read back from the run's artifacts
-    (MLflow's ``load_table`` would go through the process-global tracking URI)."""
-    import pandas as pd
-
-    client = open_client(uri)
-    with tempfile.TemporaryDirectory() as scratch:
-        local = client.download_artifacts(run_id, artifact_file, scratch)
-        data = json.loads(Path(local).read_text())
-    return pd.DataFrame(data["data"], columns=data["columns"])
-
-
-def _list_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
-    files: list[str] = []
-    for info in client.list_artifacts(run_id, path):
-        if info.is_dir:
-            files.extend(_list_artifacts(client, run_id, info.path))
-        else:
-            files.append(info.path)
-    return files

@@ -1,69 +1,234 @@
-"""Reading and amending records in an MLflow store, for analysis, searches and studies.
+"""Opening an MLflow store: its URIs, the first process's schema migration, probes that fail
+fast on a bad store, experiments, and how param values longer than MLflow's limit are stored.
 
-The only module besides ``mlflow_tracker`` that talks to MLflow: the rest of privzo gets plain
-records (``StoredRun``) and calls the functions here, so the MLflow client stays in tracking/.
+``import mlflow`` costs about 2 s, so every function here imports it only when called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import contextlib
+import os
+import socket
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
 
-from privzo.tracking.base import RunStatus
-from privzo.tracking.mlflow_tracker import join_split_params, metric_history, open_client
+from privzo.tracking.clock import stamp_public_time
 
-__all__ = ["StoredRun", "end_runs", "find_runs", "metric_history", "set_run_tags"]
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
-MAX_RESULTS = 50000
+__all__ = [
+    "PARAM_KEY_LIMIT",
+    "check_server_reachable",
+    "check_store_writable",
+    "default_artifact_location",
+    "default_tracking_uri",
+    "get_or_create_experiment",
+    "is_local_store",
+    "join_split_params",
+    "local_artifact_path",
+    "open_client",
+    "split_param",
+    "stamp_run_artifacts",
+]
+
+PARAM_VALUE_LIMIT = 6000
+"""MLflow's maximum param value length (``MAX_PARAM_VAL_LENGTH``). Longer values are split."""
+PARAM_KEY_LIMIT = 250
+"""MLflow's maximum param/metric/tag key length."""
+PART_MARKER = "/part"
+"""Suffix of continuation keys for split params: ``key``, ``key/part2``, ``key/part3``, ..."""
+_REMOTE_SCHEMES = ("http://", "https://", "databricks")
 
 
-@dataclass(frozen=True)
-class StoredRun:
-    """One run as the store holds it: latest metrics, params (split values rejoined), tags."""
+def default_tracking_uri(output_root: Path) -> str:
+    """Local sqlite store ``<output_root>/mlflow.db`` with an absolute path.
 
-    run_id: str
-    status: str
-    tags: dict[str, str]
-    metrics: dict[str, float]
-    params: dict[str, str]
+    Absolute because Ray jobs and Tune trials change the working directory; sqlite is MLflow 3's
+    default store (the file store is legacy).
+    """
+    return f"sqlite:///{(Path(output_root).resolve() / 'mlflow.db').as_posix()}"
 
 
-def find_runs(uri: str, experiment: str, filter_string: str = "") -> list[StoredRun] | None:
-    """The runs of ``experiment`` matching MLflow's ``filter_string``; None if there is no such
-    experiment."""
-    client = open_client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
+def default_artifact_location(output_root: Path) -> str:
+    """Absolute ``file://`` URI of ``<output_root>/mlartifacts``.
+
+    MLflow's own default artifact root is relative to the working directory at experiment
+    creation, which scatters artifacts when workers run elsewhere.
+    """
+    return (Path(output_root).resolve() / "mlartifacts").as_uri()
+
+
+def split_param(key: str, value: str, limit: int = PARAM_VALUE_LIMIT) -> list[tuple[str, str]]:
+    """Split an over-long param value into ``key``, ``key/part2``, ... chunks of ``limit`` chars.
+
+    MLflow would otherwise truncate silently (or raise, depending on an environment variable);
+    splitting keeps the value exact and deterministic. :func:`join_split_params` reverses it.
+    """
+    if len(key) > PARAM_KEY_LIMIT:
+        raise ValueError(f"param key longer than {PARAM_KEY_LIMIT} chars: {key[:80]}...")
+    chunks = [value[i : i + limit] for i in range(0, len(value), limit)] or [""]
+    return [(key if i == 0 else f"{key}{PART_MARKER}{i + 1}", c) for i, c in enumerate(chunks)]
+
+
+def join_split_params(params: Mapping[str, str]) -> dict[str, str]:
+    """Reassemble values split by :func:`split_param`; other params pass through unchanged."""
+    joined = dict(params)
+    for key in sorted(params, key=_part_sort_key):
+        base, _, index = key.rpartition(PART_MARKER)
+        if base in params and index.isdigit() and int(index) >= 2:
+            joined[base] += joined.pop(key)
+    return joined
+
+
+def _part_sort_key(key: str) -> tuple[str, int]:
+    base, _, index = key.rpartition(PART_MARKER)
+    return (base, int(index)) if index.isdigit() else (key, 0)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """Database file of a ``sqlite:///`` URI, or ``None`` for other stores / in-memory."""
+    if not uri.startswith("sqlite:///"):
         return None
-    runs = client.search_runs(
-        [found.experiment_id], filter_string=filter_string, max_results=MAX_RESULTS
-    )
-    return [
-        StoredRun(
-            run_id=run.info.run_id,
-            status=run.info.status,
-            tags=dict(run.data.tags),
-            metrics=dict(run.data.metrics),
-            params=join_split_params(run.data.params),
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def is_local_store(uri: str) -> bool:
+    """Stores whose default artifact root would be resolved against the current directory."""
+    return not uri.startswith(_REMOTE_SCHEMES)
+
+
+def local_artifact_path(uri: str | None) -> Path | None:
+    """The folder of a local artifact URI (``file://`` or a plain path); None for others."""
+    if not uri:
+        return None
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    return Path(uri) if parts.scheme == "" else None
+
+
+def stamp_run_artifacts(artifact_uri: str | None, run_id: str) -> None:
+    """Give what run ``run_id`` holds in a local artifact store the public time: MLflow keeps
+    a logged file's modification time (``shutil.copystat``) and creates folders on the clock.
+    The run's folder and the experiment's are stamped too (adding an entry touches a folder),
+    not the other runs under them. A remote store stamps uploads with its own clock."""
+    root = local_artifact_path(artifact_uri)
+    if root is None or not root.is_dir():
+        return
+    stamp_public_time(root)
+    if root.name == "artifacts" and root.parent.name == run_id:
+        for folder in (root.parent, root.parent.parent):
+            stamp_public_time(folder, recursive=False)
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise first-time initialisation of a local sqlite store across processes.
+
+    MLflow runs its schema migrations when it finds an empty database; several processes doing
+    so at once (Tune trials starting together) fail with "table ... already exists" and leave the
+    database at a half-migrated version that no later process can open. An advisory ``flock`` on
+    ``<db>.lock`` makes the first process migrate while the others wait.
+    """
+    db = _sqlite_path(uri)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock available
+        fcntl = None  # type: ignore[assignment]
+    if db is None or fcntl is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+SERVER_PROBE_TIMEOUT_S = 10.0
+
+
+def check_server_reachable(uri: str, timeout: float = SERVER_PROBE_TIMEOUT_S) -> None:
+    """For an http(s) tracking server, one TCP connection within ``timeout`` seconds.
+
+    MLflow's client retries a refused or silent server with backoff for about four minutes
+    (273 s measured against a closed local port) before it reports; this probe fails in at most
+    ``timeout`` seconds, before any model loads. Other stores (sqlite, file) are not probed.
+    """
+    parsed = urlsplit(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ConnectionError(
+            f"tracking server {parsed.hostname}:{port} is not reachable within {timeout:g} s "
+            f"({error})"
+        ) from None
+
+
+def check_store_writable(uri: str) -> None:
+    """For a local sqlite store, the database file opens for writing and its directory takes
+    new files (sqlite's journal and the store's lock file), without changing either.
+
+    MLflow opens a read-only store without complaint and reads its experiment; only creating
+    the run fails, after the model and data have loaded. Other stores are not probed.
+    """
+    db = _sqlite_path(uri)
+    if db is None:
+        return
+    directory = db.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent  # the store's directory is created on first use
+    try:
+        if db.exists():
+            os.close(os.open(db, os.O_RDWR))
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise PermissionError(
+            f"the sqlite store {db} cannot be written ({error.strerror}: {error.filename})"
+        ) from None
+
+
+def open_client(uri: str) -> MlflowClient:
+    """``MlflowClient`` for ``uri``, safe to call from several processes on a fresh store."""
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """Id of experiment ``name``, creating it if missing.
+
+    Handles the race where another process creates the same experiment between our lookup and
+    our create (the store answers ``RESOURCE_ALREADY_EXISTS``): we then use theirs. An existing
+    experiment keeps its own artifact location.
+    """
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage != "active":
+        raise ValueError(
+            f"MLflow experiment {name!r} is deleted; restore it or choose another name"
         )
-        for run in runs
-    ]
-
-
-def set_run_tags(uri: str, run_id: str, tags: Mapping[str, str]) -> None:
-    """Add or overwrite tags of a finished run (a study marks the search trial it stands on)."""
-    client = open_client(uri)
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
-
-
-def end_runs(
-    uri: str, run_ids: Iterable[str], status: RunStatus, *, release_timing: bool = True
-) -> None:
-    """Set the runs' final status (a search ends its stopped or interrupted trials KILLED).
-    ``release_timing=False`` (private trials): each ends at its own start, which is the public
-    time (``privzo.tracking.clock``), not when the search closed it."""
-    client = open_client(uri)
-    for run_id in run_ids:
-        end_time = None if release_timing else client.get_run(run_id).info.start_time
-        client.set_terminated(run_id, status=status, end_time=end_time)
+    return experiment.experiment_id

@@ -18,6 +18,7 @@ from privzo.models.loading import (
     resolve_kind,
     resolve_source,
 )
+from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.discrete import noise_units
 from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
@@ -65,9 +66,18 @@ class SearchPlan:
         # Everything the search stores (trials.parquet, every trial's records, the trial
         # count) composes: that is the search's end-to-end bound, whatever the trial count.
         bounds["end_to_end_epsilon"] = records
+        # the records state the training set's size, which only replace-one adjacency covers
+        grouped = replace_one(records, self.delta)
+        bounds |= {
+            "adjacency": ADD_REMOVE,
+            "replace_one_epsilon": grouped.epsilon,
+            "replace_one_delta": grouped.delta,
+        }
         stored = (
             f"composition of {trials_run} trials (RDP): the best trial and every record of "
-            f"the search together are ({records:.3g}, {self.delta:g})-DP"
+            f"the search together are ({records:.3g}, {self.delta:g})-DP under add/remove "
+            f"adjacency given the training set's size N, and ({grouped.epsilon:.3g}, "
+            f"{grouped.delta:.3g})-DP under replace-one adjacency, which also covers N"
         )
         trials = self.search.trials
         if trials.distribution != "geometric":
@@ -98,6 +108,27 @@ class SearchPlan:
         )
 
 
+def check_clock_free_decisions(search: SearchConfig) -> None:
+    """A private search's decisions may not follow the wall clock. With several trials at once,
+    Optuna's next point depends on which trials have reported by then and ASHA stops a trial on
+    the results that arrived before its own, so which trials ran and how far would release
+    their durations, which the search's guarantee does not cover."""
+    concurrency = search.resources.concurrency
+    if concurrency == 1:
+        return
+    chooser = None
+    if search.algorithm == "optuna":
+        chooser = "algorithm=optuna picks each point from the trials that have reported by then"
+    elif search.scheduler.type == "asha":
+        chooser = "scheduler.type=asha stops trials on the results that arrived first"
+    if chooser is not None:
+        raise ConfigError(
+            f"resources.concurrency={concurrency} in a private search: {chooser}, so its "
+            "decisions follow the trials' durations, which the guarantee does not cover; set "
+            "resources.concurrency=1, or search with grid or random points without ASHA"
+        )
+
+
 def plan_search(
     search: SearchConfig, cache_dir: Path, trial_count: int | None = None
 ) -> SearchPlan:
@@ -120,6 +151,8 @@ def plan_search(
             "its exact validation metrics, training loss and times, which the search's "
             "guarantee does not cover; turn it off (the selection score is released noised)"
         )
+    if private:
+        check_clock_free_decisions(search)
     if private and (base.noise_grid or 0) > MAX_LATTICE_SCALE:
         raise ConfigError(
             f"privacy.noise_grid={base.noise_grid} in a private search: the search bounds a "

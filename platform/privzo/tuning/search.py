@@ -286,7 +286,7 @@ def _fit(
 
 def _withheld(plan: SearchPlan) -> list[Any]:
     """The callbacks that keep what a private search's trials may not release out of Tune's
-    records: its timing fields (``privzo.tuning.withhold``)."""
+    records: its timing fields and trials' start and report times (``privzo.tuning.withhold``)."""
     if not plan.private:
         return []
     from privzo.tuning.withhold import WithholdTiming
@@ -314,6 +314,8 @@ def _tune_config(plan: SearchPlan) -> Any:
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
+    from privzo.tuning.withhold import public_trial_dirname
+
     search = plan.search
     concurrency = search.resources.concurrency
     if search.algorithm == "optuna":
@@ -339,6 +341,8 @@ def _tune_config(plan: SearchPlan) -> Any:
         search_alg=searcher,
         scheduler=scheduler,
         num_samples=1 if search.algorithm == "grid" else plan.trial_count,
+        # Tune's default folder name ends in the trial's creation date
+        trial_dirname_creator=public_trial_dirname if plan.private else None,
     )
 
 
@@ -400,6 +404,8 @@ _RUN_KEYS = (
     "metric_before",
     "epsilon",
     "delta",
+    "replace_one_epsilon",
+    "replace_one_delta",
     "noise_multiplier",
     "sample_rate",
     "steps",

@@ -27,6 +27,9 @@ class SearchBounds:
     records_epsilon: float | None = None
     selection: str | None = None
     end_to_end_epsilon: float | None = None
+    adjacency: str | None = None  # what end_to_end_epsilon and delta hold under
+    replace_one_epsilon: float | None = None  # the whole search's records, N included
+    replace_one_delta: float | None = None
     best_export_epsilon: float | None = None  # a geometric trial count's repeat-and-select
     guarantee: str | None = None
 

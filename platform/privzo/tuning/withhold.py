@@ -7,6 +7,11 @@ forwards; batches are padded to their longest example), and the guarantee does n
 Tune lets a callback edit a result in place before it is logged (``result.json``,
 ``progress.csv``) or kept as the trial's last result and metric summary (the experiment state),
 so the first callback of a private search removes them there.
+
+Tune also keeps when each trial started and last reported (its experiment state) and names each
+trial's folder after the moment it was created; at one trial at a time either gives the trials'
+durations. A private search's trials start and report at the public time
+(``privzo.tracking.clock``) instead, and their folders are named by trial id alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ from typing import Any
 
 from ray.tune import Callback
 
-__all__ = ["TIMING_FIELDS", "WithholdTiming", "withhold_timing"]
+from privzo.tracking.clock import PUBLIC_TIME_MS
+
+__all__ = ["TIMING_FIELDS", "WithholdTiming", "public_trial_dirname", "withhold_timing"]
+
+PUBLIC_TIME_S = PUBLIC_TIME_MS / 1000
 
 TIMING_FIELDS = ("time_this_iter_s", "time_total_s", "time_since_restore", "timestamp", "date")
 
@@ -35,3 +44,36 @@ class WithholdTiming(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info):
         withhold_timing(result)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info):
+        # Tune marks the trial RUNNING after this and keeps a start time already set
+        trial.run_metadata.start_time = PUBLIC_TIME_S
+
+    def on_step_begin(self, iteration: int, trials: list, **info):
+        public_report_times(trials)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info):
+        public_report_times(trials)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info):
+        public_report_times(trials)
+
+    def on_experiment_end(self, trials: list, **info):
+        public_report_times(trials)
+
+
+def public_report_times(trials: list) -> None:
+    """Give every trial's start and last report the public time: Tune stamps the last report
+    with the clock after the callbacks have seen it, so this runs again at each step and at
+    each trial's end, before the experiment state is written for good."""
+    for trial in trials:
+        metadata = trial.run_metadata  # setting a field clears its cached JSON
+        if metadata.start_time is not None:
+            metadata.start_time = PUBLIC_TIME_S
+        if metadata.last_result_time != float("-inf"):  # -inf: no report yet
+            metadata.last_result_time = PUBLIC_TIME_S
+
+
+def public_trial_dirname(trial: Any) -> str:
+    """A trial's folder name without Tune's creation date: the trainable and the trial id."""
+    return f"{trial.trainable_name}_{trial.trial_id}"

@@ -79,6 +79,9 @@ def test_a_search_summary_writes_its_bounds_in_place():
         "records_epsilon": 4.0,
         "selection": "public split",
         "end_to_end_epsilon": 4.0,
+        "adjacency": "add-remove",
+        "replace_one_epsilon": 8.0,
+        "replace_one_delta": 0.00056,
         "guarantee": "composition",
     }
     rows = [{"trial_id": "t0", "status": "finished"}]

@@ -114,8 +114,11 @@ def test_private_runs_of_different_lengths_release_the_same_times(tmp_path, cach
         for path in artifacts.rglob("*"):
             if path.is_file():
                 assert _clock_text(path, started, ended) == [], path
-        # the run directory's files keep real times, and nothing logged carries them
+        # the run directory's files hold no clock either, keep the file system's own times,
+        # and nothing logged carries those
         local = [path for path in output.rglob("*") if path.is_file()]
+        for path in local:
+            assert _clock_text(path, started, ended) == [], path
         assert {"config.yaml", "trajectory.parquet"} <= {path.name for path in local}
         assert all(path.stat().st_mtime >= started - 1 for path in local)
         assert not {path.stat().st_mtime for path in local} & released[steps]["mtimes"]

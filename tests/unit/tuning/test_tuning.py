@@ -56,6 +56,10 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
     bounds = plan.bounds(trials_run=4)
     assert bounds["end_to_end_epsilon"] >= bounds["per_trial_epsilon"]
     assert bounds["end_to_end_epsilon"] == bounds["records_epsilon"]
+    # trials.parquet states q = B/N, so N: replace-one covers the records with it
+    assert bounds["adjacency"] == "add-remove"
+    assert bounds["replace_one_epsilon"] == 2 * bounds["end_to_end_epsilon"]
+    assert "under replace-one adjacency, which also covers N" in bounds["guarantee"]
     assert "composition of 4 trials" in bounds["guarantee"]
 
 
@@ -240,6 +244,14 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
         ({"space": {"optimizer.learning_rate": [-1.0]}}, "greater than 0"),
         ({"overrides": {"tracking.log_private_diagnostics": True}}, "log_private_diagnostics"),
         ({"overrides": {"privacy.noise_grid": 2**17}}, "grid of at most 65536"),
+        (
+            {"algorithm": "optuna", "trials": {"count": 2}, "resources": {"concurrency": 2}},
+            "resources.concurrency=2 in a private search: algorithm=optuna",
+        ),
+        (
+            {"scheduler": {"type": "asha"}, "resources": {"concurrency": 2}},
+            "resources.concurrency=2 in a private search: scheduler.type=asha",
+        ),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):
