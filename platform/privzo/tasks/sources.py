@@ -12,7 +12,7 @@ from privzo.tasks.data import SUFFIXES, Row, load_hf_rows, read_rows
 from privzo.tasks.presets import HubSource, get_preset
 from privzo.tracking import DatasetLineage
 
-__all__ = ["BUILTIN_DATASETS", "check_revision", "data_lineage", "read_pools"]
+__all__ = ["BUILTIN_DATASETS", "check_revision", "data_lineage", "describe_source", "read_pools"]
 
 
 def _demo_sentiment() -> tuple[list[Row], list[Row]]:
@@ -121,3 +121,25 @@ def data_lineage(config: TaskConfig) -> list[DatasetLineage]:
         )
         for context, split in (("train", hub.train_split), ("test", hub.test_split))
     ]
+
+
+def describe_source(config: TaskConfig) -> str:
+    """Where the rows come from, in the config's own terms (for ``privzo check`` and a run's
+    first lines): the key that chose the source and what it names, and where the test rows are."""
+    if config.builtin_dataset is not None:
+        return f"task.builtin_dataset={config.builtin_dataset!r} (built into privzo; its test rows)"
+    if config.data_dir is not None:
+        return f"task.data_dir={config.data_dir!r} (its train and test files)"
+    if config.train_path is not None:
+        test = (
+            f"test rows from task.test_path={config.test_path!r}"
+            if config.test_path is not None
+            else "test rows held out of it"
+        )
+        return f"task.train_path={config.train_path!r} ({test})"
+    hub = _hub_source(config)
+    if hub is None:
+        return "no source"
+    name = hub.dataset if hub.subset is None else f"{hub.dataset}/{hub.subset}"
+    origin = "task.hf_dataset" if config.hf_dataset is not None else f"the {config.name} preset"
+    return f"hub dataset {name!r} from {origin} (splits {hub.train_split!r} and {hub.test_split!r})"

@@ -9,7 +9,7 @@ import numpy as np
 
 from privzo.config.tasks import TaskConfig, template_fields
 from privzo.section import ConfigError
-from privzo.tasks.classification import invalid_row_reason, sample_examples
+from privzo.tasks.classification import invalid_row_reason, label_index, sample_examples
 from privzo.tasks.data import UNREADABLE, Row, hash_order
 from privzo.tasks.generation import generation_row_reason
 from privzo.tasks.presets import get_preset
@@ -35,10 +35,10 @@ def load_splits(config: TaskConfig) -> TaskSplits:
     test_pool = _adapt_rows(test_pool, config) if test_pool is not None else None
     if not pool:
         raise ConfigError(f"{_source(config, 'train')} holds no rows")
-    pool, skipped_train = _valid_rows(pool, config, _source(config, "train"))
+    pool, skipped_train = _usable_rows(pool, config, _source(config, "train"))
     skipped_test = 0
     if test_pool is not None:
-        test_pool, skipped_test = _valid_rows(test_pool, config, _source(config, "test"))
+        test_pool, skipped_test = _usable_rows(test_pool, config, _source(config, "test"))
     if test_pool is None:  # hold out a disjoint test split from the training file
         pool, test_pool = _hold_out(pool, config.test_size or max(1, len(pool) // 5), config)
     test = _subsample(test_pool, config.test_size, config.data_seed)
@@ -77,6 +77,37 @@ def _row_reason(row: Row, config: TaskConfig) -> str | None:
         assert config.template is not None
         return generation_row_reason(row, template_fields(config.template), config.answer_field)
     return invalid_row_reason(row, config)
+
+
+def _usable_rows(rows: list[Row], config: TaskConfig, source: str) -> tuple[list[Row], int]:
+    """The valid rows, labels as indices into the label words, and the count skipped."""
+    _check_fields(rows, config, source)
+    kept, skipped = _valid_rows(rows, config, source)
+    if is_generation(config):
+        return kept, skipped
+    assert config.label_words is not None, "resolve the task config first"
+    label_field, words = config.label_field or "label", config.label_words
+    return [{**row, label_field: label_index(row[label_field], words)} for row in kept], skipped
+
+
+def _check_fields(rows: list[Row], config: TaskConfig, source: str) -> None:
+    """Refuse a file none of whose rows has a field the task reads, naming the fields it has:
+    a column named otherwise is the usual cause, not a bad first row."""
+    assert config.template is not None, "resolve the task config first"
+    needed = {name: "read by task.template" for name in template_fields(config.template)}
+    if is_generation(config):
+        needed[config.answer_field] = "task.answer_field: the reference answers"
+    else:
+        needed[config.label_field or "label"] = "task.label_field: the labels"
+    present = {key for row in rows if UNREADABLE not in row for key in row}
+    if not present:
+        return  # no readable row: the row check names the first one and why
+    for name, role in needed.items():
+        if name not in present:
+            raise ConfigError(
+                f"{source}: no row has the field {name!r} ({role}); its rows have the fields "
+                f"{sorted(present)}: name one of them in the config, or rename the column"
+            )
 
 
 def _valid_rows(rows: list[Row], config: TaskConfig, source: str) -> tuple[list[Row], int]:
