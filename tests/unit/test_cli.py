@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -328,3 +330,30 @@ def test_run_summary_of_a_classification_run_shows_accuracy(tmp_path):
         "mean_step_time_s",
     ]
 
+
+@pytest.mark.parametrize("command", ["run", "check", "tune", "study"])
+def test_a_relative_output_dir_is_refused_inside_a_ray_job(command, monkeypatch, capsys):
+    """Ray runs a job's driver in a temporary copy of the working dir: a relative directory
+    would vanish with it. The variable is the one Ray sets for a `ray job submit` driver."""
+    from privzo.cli.arguments import RAY_JOB_ENV, check_job_output_dir
+
+    monkeypatch.setenv(RAY_JOB_ENV, "{}")
+    code = main([command, "missing.yaml", "--output-dir", "runs/x"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--output-dir 'runs/x' is relative, and this command runs inside a Ray job" in error
+    check_job_output_dir(REPO / "runs" / "x")  # an absolute one is kept
+    monkeypatch.delenv(RAY_JOB_ENV)
+    check_job_output_dir(Path("runs/x"))  # outside a job, relative to the user's directory
+
+
+def test_the_run_job_defaults_to_an_absolute_directory_it_names(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("run_job", REPO / "jobs" / "run.py")
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    default = job.default_output_dir("configs/runs/tiny-dpzero.yaml")
+    assert default.is_absolute() and default == Path.home() / "privzo-runs" / "tiny-dpzero"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert job.main(["--config", "missing.yaml", "--output-dir", "runs/x"]) == 2
+    assert "is relative, and this command runs inside a Ray job" in capsys.readouterr().err
