@@ -401,3 +401,17 @@ def test_a_test_file_without_a_training_file_is_refused():
         ConfigError, match=re.escape("task.test_path='t.csv' goes with task.train_path")
     ):
         load_config(TINY_DPZERO, ["task.test_path=t.csv"])
+
+
+def test_an_unquoted_template_is_shown_with_how_to_quote_it(tmp_path):
+    quoted_hint = "YAML reads an unquoted {...} as a mapping; quote the text"
+    with pytest.raises(ConfigError) as refused:
+        load_config(TINY_DPZERO, ["task.template={text}"])
+    assert "task.template: Input should be a valid string (got {'text': None}: " in str(
+        refused.value
+    )
+    assert quoted_hint in str(refused.value)
+    unquoted = tmp_path / "task.yaml"
+    unquoted.write_text("task:\n  template: {review}\n")
+    with pytest.raises(ConfigError, match=re.escape(quoted_hint)):
+        load_config([TINY_DPZERO, unquoted])

@@ -170,3 +170,13 @@ def test_check_names_a_missing_training_file_instead_of_reading_the_builtin_data
     code = main(["check", str(config), *missing, "tracking.backend=none"])
     assert code == 2
     assert "task.train_path='no/such.csv': dataset file does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["./checkpoints/mine", "/no/such/model", "ckpt/run1/final"])
+@pytest.mark.parametrize("kind", ["auto", "causal"])
+def test_a_missing_model_directory_is_refused_not_looked_up_on_the_hub(name, kind, capsys):
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+    overrides = [f"model.name_or_path={name}", f"model.kind={kind}", "tracking.backend=none"]
+    assert main(["check", str(config), *overrides]) == 2
+    error = capsys.readouterr().err
+    assert f"model.name_or_path={name!r}: no such directory; for a hub id write org/name" in error

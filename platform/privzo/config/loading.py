@@ -73,10 +73,22 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
-        value = item.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {field}: {message}{shown}")
+        lines.append(f"  {field}: {message}{_shown(item.get('input'), item['type'])}")
     return "\n".join(lines)
+
+
+def _shown(value: Any, error_type: str) -> str:
+    """What was given, for the error line; a section's whole mapping is left out (its keys
+    have lines of their own), but a mapping where text belongs is shown: an unquoted
+    ``{text}`` in YAML (or an override) is a mapping, not a template."""
+    if not isinstance(value, dict):
+        return f" (got {value!r})"
+    if error_type != "string_type":
+        return ""
+    return (
+        f" (got {value!r}: YAML reads an unquoted {{...}} as a mapping; quote the text, as in "
+        "task.template='{sentence} It was')"
+    )
 
 
 def build_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
