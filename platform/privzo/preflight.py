@@ -30,7 +30,13 @@ from privzo.privacy.adjacency import record_fields, replace_one
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.rundir.files import check_output_dir
 from privzo.section import ConfigError
-from privzo.tasks import TaskSplits, load_splits, resolve_task_config
+from privzo.tasks import (
+    TaskSplits,
+    data_lines,
+    describe_source,
+    load_splits,
+    resolve_task_config,
+)
 from privzo.tracking import probe_tracking_store
 
 
@@ -58,8 +64,7 @@ class Preflight:
             f"{' on GPUs' if parallel.use_gpu else ''}",
             f"model       {config.model.name_or_path} ({config.model.trainable} view, "
             f"{config.model.dtype})",
-            f"data        {len(self.splits.train)} training, {len(self.splits.test)} test examples"
-            f" ({config.task.name})",
+            *self.data_lines(),
             f"steps       {config.optimizer.steps}, batch {config.optimizer.batch_size}, "
             f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
         ]
@@ -81,6 +86,11 @@ class Preflight:
         lines.append(f"memory      {_describe_memory(self.memory, config)}")
         return lines
 
+    def data_lines(self) -> list[str]:
+        """Which rows the run trains on: their source, counts and label words (a run prints
+        them first, ``privzo check`` among its lines)."""
+        return data_lines(self.task_config, self.splits)
+
     def to_json(self) -> dict[str, Any]:
         privacy = self.privacy
         return {
@@ -89,7 +99,9 @@ class Preflight:
             "private": privacy.private,
             "strategy": self.config.parallel.strategy,
             "workers": self.config.parallel.workers,
+            "data_source": describe_source(self.task_config),
             "training_examples": len(self.splits.train),
+            "test_examples": len(self.splits.test),
             "steps": self.config.optimizer.steps,
             "batch_size": self.config.optimizer.batch_size,
             "sample_rate": privacy.sample_rate,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,30 +222,57 @@ def test_run_json_prints_the_summary_as_one_parsable_line(tmp_path, capsys, sent
     assert summary["steps"] == 4 and summary["algorithm"] == "mezo"
 
 
+# What a config error must not wait for: each takes seconds to import (scipy and dp_accounting
+# come with the accountants, which the config asks which noise each one bounds).
+HEAVY = ("torch", "transformers", "ray", "mlflow", "scipy", "dp_accounting")
+
+
+def _loaded_heavy(code: str, *arguments: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter; it prints the HEAVY modules it loaded."""
+    probe = f"import sys\n{code}\nprint(sorted(set({HEAVY!r}) & set(sys.modules)))"
+    return subprocess.run(
+        [sys.executable, "-c", probe, *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.parametrize("command", ["run", "check"])
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
         (["missing.yaml"], "config file 'missing.yaml' does not exist"),
         (["configs/runs/tiny-dpzero.yaml", "optimizer.stepz=3"], "optimizer.stepz: unknown key"),
+        (["configs/runs/tiny-dpzero.yaml", "privacy.epsilon=-1"], "privacy.epsilon: Input should"),
     ],
 )
-def test_config_errors_come_before_torch_is_imported(command, arguments, message):
-    """A typo costs a second: the config is read before torch and transformers load."""
-    probe = (
-        "import sys; from privzo.cli import main; code = main(sys.argv[1:]); "
-        "print('torch' in sys.modules); sys.exit(code)"
+def test_config_errors_come_before_the_heavy_libraries_are_imported(command, arguments, message):
+    """A typo costs a second: the config is read and validated before torch, transformers,
+    Ray, MLflow, scipy or dp_accounting load."""
+    done = _loaded_heavy(
+        "from privzo.cli import main\ncode = main(sys.argv[1:])\nassert code == 2, code",
+        command,
+        *arguments,
+        "--output-dir",
+        "unused",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, command, *arguments, "--output-dir", "unused"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 0, done.stderr
     assert message in done.stderr
-    assert done.stdout.strip() == "False"
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_valid_config_is_loaded_and_validated_without_the_heavy_libraries():
+    load = (
+        "import argparse\nfrom privzo.cli.arguments import load_run_config\n"
+        "args = argparse.Namespace(config='configs/runs/tiny-dpzero.yaml', "
+        "overrides=['configs/models/opt-125m.yaml', 'privacy.epsilon=4'])\n"
+        "config = load_run_config(args)\nassert config.privacy.epsilon == 4"
+    )
+    done = _loaded_heavy(load)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_run_summary_shows_the_tasks_own_metrics_and_no_none(tmp_path):
@@ -300,3 +329,48 @@ def test_run_summary_of_a_classification_run_shows_accuracy(tmp_path):
         "steps",
         "mean_step_time_s",
     ]
+
+
+@pytest.mark.parametrize("command", ["run", "check", "tune", "study"])
+def test_a_relative_output_dir_is_refused_inside_a_ray_job(command, monkeypatch, capsys):
+    """Ray runs a job's driver in a temporary copy of the working dir: a relative directory
+    would vanish with it. The variable is the one Ray sets for a `ray job submit` driver."""
+    from privzo.cli.arguments import RAY_JOB_ENV, check_job_output_dir
+
+    monkeypatch.setenv(RAY_JOB_ENV, "{}")
+    code = main([command, "missing.yaml", "--output-dir", "runs/x"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--output-dir 'runs/x' is relative, and this command runs inside a Ray job" in error
+    check_job_output_dir(REPO / "runs" / "x")  # an absolute one is kept
+    monkeypatch.delenv(RAY_JOB_ENV)
+    check_job_output_dir(Path("runs/x"))  # outside a job, relative to the user's directory
+
+
+def test_the_run_job_defaults_to_an_absolute_directory_it_names(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("run_job", REPO / "jobs" / "run.py")
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    default = job.default_output_dir("configs/runs/tiny-dpzero.yaml")
+    assert default.is_absolute() and default == Path.home() / "privzo-runs" / "tiny-dpzero"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert job.main(["--config", "missing.yaml", "--output-dir", "runs/x"]) == 2
+    assert "is relative, and this command runs inside a Ray job" in capsys.readouterr().err
+
+
+def test_the_tiny_shapes_size_against_demo_opt_s_is_stated_as_computed(capsys):
+    from privzo import demo_data
+    from privzo.models.builtin import BUILTIN_MODELS, MAX_POSITIONS, build_word_tokenizer
+    from privzo.models.shapes import TINY
+    from privzo.planner import OPTArch, count_parameters
+
+    recipe = BUILTIN_MODELS["demo-opt-s"]
+    vocab = len(build_word_tokenizer(demo_data.vocabulary()))
+    demo = OPTArch(recipe.layers, recipe.hidden, recipe.ffn, recipe.heads, vocab, MAX_POSITIONS)
+    stated = f"{count_parameters(TINY) / 1e6:.2f}M parameters: "
+    stated += f"{count_parameters(TINY) / count_parameters(demo):.1f} times"
+    with pytest.raises(SystemExit):
+        main(["models", "init", "--help"])
+    assert stated in " ".join(capsys.readouterr().out.split())
+    assert stated in (REPO / "platform" / "privzo" / "cli" / "bench.py").read_text()

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, write_sentiment_jsonl
 from privzo.config import (
+    DATA_SOURCES,
     MAX_CLIP,
     MAX_STEPS,
     ConfigError,
     RunConfig,
     apply_overrides,
+    build_config,
     dotted_items,
     dump_config,
     load_config,
@@ -341,3 +344,74 @@ def test_zeroth_order_algorithms_load_under_replica(algorithm):
     )
     assert config.parallel.strategy == "replica"
     check_capabilities(config)
+
+
+TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"  # reads the built-in dataset
+
+
+@pytest.mark.parametrize(
+    ("overrides", "source"),
+    [
+        ([], {"builtin_dataset": "demo-sentiment"}),
+        (["task.train_path=mine.csv", "task.test_path=t.csv"], {"train_path": "mine.csv"}),
+        (["task.data_dir=data/mine"], {"data_dir": "data/mine"}),
+        (["task.hf_dataset=glue", "task.hf_subset=sst2"], {"hf_dataset": "glue"}),
+        (["task.builtin_dataset=null", "task.data_dir=d"], {"data_dir": "d"}),
+    ],
+)
+def test_a_data_source_given_later_replaces_the_config_files(overrides, source):
+    task = load_config(TINY_DPZERO, overrides).task
+    given = {key: getattr(task, key) for key in DATA_SOURCES if getattr(task, key) is not None}
+    assert given == source
+
+
+def test_a_data_source_in_a_later_file_replaces_the_earlier_files_with_its_companions(tmp_path):
+    files = tmp_path / "files.yaml"
+    files.write_text("task: {train_path: a.csv, test_path: b.csv}\n")
+    directory = tmp_path / "dir.yaml"
+    directory.write_text("task: {data_dir: data/mine}\n")
+    task = load_config([TINY_DPZERO, files]).task
+    assert (task.builtin_dataset, task.train_path, task.test_path) == (None, "a.csv", "b.csv")
+    task = load_config([TINY_DPZERO, files, directory]).task
+    assert (task.train_path, task.test_path, task.data_dir) == (None, None, "data/mine")
+    hub = load_config(TINY_DPZERO, ["task.hf_dataset=glue", "task.hf_subset=sst2"])
+    searched = {"task.train_path": "a.csv", "task.test_path": "b.csv"}  # a search's overrides
+    task = with_values(hub, searched).task
+    assert (task.hf_dataset, task.hf_subset, task.train_path) == (None, None, "a.csv")
+
+
+def test_two_data_sources_in_one_file_or_one_command_are_refused_naming_both(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text("task:\n  builtin_dataset: demo-sentiment\n  train_path: mine.csv\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(both)
+    message = str(refused.value)
+    assert str(both) in message
+    assert "task.builtin_dataset='demo-sentiment' and task.train_path='mine.csv'" in message
+    with pytest.raises(
+        ConfigError, match=re.escape("task.data_dir='d' and task.train_path='a.csv'")
+    ):
+        load_config(TINY_DPZERO, ["task.train_path=a.csv", "task.data_dir=d"])
+    with pytest.raises(ConfigError, match="both give the training rows"):  # a dict, no file
+        build_config({"task": {"data_dir": "d", "hf_dataset": "glue"}})
+
+
+def test_a_test_file_without_a_training_file_is_refused():
+    with pytest.raises(
+        ConfigError, match=re.escape("task.test_path='t.csv' goes with task.train_path")
+    ):
+        load_config(TINY_DPZERO, ["task.test_path=t.csv"])
+
+
+def test_an_unquoted_template_is_shown_with_how_to_quote_it(tmp_path):
+    quoted_hint = "YAML reads an unquoted {...} as a mapping; quote the text"
+    with pytest.raises(ConfigError) as refused:
+        load_config(TINY_DPZERO, ["task.template={text}"])
+    assert "task.template: Input should be a valid string (got {'text': None}: " in str(
+        refused.value
+    )
+    assert quoted_hint in str(refused.value)
+    unquoted = tmp_path / "task.yaml"
+    unquoted.write_text("task:\n  template: {review}\n")
+    with pytest.raises(ConfigError, match=re.escape(quoted_hint)):
+        load_config([TINY_DPZERO, unquoted])

@@ -137,3 +137,48 @@ def test_check_prints_the_planners_memory_plan_of_a_cluster_config(tmp_path, cap
     assert plan is not None and plan.strategy == "replica" and plan.fits
     assert f"{plan.parameters:,} parameters; replica on 8 GPU(s) of 80 GiB" in printed
     assert f"{plan.bytes_per_gpu / 2**30:.2f} GiB per GPU (fits; planner estimate)" in printed
+
+
+# The README's own-data example: the shipped DPZero config on examples/reviews.csv, whose
+# columns (review, sentiment) are not the defaults and whose labels are the words themselves.
+OWN_DATA = [
+    "task.train_path=examples/reviews.csv",
+    "task.test_path=examples/reviews-test.csv",
+    "task.template={review} It was",
+    "task.label_field=sentiment",
+]
+
+
+def test_check_says_which_rows_the_readmes_own_data_example_trains_on(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # the paths are the README's, relative to the checkout
+    config = "configs/runs/tiny-dpzero.yaml"
+    code = main(["check", config, *OWN_DATA, "tracking.backend=none"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert (
+        "data        task.train_path='examples/reviews.csv' (test rows from "
+        "task.test_path='examples/reviews-test.csv')"
+    ) in printed
+    assert "rows        64 training, 32 test examples (prompt-classification)" in printed
+    assert "labels      field 'sentiment': 0 or 'terrible' (" in printed
+    assert "builtin" not in printed  # the shipped config's built-in dataset is replaced
+    readme = (REPO / "README.md").read_text()
+    assert all(argument.split("=")[0] in readme for argument in OWN_DATA)
+
+
+def test_check_names_a_missing_training_file_instead_of_reading_the_builtin_dataset(capsys):
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+    missing = ["task.train_path=no/such.csv", "task.test_path=no/test.csv"]
+    code = main(["check", str(config), *missing, "tracking.backend=none"])
+    assert code == 2
+    assert "task.train_path='no/such.csv': dataset file does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["./checkpoints/mine", "/no/such/model", "ckpt/run1/final"])
+@pytest.mark.parametrize("kind", ["auto", "causal"])
+def test_a_missing_model_directory_is_refused_not_looked_up_on_the_hub(name, kind, capsys):
+    config = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
+    overrides = [f"model.name_or_path={name}", f"model.kind={kind}", "tracking.backend=none"]
+    assert main(["check", str(config), *overrides]) == 2
+    error = capsys.readouterr().err
+    assert f"model.name_or_path={name!r}: no such directory; for a hub id write org/name" in error

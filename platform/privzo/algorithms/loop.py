@@ -82,6 +82,7 @@ class TrainingLoop:
         self.empty_batches = 0
         self.resumed_steps = 0  # replayed from an earlier attempt (``restore``)
         self.windows_done = 0  # steps done at the end of the last finished window
+        self.latest_epsilon: float | None = None  # the ε curve's newest value, for the bar
 
     @property
     def records_trajectory(self) -> bool:
@@ -154,7 +155,7 @@ class TrainingLoop:
             self.windows_done = end
             if self.after_window is not None:
                 self.after_window(self.context, end, metrics)
-            bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in _SHOWN})
+            bar.set_postfix(bar_postfix(metrics, self.latest_epsilon))
 
     def step(self, step: int) -> StepOutcome:
         outcome = self.stepper.step(step)
@@ -168,6 +169,7 @@ class TrainingLoop:
         """The ε curve's values: this window's into ``metrics``, earlier windows' (computed
         while later steps ran) logged now at their own steps."""
         for step_count, epsilon in epsilons:
+            self.latest_epsilon = epsilon  # the curve hands them out in step order
             if step_count == end:
                 metrics["epsilon_spent"] = epsilon
             else:
@@ -222,3 +224,13 @@ class TrainingLoop:
 
 
 _SHOWN = ("epsilon_spent", "train_loss", "step_time_s")
+
+
+def bar_postfix(metrics: dict[str, float], latest_epsilon: float | None) -> dict[str, str]:
+    """The progress bar's figures after a window. The ε curve computes on its own thread, so a
+    window's ε is often not ready when the window ends: the bar keeps the newest ε there is
+    rather than dropping it."""
+    shown = {key: f"{value:.3g}" for key, value in metrics.items() if key in _SHOWN}
+    if "epsilon_spent" not in shown and latest_epsilon is not None:
+        shown["epsilon_spent"] = f"{latest_epsilon:.3g}"
+    return shown

@@ -120,6 +120,25 @@ def dtype_name(dtype: str) -> str:
     return DTYPE_ALIASES.get(dtype, dtype)
 
 
+# Ray sets it for the driver of a `ray job submit` job, which runs in a temporary copy of the
+# submitted working dir: a relative path there lands in Ray's session folder and is deleted.
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def check_job_output_dir(output_dir: Path | None) -> None:
+    """Refuse a relative ``--output-dir`` inside a Ray job: it would resolve into the job's
+    temporary copy of the working dir, not the submitter's, and vanish with the job."""
+    if output_dir is None or output_dir.expanduser().is_absolute():
+        return
+    if RAY_JOB_ENV not in os.environ:
+        return
+    raise ValueError(
+        f"--output-dir {str(output_dir)!r} is relative, and this command runs inside a Ray job, "
+        f"whose working directory ({Path.cwd()}) is a temporary copy that Ray deletes: give an "
+        "absolute path on storage the cluster keeps, e.g. /shared/runs/NAME"
+    )
+
+
 def tracking_uri() -> str | None:
     """The MLflow server a command's runs go to: ``MLFLOW_TRACKING_URI``, else the config's."""
     return os.environ.get("MLFLOW_TRACKING_URI") or None

@@ -8,7 +8,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from privzo.cli import audit, bench, demo, models, privacy, run, study, tune
-from privzo.cli.arguments import HelpFormatter, add_subcommands, all_overrides
+from privzo.cli.arguments import (
+    HelpFormatter,
+    add_subcommands,
+    all_overrides,
+    check_job_output_dir,
+)
 from privzo.cli.process import passive_openmp_waits
 
 DESCRIPTION = (
@@ -76,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        check_job_output_dir(getattr(args, "output_dir", None))
         return handler(args)
     except (ValueError, OSError) as error:
         print(f"privzo: error: {error}", file=sys.stderr)

@@ -129,7 +129,12 @@ def add_models(commands: Commands) -> None:
         "a randomly initialised OPT-shaped model and privzo's tokenizer, saved to a directory",
         "privzo models init --shape opt-125m --output-dir models/opt-125m-random",
     )
-    init.add_argument("--shape", required=True, help=f"tiny, {OPT_NAMES}")
+    init.add_argument(
+        "--shape",
+        required=True,
+        help="tiny (an OPT of 5.32M parameters: 43.5 times the built-in demo-opt-s, and not the "
+        f"built-in tiny-opt), {OPT_NAMES}",
+    )
     init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights")

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     Commands,
@@ -23,6 +24,9 @@ from privzo.cli.process import (
     sigterm_as_interrupt,
     use_process_cores,
 )
+
+if TYPE_CHECKING:
+    from privzo.preflight import Preflight
 
 RUN_EPILOG = (
     "The output directory receives config.yaml, summary.json, privacy.json and (zeroth-order "
@@ -78,6 +82,7 @@ def _run_command(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
                 overwrite=args.overwrite,
                 tracking_uri=tracking_uri(),
+                on_checked=print_data_lines,
             )
     except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
         print(interrupted_line(args.output_dir), file=sys.stderr)
@@ -88,6 +93,12 @@ def _run_command(args: argparse.Namespace) -> int:
     else:
         print("\n".join(summary.lines(args.output_dir)))
     return 0
+
+
+def print_data_lines(checked: Preflight) -> None:
+    """A run's first lines: which rows it trains on (on stderr, beside the progress bar, so
+    stdout keeps only the result)."""
+    print("\n".join(checked.data_lines()), file=sys.stderr, flush=True)
 
 
 def interrupted_line(output_dir: Path) -> str:

@@ -27,7 +27,7 @@ from privzo.config.loading import (
     with_values,
 )
 from privzo.config.run import RunConfig
-from privzo.config.tasks import TaskConfig, template_fields
+from privzo.config.tasks import DATA_SOURCES, TaskConfig, template_fields
 from privzo.layouts.config import LayoutName, ParallelConfig
 from privzo.models.config import ModelConfig, PeftConfig
 from privzo.privacy.config import (
@@ -43,6 +43,7 @@ from privzo.tracking.config import TrackingConfig
 
 __all__ = [
     "ALGORITHMS",
+    "DATA_SOURCES",
     "DEFAULT_NOISE_GRID",
     "FIRST_ORDER_PHYSICAL_BATCH_SIZE",
     "LMO_MIN_GAMMA_SHAPE",

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from privzo.config.run import RunConfig
+from privzo.config.tasks import DATA_SOURCES, given_data_sources, replace_data_source
 from privzo.section import ConfigError
 
 __all__ = [
@@ -72,10 +73,22 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
-        value = item.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {field}: {message}{shown}")
+        lines.append(f"  {field}: {message}{_shown(item.get('input'), item['type'])}")
     return "\n".join(lines)
+
+
+def _shown(value: Any, error_type: str) -> str:
+    """What was given, for the error line; a section's whole mapping is left out (its keys
+    have lines of their own), but a mapping where text belongs is shown: an unquoted
+    ``{text}`` in YAML (or an override) is a mapping, not a template."""
+    if not isinstance(value, dict):
+        return f" (got {value!r})"
+    if error_type != "string_type":
+        return ""
+    return (
+        f" (got {value!r}: YAML reads an unquoted {{...}} as a mapping; quote the text, as in "
+        "task.template='{sentence} It was')"
+    )
 
 
 def build_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
@@ -93,13 +106,39 @@ def load_config(
 
     Several files merge in order, later ones winning key by key, so a model file
     (configs/models/) and a task file (configs/tasks/) combine with a run file.
+    A data source (``task.train_path``, ``data_dir``, ``hf_dataset``, ``builtin_dataset``) named
+    by a later file or by an override replaces the one named before it; one file, or one set of
+    overrides, naming two is refused.
     """
     paths = [] if path is None else path if isinstance(path, list) else [path]
     data: dict[str, Any] = {}
     for item in paths:
-        data = _merge(data, read_yaml(Path(item)))
-    data = apply_overrides(data, overrides or [])
+        layer = read_yaml(Path(item))
+        data = _merge(_with_source_of(data, layer, f"config file {str(item)!r}"), layer)
+    overrides = overrides or []
+    layer = apply_overrides({}, [item for item in overrides if _sets_data_source(item)])
+    data = apply_overrides(_with_source_of(data, layer, "the overrides"), overrides)
     return build_config(data, " + ".join(str(item) for item in paths) or "defaults")
+
+
+def _sets_data_source(override: str) -> bool:
+    return "=" in override and override.split("=", 1)[0].strip() in {
+        f"task.{key}" for key in DATA_SOURCES
+    }
+
+
+def _with_source_of(data: dict[str, Any], layer: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` ready for ``layer`` to merge over it: its data source dropped if ``layer`` names
+    another one; a layer that names two is refused, naming both."""
+    task = layer.get("task")
+    task = task if isinstance(task, dict) else {}
+    given = given_data_sources(task)
+    if len(given) > 1:
+        named = " and ".join(f"task.{key}={task[key]!r}" for key in given)
+        raise ConfigError(f"{where}: {named} both give the training rows; keep one of them")
+    if not given or not isinstance(data.get("task"), dict):
+        return data
+    return {**data, "task": replace_data_source(data["task"], given)}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -216,7 +255,12 @@ def with_values(
     """A copy of ``config`` with dotted keys set to (already typed) values, validated again;
     a nested mapping among them merges into its section key by key (``dotted_items``)."""
     data = config.model_dump(mode="json")
-    for key, value in dotted_items(values).items():
+    flat = dotted_items(values)
+    task_values = {
+        key.removeprefix("task."): value for key, value in flat.items() if key.startswith("task.")
+    }
+    data = _with_source_of(data, {"task": task_values}, source)
+    for key, value in flat.items():
         *sections, leaf = key.split(".")
         node = data
         for section in sections:

@@ -7,12 +7,26 @@ config must load, and fail on a typo, before they do.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from privzo.section import Section
 
-__all__ = ["TaskConfig", "template_fields"]
+__all__ = [
+    "DATA_SOURCES",
+    "TaskConfig",
+    "given_data_sources",
+    "replace_data_source",
+    "template_fields",
+]
+
+DATA_SOURCES = ("builtin_dataset", "data_dir", "train_path", "hf_dataset")
+"""The task keys that each say where the training rows come from; a config gives one at most (a
+preset without any reads its own hub source)."""
+# keys that belong to one source and go with it when another source replaces it
+_SOURCE_COMPANIONS = {"train_path": ("test_path",), "hf_dataset": ("hf_subset",)}
 
 
 class TaskConfig(Section):
@@ -84,7 +98,34 @@ class TaskConfig(Section):
             )
         if self.examples_per_class is not None and self.train_size is not None:
             raise ValueError("task.examples_per_class and task.train_size: set one, not both")
+        given = given_data_sources(self.model_dump())
+        if len(given) > 1:
+            named = " and ".join(f"task.{key}={getattr(self, key)!r}" for key in given)
+            raise ValueError(f"{named} both give the training rows; keep one of them")
+        if self.test_path is not None and self.train_path is None:
+            source = f"task.{given[0]}" if given else "a preset's hub source"
+            raise ValueError(
+                f"task.test_path={self.test_path!r} goes with task.train_path, but the rows come "
+                f"from {source}; give task.train_path too, or unset task.test_path"
+            )
         return self
+
+
+def given_data_sources(task: Mapping[str, Any]) -> list[str]:
+    """The data-source keys (``DATA_SOURCES``) a task mapping sets to something other than null."""
+    return [key for key in DATA_SOURCES if task.get(key) is not None]
+
+
+def replace_data_source(task: dict[str, Any], given: Iterable[str]) -> dict[str, Any]:
+    """``task`` without the sources (and their companion keys) other than ``given``: a source
+    named by a later file or an override replaces the earlier one rather than competing with
+    it, since a run reads one source and the user named the one they want."""
+    kept = set(given)
+    if not kept:
+        return task
+    dropped = [key for key in DATA_SOURCES if key not in kept]
+    dropped += [extra for key in dropped for extra in _SOURCE_COMPANIONS.get(key, ())]
+    return {key: value for key, value in task.items() if key not in dropped}
 
 
 def template_fields(template: str) -> list[str]:

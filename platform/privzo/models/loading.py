@@ -47,7 +47,13 @@ def resolve_device(device: str) -> torch.device:
 
 def is_hub_id(name: str) -> bool:
     """Whether ``model.name_or_path`` names a hub model (not a built-in or a local path)."""
-    return not is_builtin(name) and not Path(name).expanduser().exists()
+    return not is_builtin(name) and not Path(name).expanduser().exists() and not _path_like(name)
+
+
+def _path_like(name: str) -> bool:
+    """A name no hub id has (``org/name`` at most): absolute, relative to ``.`` or ``~``, or
+    deeper than one slash, so a missing directory is refused as such, not looked up online."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def pretrained_kwargs(config: ModelConfig) -> dict[str, str]:
@@ -74,10 +80,10 @@ def resolve_source(config: ModelConfig, cache_dir: Path, progress: bool = True) 
                 "directory saved with save_pretrained"
             )
         return str(path)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if _path_like(name):
         raise ConfigError(
-            f"model.name_or_path={name!r}: model directory does not exist (allowed: an existing "
-            "local directory, a hub id like 'facebook/opt-125m', or a built-in name)"
+            f"model.name_or_path={name!r}: no such directory; for a hub id write org/name (like "
+            "'facebook/opt-125m'), or give an existing local directory or a built-in name"
         )
     return name
 

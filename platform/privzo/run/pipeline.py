@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -60,12 +60,15 @@ def run(
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
     hooks: RunHooks | None = None,
+    on_checked: Callable[[Preflight], None] | None = None,
 ) -> RunSummary:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
     ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
     none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
+    ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
+    rows the run trains on).
     """
     output_dir = Path(output_dir).resolve()
     resume = None if overwrite else resume_point(config, output_dir)
@@ -76,6 +79,8 @@ def run(
         tracking_uri=tracking_uri,
         tracking_root=tracking_root or output_dir.parent,
     )
+    if on_checked is not None:
+        on_checked(checked)
     training = _training(
         config,
         checked,

@@ -223,18 +223,26 @@ def invalid_row_reason(row: Row, config: TaskConfig) -> str | None:
             return f"field {field!r} (read by task.template) is missing or empty"
     label_field = config.label_field or "label"
     label = row.get(label_field)
-    num_labels = len(config.label_words)
-    valid = (
-        isinstance(label, (int, np.integer))
-        and not isinstance(label, bool)
-        and 0 <= label < num_labels
-    )
-    if not valid:
+    if label_index(label, config.label_words) is None:
         return (
-            f"{label_field}={label!r} (task.label_field) must be an integer in [0, {num_labels}),"
-            f" one per label word {config.label_words}"
+            f"{label_field}={label!r} (task.label_field) must be a label word of "
+            f"{config.label_words} or its index in [0, {len(config.label_words)})"
         )
     return None
+
+
+def label_index(label: Any, label_words: Sequence[str]) -> int | None:
+    """A row's label as an index into ``label_words``: the index itself, or the word (files
+    often hold ``great`` rather than ``1``); None for anything else. A CSV column mixing words
+    and indices is read as text, so an index may come as its digits."""
+    if isinstance(label, str):
+        word = label.strip()
+        if word in label_words:
+            return list(label_words).index(word)
+        label = int(word) if word.isdecimal() else None
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+        return None
+    return int(label) if 0 <= label < len(label_words) else None
 
 
 def no_cache(model: torch.nn.Module) -> dict[str, bool]:

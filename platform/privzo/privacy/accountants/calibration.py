@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
 
 __all__ = [
     "CALIBRATION_RTOL",
@@ -141,6 +140,9 @@ def laplace_sigma_for_pure_dp(epsilon: float, sample_rate: float, steps: int) ->
 def _gdp_mu(epsilon: float, delta: float) -> float:
     """μ of the μ-GDP trade-off curve passing through (ε, δ) (Dong, Roth & Su 2019)."""
 
+    # lazy: a config is validated without scipy and dp_accounting loaded
+    from scipy import optimize, stats
+
     def delta_of(mu: float) -> float:
         upper = stats.norm.cdf(-epsilon / mu + mu / 2)
         lower = math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2))
@@ -163,6 +165,8 @@ def noise_hint(
     target = _gdp_mu(epsilon, delta) ** 2 / (sample_rate**2 * steps)
     if mechanism == "gaussian":
         return float(np.clip(1.0 / math.sqrt(math.log1p(target)), MIN_NOISE_MULTIPLIER, 1e3))
+
+    from scipy import optimize
 
     def chi2_gap(x: float) -> float:  # x = 1/b; χ² of Laplace(1, b) vs Laplace(0, b)
         return 2 / 3 * math.exp(x) + 1 / 3 * math.exp(-2 * x) - 1 - target
@@ -196,6 +200,8 @@ def search_sigma(target: CalibrationTarget, fine: Curve, coarse: Curve | None = 
 def _finish(fine: Curve, epsilon: float, lo: float, hi: float, tol: float) -> float:
     """Brent's method on [lo, hi], then the root moved by ``tol`` to where ε ≤ target if it
     is not there, else bisection (as ``dp_accounting.calibrate_dp_mechanism`` does)."""
+
+    from scipy import optimize
 
     def gap(sigma: float) -> float:
         return fine(sigma) - epsilon

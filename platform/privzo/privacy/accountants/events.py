@@ -6,17 +6,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
-
-import dp_accounting
+from typing import TYPE_CHECKING, Any
 
 from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = ["event_curve", "quiet_absl", "run_event", "step_event"]
 
 
 def step_event(mechanism: str, noise_multiplier: float, sample_rate: float) -> Any:
     """One Poisson-subsampled step with sensitivity 1 and noise σ (scale-free: σ·C over C)."""
+    # lazy: a config is validated without scipy and dp_accounting loaded
+    import dp_accounting
+
     if mechanism == "gaussian":
         inner: Any = dp_accounting.GaussianDpEvent(noise_multiplier)
     else:
@@ -26,6 +30,8 @@ def step_event(mechanism: str, noise_multiplier: float, sample_rate: float) -> A
 
 def run_event(mechanism: str, noise_multiplier: float, sample_rate: float, steps: int) -> Any:
     """``steps`` self-composed steps of ``step_event``."""
+    import dp_accounting
+
     return dp_accounting.SelfComposedDpEvent(
         step_event(mechanism, noise_multiplier, sample_rate), steps
     )

@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy import special
 
 from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
 from privzo.privacy.discrete import grid_sensitivity
+
+if TYPE_CHECKING:
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 __all__ = ["NOISE_DISTRIBUTIONS", "NumericAccountant", "noise_distribution"]
 
@@ -76,6 +76,9 @@ class NoiseDistribution(ABC):
 
 class GaussianNoise(NoiseDistribution):
     def tail(self, t: np.ndarray) -> np.ndarray:
+        # lazy: a config is validated without scipy and dp_accounting loaded
+        from scipy import special
+
         return special.ndtr(-t)
 
     def log_density(self, t: np.ndarray) -> np.ndarray:
@@ -242,6 +245,8 @@ def _direction_pmf(upper: np.ndarray, losses: np.ndarray, upper_outside: float, 
     lower_index, upper_index = math.floor(low / interval), math.ceil(high / interval)
     epsilons = np.arange(lower_index, upper_index + 1) * interval
     deltas = np.minimum.accumulate(delta(epsilons))  # δ(ε) is non-increasing; remove rounding
+    from dp_accounting.pld import pld_pmf
+
     return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
         interval, lower_index, upper_index, deltas
     )
@@ -258,6 +263,8 @@ def one_step_pld(
     mixture_outside = (1 - sample_rate) * outside0 + sample_rate * outside1
     remove = _direction_pmf(mixture, remove_losses, mixture_outside, interval)
     add = _direction_pmf(mu0, add_losses, outside0, interval)
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
     return PrivacyLossDistribution(remove, add)
 
 

@@ -9,11 +9,7 @@ Its cost is dominated by building the one-step PLD (up to ~1 s at σ≈0.6) and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
-
-import dp_accounting
-from dp_accounting import pld as dp_pld
-from dp_accounting.pld import privacy_loss_distribution as dp_pld_dist
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from privzo.privacy.accountants.base import PLD_VALUE_DISCRETIZATION, Accountant
 from privzo.privacy.accountants.calibration import (
@@ -25,6 +21,9 @@ from privzo.privacy.accountants.calibration import (
 )
 from privzo.privacy.accountants.events import event_curve
 from privzo.privacy.discrete import grid_sensitivity
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = ["PldAccountant"]
 
@@ -103,6 +102,10 @@ def _one_step_pld(
 ) -> Any:
     """The one-step PLD exactly as ``dp_accounting.pld.PLDAccountant`` builds it; with a grid,
     the discrete mechanism's (noise K, sensitivity Δ = ⌈K/σ⌉ in grid units)."""
+    # lazy: a config is validated without scipy and dp_accounting loaded
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_distribution as dp_pld_dist
+
     if grid is not None:
         return _one_step_discrete_pld(mechanism, sigma, sample_rate, interval, grid)
     if mechanism == "gaussian":
@@ -125,6 +128,8 @@ def _one_step_discrete_pld(
 
     The discrete Gaussian's PLD truncates the noise where its mass beyond is below 1e-30
     (dp_accounting's default), which changes δ by about that per step."""
+    from dp_accounting.pld import privacy_loss_distribution as dp_pld_dist
+
     sensitivity = grid_sensitivity(grid, sigma)
     if mechanism == "gaussian":
         return dp_pld_dist.from_discrete_gaussian_mechanism(
@@ -144,4 +149,6 @@ def _one_step_discrete_pld(
 
 
 def _pld_factory(interval: float) -> Callable[[], dp_accounting.PrivacyAccountant]:
+    from dp_accounting import pld as dp_pld
+
     return lambda: dp_pld.PLDAccountant(value_discretization_interval=interval)

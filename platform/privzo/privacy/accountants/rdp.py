@@ -7,8 +7,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from dp_accounting import rdp as dp_rdp
-from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp_impl
 
 from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
@@ -33,6 +31,10 @@ class RdpAccountant(Accountant):
         self._one_step_rdp: np.ndarray | None = None
 
     def _compute_epsilon(self, steps: int, delta: float) -> float:
+        # lazy: a config is validated without scipy and dp_accounting loaded
+        from dp_accounting import rdp as dp_rdp
+        from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp_impl
+
         if self._one_step_rdp is None:
             with quiet_absl():
                 one = dp_rdp.RdpAccountant().compose(
@@ -47,4 +49,6 @@ class RdpAccountant(Accountant):
     def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
         """dp_accounting's RDP accountant composing the run's event; ε is cheap, so no coarse
         curve."""
+        from dp_accounting import rdp as dp_rdp
+
         return event_curve(target, dp_rdp.RdpAccountant), None
