@@ -62,6 +62,13 @@ class Preflight:
             f"steps       {config.optimizer.steps}, batch {config.optimizer.batch_size}, "
             f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
         ]
+        forwards = self.forwards_per_step
+        if forwards is not None:
+            count = config.optimizer.directions_per_step
+            lines.append(
+                f"cost        {forwards} forwards per step ({count} direction(s) × 2, "
+                "each over the batch)"
+            )
         if privacy.private:
             lines += [
                 f"mechanism   {privacy.mechanism}, accountant {privacy.accountant}, "
@@ -76,6 +83,13 @@ class Preflight:
         lines.append(f"memory      {_describe_memory(self.memory, config)}")
         return lines
 
+    @property
+    def forwards_per_step(self) -> int | None:
+        """2K for a zeroth-order step of K directions (θ ± εz_k); None for first-order ones."""
+        if self.algorithm.family != "zeroth-order":
+            return None
+        return 2 * self.config.optimizer.directions_per_step
+
     def to_json(self) -> dict[str, Any]:
         privacy = self.privacy
         return {
@@ -86,6 +100,8 @@ class Preflight:
             "workers": self.config.parallel.workers,
             "training_examples": len(self.splits.train),
             "steps": self.config.optimizer.steps,
+            "directions_per_step": self.config.optimizer.directions_per_step,
+            "forwards_per_step": self.forwards_per_step,
             "batch_size": self.config.optimizer.batch_size,
             "sample_rate": privacy.sample_rate,
             "mechanism": privacy.mechanism,
