@@ -34,7 +34,8 @@ class ReplicaPrivateEstimator(PrivateEstimator):
 
     def aggregate(self, totals: list[float], count: int) -> tuple[list[float], int]:
         if self.group.rank == 0:
-            totals = [total + super().draw_noise() for total in totals]
+            draw = super().draw_noise  # bound here: a comprehension has no zero-argument super
+            totals = [total + draw() for total in totals]
         *reduced, count_sum = self.group.all_reduce_sum([*totals, count])
         return reduced, round(count_sum)
 
