@@ -129,7 +129,10 @@ class TrajectoryRecorder:
     def to_table(self) -> pa.Table:
         table = pa.table(self._columns, schema=SCHEMA)
         meta = {
-            _METADATA_KEY: json.dumps(self.meta.__dict__).encode(),
+            # the rows are written in this format whatever meta was read from
+            _METADATA_KEY: json.dumps(
+                {**self.meta.__dict__, "format_version": FORMAT_VERSION}
+            ).encode(),
             _CHECKSUM_KEY: columns_checksum(self._columns).encode(),
         }
         return table.replace_schema_metadata(meta)

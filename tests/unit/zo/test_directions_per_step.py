@@ -199,6 +199,12 @@ def test_a_format_one_trajectory_still_reads_and_replays(tmp_path):
     shards = full_shards([("theta", replayed)])
     assert replay_steps(InPlacePerturber(shards, DirectionSampler("gaussian")), table, meta) == 6
     assert torch.equal(replayed, theta)
+    # a resumed run puts the rows back and writes them in the current format
+    recorder = TrajectoryRecorder(meta, release_batch_size=True)
+    recorder.append_rows(table)
+    recorder.write(tmp_path / "resumed.parquet")
+    again, again_meta = read_trajectory(tmp_path / "resumed.parquet")
+    assert again_meta.format_version == 2 and again.num_rows == 6
 
 
 def test_a_newer_trajectory_format_is_refused(tmp_path):
