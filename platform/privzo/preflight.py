@@ -68,6 +68,13 @@ class Preflight:
             f"steps       {config.optimizer.steps}, batch {config.optimizer.batch_size}, "
             f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
         ]
+        forwards = self.forwards_per_step
+        if forwards is not None:
+            count = config.optimizer.directions_per_step
+            lines.append(
+                f"cost        {forwards} forwards per step ({count} direction(s) × 2, "
+                "each over the batch)"
+            )
         if privacy.private:
             assert privacy.epsilon is not None and privacy.delta is not None
             grouped = replace_one(privacy.epsilon, privacy.delta)
@@ -91,6 +98,13 @@ class Preflight:
         them first, ``privzo check`` among its lines)."""
         return data_lines(self.task_config, self.splits)
 
+    @property
+    def forwards_per_step(self) -> int | None:
+        """2K for a zeroth-order step of K directions (θ ± εz_k); None for first-order ones."""
+        if self.algorithm.family != "zeroth-order":
+            return None
+        return 2 * self.config.optimizer.directions_per_step
+
     def to_json(self) -> dict[str, Any]:
         privacy = self.privacy
         return {
@@ -103,6 +117,8 @@ class Preflight:
             "training_examples": len(self.splits.train),
             "test_examples": len(self.splits.test),
             "steps": self.config.optimizer.steps,
+            "directions_per_step": self.config.optimizer.directions_per_step,
+            "forwards_per_step": self.forwards_per_step,
             "batch_size": self.config.optimizer.batch_size,
             "sample_rate": privacy.sample_rate,
             "mechanism": privacy.mechanism,

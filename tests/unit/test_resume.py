@@ -31,10 +31,15 @@ def _stop_after(step: int) -> RunHooks:
     return RunHooks(after_window=stop)
 
 
+@pytest.mark.parametrize(
+    "directions",
+    [(), ("optimizer.directions_per_step=2", "privacy.noise_grid=null")],
+    ids=["one-direction", "two-directions"],
+)
 def test_an_interrupted_run_resumes_without_drawing_a_step_again(
-    tmp_path, tiny_run_config, cache_dir
+    tmp_path, tiny_run_config, cache_dir, directions
 ):
-    config = tiny_run_config(*RESUMED_RUN)
+    config = tiny_run_config(*RESUMED_RUN, *directions)
     output = tmp_path / "runs" / "dp"
     with pytest.raises(KeyboardInterrupt):
         run(config, output, cache_dir=cache_dir, progress=False, hooks=_stop_after(5))
@@ -51,6 +56,8 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
     assert [row["step"] for row in rows] == list(range(STEPS))
     assert rows[:5] == first  # the released steps were replayed, not drawn again
+    count = config.optimizer.directions_per_step
+    assert all(len(row["extra_projected_gradients"]) == count - 1 for row in rows)
     assert summary["tracking_run_id"] == point["tracking_run_id"]
     record = read_run(uri, summary["tracking_run_id"])
     assert record["status"] == "FINISHED"

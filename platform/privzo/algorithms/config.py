@@ -17,6 +17,7 @@ from privzo.section import Section
 __all__ = [
     "ALGORITHMS",
     "FIRST_ORDER_PHYSICAL_BATCH_SIZE",
+    "MAX_DIRECTIONS",
     "MAX_STEPS",
     "AlgorithmName",
     "FirstOrderConfig",
@@ -27,6 +28,11 @@ __all__ = [
 # registry's keys and to the noise table.
 AlgorithmName = Literal["mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th"]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+
+MAX_DIRECTIONS = 1024
+"""Largest ``optimizer.directions_per_step``: each direction costs two forwards and four
+sweeps over the trainable weights, so 1024 makes a step about a thousand times dearer; the
+trajectory holds K released scalars a row."""
 
 MAX_STEPS = 10_000_000
 """Largest ``optimizer.steps``: what the accountant can carry. Calibrating σ with the PLD
@@ -69,6 +75,15 @@ class OptimizerConfig(Section):
     lr_schedule: Literal["constant", "linear"] = "constant"
     perturbation_scale: float = Field(1e-3, gt=0, description="ZO smoothing radius (MeZO's ε).")
     direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
+    directions_per_step: int = Field(
+        1,
+        ge=1,
+        le=MAX_DIRECTIONS,
+        description="K directions per zeroth-order step (DP-AggZO): 2K forwards, each "
+        "example's K loss differences clipped together to L2 norm privacy.clip, Gaussian noise "
+        "σC on each of the K sums, θ ← θ − (η/K) Σ g_k z_k. Private runs need the continuous "
+        "Gaussian mechanism for K > 1 (the same ε as K = 1 at the same σ). 1 = DPZero / MeZO.",
+    )
     generator: Literal["auto", "philox", "torch-blocks"] = Field(
         "auto",
         description="Generator of the directions: counter-based 'philox' (replays on any device; "

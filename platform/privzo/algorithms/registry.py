@@ -13,6 +13,8 @@ entry of ``optimizer.algorithm`` here and reads what it needs from it:
 - **views**: the trainable views (``model.trainable``) its stepper handles;
 - **writes_trajectory**: whether each step is a (seed, scalar) row from which replay and a
   resumed run rebuild θ; an algorithm without one saves its weights instead;
+- **directions**: whether its step takes several directions (``optimizer.directions_per_step``,
+  DP-AggZO), with the mechanism and grid rules ``check_directions`` names;
 - **checks**: its own refusals, of the config (before anything loads) and of the built model
   (before anything is written);
 - **stepper**: the factory of its ``privzo.algorithms.stepper.Stepper``, which the one
@@ -61,6 +63,7 @@ class Algorithm:
     views: tuple[str, ...]
     writes_trajectory: bool
     stepper: Callable[[RunContext, StepMeter], Stepper]
+    directions: bool = False
     check_config: Callable[[RunConfig], None] | None = None
     check_context: Callable[[RunContext], None] | None = None
 
@@ -103,6 +106,7 @@ REGISTRY: dict[str, Algorithm] = {
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
+            directions=True,
         ),
         Algorithm(
             "dpzero",
@@ -111,6 +115,7 @@ REGISTRY: dict[str, Algorithm] = {
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
+            directions=True,
         ),
         Algorithm(
             "dpzo-laplace",
@@ -119,6 +124,7 @@ REGISTRY: dict[str, Algorithm] = {
             views=ALL_VIEWS,
             writes_trajectory=True,
             stepper=ZerothOrderStepper,
+            directions=True,
         ),
         Algorithm(
             "dpsgd",
@@ -195,8 +201,47 @@ def check_capabilities(config: RunConfig) -> None:
             f"distributed strategies run only {runs}; use strategy "
             f"{' or '.join(map(repr, algorithm.layouts))} for this algorithm"
         )
+    check_directions(config, algorithm)
     if algorithm.check_config is not None:
         algorithm.check_config(config)
+
+
+def check_directions(config: RunConfig, algorithm: Algorithm) -> None:
+    """Refuse several directions per step where the algorithm or its noise cannot take them.
+
+    The K released sums of a private step are one K-dimensional release whose L2 sensitivity
+    is C (each example's K differences clipped together): with independent Gaussian noise σC
+    on each it costs exactly the one-direction step's ε. Laplace and LMO noise are bounded
+    through the L1 (1-D) sensitivity, which grows to √K·C, and the noise grid's accountants
+    bound one rounded scalar, not a rounded K-vector, so neither is allowed.
+    """
+    count = config.optimizer.directions_per_step
+    if count == 1:
+        return
+    name = algorithm.name
+    if not algorithm.directions:
+        raise ConfigError(
+            f"optimizer.directions_per_step={count} with optimizer.algorithm={name!r}: only "
+            f"{names(directions=True)} take several directions per step; use 1"
+        )
+    if not algorithm.private:
+        return
+    if config.mechanism != "gaussian":
+        raise ConfigError(
+            f"optimizer.directions_per_step={count} with privacy.mechanism="
+            f"{config.mechanism!r}: K directions release a K-vector of L2 sensitivity C, and "
+            "only the Gaussian mechanism keeps the one-direction ε for it (the Laplace and LMO "
+            "bounds use the L1 sensitivity, √K·C); use privacy.mechanism='gaussian' or "
+            "directions_per_step=1"
+        )
+    if config.noise_grid is not None:
+        raise ConfigError(
+            f"optimizer.directions_per_step={count} with privacy.noise_grid="
+            f"{config.noise_grid}: the discrete noise's accountants bound one rounded scalar "
+            "per step, not a rounded K-vector (no proven L2 bound for it here); set "
+            "privacy.noise_grid=null (the continuous Gaussian, not safe from floating-point "
+            "attacks) or directions_per_step=1"
+        )
 
 
 def check_built(context: RunContext) -> None:

@@ -1,4 +1,5 @@
-"""The zeroth-order stepper (DPZero, DP-ZO, MeZO): sample, two forwards, one released scalar.
+"""The zeroth-order stepper (DPZero, DP-ZO, MeZO, DP-AggZO): sample, two forwards per direction,
+one released scalar per direction.
 
 Each step is ``privzo.zo.step.zo_step``: its record (seed, projected gradient, learning rate,
 batch size) is a trajectory row, from which replay and a resumed run rebuild θ. A Ray Train
@@ -74,6 +75,7 @@ class ZerothOrderStepper(Stepper):
                 estimator=self.estimator,
                 learning_rate=self.schedule(step),
                 perturbation_scale=context.config.optimizer.perturbation_scale,
+                directions=context.config.optimizer.directions_per_step,
             )
         self.nonfinite += record.nonfinite
         return StepOutcome(record.learning_rate, record.mean_loss, not len(indices), record)
@@ -93,7 +95,13 @@ class ZerothOrderStepper(Stepper):
         check_finite_weights([(shard.name, shard.tensor) for shard in shards], steps_done)
 
     def public_metrics(self, window: list[StepOutcome]) -> dict[str, float]:
-        gradients = [abs(outcome.record.projected_gradient) for outcome in window if outcome.record]
+        """The mean |g| over the window's steps (over each step's directions)."""
+        gradients = [
+            sum(map(abs, outcome.record.projected_gradients))
+            / len(outcome.record.projected_gradients)
+            for outcome in window
+            if outcome.record
+        ]
         return {"projected_gradient_abs": sum(gradients) / len(window)}
 
     def restore(self, table: pa.Table, meta: TrajectoryMeta) -> None:

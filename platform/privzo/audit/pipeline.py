@@ -58,6 +58,7 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
     """The scores to use, and a note when the algorithm allows only the black-box one."""
     algorithm = get_algorithm(config.optimizer.algorithm)
     white_box = algorithm.writes_trajectory  # a trajectory of seeds and scalars to replay
+    directions = config.optimizer.directions_per_step
     if audit.scores is not None:
         wanted = [name for name in audit.scores if name in WHITE_BOX_SCORES]
         if wanted and not white_box:
@@ -65,9 +66,22 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
                 f"scores={wanted}: optimizer.algorithm={config.optimizer.algorithm!r} writes no "
                 "trajectory to replay; audit it with the black-box score"
             )
+        if wanted and directions > 1:
+            raise ConfigError(
+                f"scores={wanted} with optimizer.directions_per_step={directions}: the "
+                "white-box scores compare a canary's one clipped difference with each step's "
+                "one released scalar, not a K-vector clipped in L2; audit it with the "
+                "black-box score or directions_per_step=1"
+            )
         return list(dict.fromkeys(audit.scores)), None
-    if white_box:
+    if white_box and directions == 1:
         return list(ALL_SCORES), None
+    if white_box:
+        note = (
+            f"optimizer.directions_per_step={directions}: the white-box scores read one "
+            "released scalar per step, so it is audited black-box only"
+        )
+        return ["black-box"], note
     kind = "first-order" if algorithm.family == "first-order" else "vector"
     note = (
         f"{config.optimizer.algorithm} is a {kind} algorithm: no trajectory of seeds and "

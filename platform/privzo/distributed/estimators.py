@@ -1,9 +1,11 @@
 """The distributed side of the estimator seam: only ``aggregate`` and ``draw_noise`` change.
 
-Every worker sends [local clipped sum, local count] in one fp64 all-reduce. Rank 0 draws the
-noise from its secret generator and adds it to its local sum before sending, so the reduced
-total carries exactly one draw, as a single-process run does, every rank receives the same g,
-and no rank (nor anything on the wire after rank 0) sees the sum without its noise.
+Every worker sends [local clipped sums (one per direction of the step), local count] in one
+fp64 all-reduce. Rank 0 draws the noise from its secret generator and adds it to its local sums
+before sending, so each reduced total carries exactly one draw, as a single-process run does,
+every rank receives the same g, and no rank (nor anything on the wire after rank 0) sees a sum
+without its noise. With several directions each example's K-vector is clipped on the rank that
+holds it, so the all-reduced sums are those of a single process.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ class ReplicaMeanEstimator(MeanEstimator):
     def __init__(self, group: WorkerGroup) -> None:
         self.group = group
 
-    def aggregate(self, total: float, count: int) -> tuple[float, int]:
-        total, count_sum = self.group.all_reduce_sum([total, count])
-        return total, round(count_sum)
+    def aggregate(self, totals: list[float], count: int) -> tuple[list[float], int]:
+        *reduced, count_sum = self.group.all_reduce_sum([*totals, count])
+        return reduced, round(count_sum)
 
 
 class ReplicaPrivateEstimator(PrivateEstimator):
@@ -30,11 +32,12 @@ class ReplicaPrivateEstimator(PrivateEstimator):
         super().__init__(**settings)  # type: ignore[arg-type]
         self.group = group
 
-    def aggregate(self, total: float, count: int) -> tuple[float, int]:
+    def aggregate(self, totals: list[float], count: int) -> tuple[list[float], int]:
         if self.group.rank == 0:
-            total += super().draw_noise()
-        total, count_sum = self.group.all_reduce_sum([total, count])
-        return total, round(count_sum)
+            draw = super().draw_noise  # bound here: a comprehension has no zero-argument super
+            totals = [total + draw() for total in totals]
+        *reduced, count_sum = self.group.all_reduce_sum([*totals, count])
+        return reduced, round(count_sum)
 
     def draw_noise(self) -> float:
         """0: the draw is already in the aggregated sum."""

@@ -9,6 +9,9 @@ Per step, with s_ki = (f_i(x_k + λz) − f_i(x_k − λz)) / 2λ the per-exampl
 
 - DPZero:   g_k = (Σ_i clip(s_ki, ±C_k) + σ C_k ν_k) / n,          x_k ← x_k − η_k g_k z
             (ν_k ~ N(0, 1): one scalar of noise; Algorithm 2 of the paper)
+            with J directions per step (DP-AggZO, ``directions_per_step``): each example's
+            J differences clipped together to ℓ2 norm C_k, noise σ C_k on each of the J sums,
+            x_k ← x_k − (η_k / J) Σ_j g_kj z_j
 - DPGD-0th: g_k = (Σ_i clip_ℓ2(s_ki z, C_k) + σ C_k ν_k) / n,     x_k ← x_k − η_k g_k
             (ν_k ~ N(0, I_d): the zeroth-order gradient clipped as a vector; Algorithm 1)
 - DP-GD:    g_k = (Σ_i clip_ℓ2(∇f_i(x_k), C_k) + σ C_k ν_k) / n,  x_k ← x_k − η_k g_k
@@ -133,11 +136,33 @@ def dpgd_clip_factors(
 
 def dpzero_step(x: np.ndarray, step: StepInputs, cache: dict[str, np.ndarray]) -> np.ndarray:
     assert step.direction is not None
+    if step.direction.ndim == 2:  # one public direction per row: DP-AggZO
+        return aggregated_dpzero_step(x, step)
     differences = finite_differences(step.problem, x, step.direction)
     clipped = clip_scalars(differences, step.clip_thresholds)
     noise = step.noise_multiplier * step.clip_thresholds * step.noise.standard_normal((len(x),))
     scalar = (clipped.sum(axis=1) + noise) / step.problem.dataset_size
     return x - (step.learning_rates * scalar)[:, None] * step.direction[None, :]
+
+
+def aggregated_dpzero_step(x: np.ndarray, step: StepInputs) -> np.ndarray:
+    """DPZero over the J rows of ``step.direction`` (J, d): per example the J differences are
+    clipped together to ℓ2 norm C_k, and each of the J sums gets its own noise σ C_k."""
+    directions = step.direction
+    assert directions is not None
+    differences = np.stack(
+        [finite_differences(step.problem, x, z) for z in directions], axis=2
+    )  # (K, n, J)
+    norms = np.linalg.norm(differences, axis=2)
+    bound = step.clip_thresholds[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factors = np.where(norms > bound, bound / norms, 1.0)
+    clipped_sums = (differences * factors[:, :, None]).sum(axis=1)  # (K, J)
+    noise = (step.noise_multiplier * step.clip_thresholds)[:, None] * step.noise.standard_normal(
+        clipped_sums.shape
+    )
+    scalars = (clipped_sums + noise) / step.problem.dataset_size
+    return x - (step.learning_rates[:, None] / len(directions)) * (scalars @ directions)
 
 
 def dpgd0th_step(x: np.ndarray, step: StepInputs, cache: dict[str, np.ndarray]) -> np.ndarray:
@@ -207,10 +232,14 @@ def run_algorithm(
     steps: int,
     noise_multiplier: float,
     seed: int,
+    directions_per_step: int = 1,
 ) -> GridResult:
-    """``steps`` full-batch steps from x₀ = 0 for every (learning_rates[k], clip_thresholds[k])."""
+    """``steps`` full-batch steps from x₀ = 0 for every (learning_rates[k], clip_thresholds[k]);
+    DPZero takes ``directions_per_step`` directions a step (DP-AggZO above 1)."""
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm={name!r} is unknown; allowed: {list(ALGORITHMS)}")
+    if directions_per_step > 1 and name != "dpzero":
+        raise ValueError(f"algorithm={name!r} takes one direction per step; only dpzero takes more")
     algorithm = ALGORITHMS[name]
     learning_rates = np.asarray(learning_rates, dtype=np.float64)
     clip_thresholds = np.asarray(clip_thresholds, dtype=np.float64)
@@ -223,7 +252,10 @@ def run_algorithm(
     # so copies are not checked per step (that check cost as much as a ZO step) but at the end.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for _ in range(steps):
-            z = directions.standard_normal(problem.dimension) if algorithm.zeroth_order else None
+            z = None
+            if algorithm.zeroth_order:
+                shape = (directions_per_step, problem.dimension)
+                z = directions.standard_normal(problem.dimension if shape[0] == 1 else shape)
             inputs = StepInputs(
                 problem, z, learning_rates, clip_thresholds, noise_multiplier, noise
             )

@@ -8,6 +8,7 @@ algorithms: [dpzero, dpgd-0th, dp-gd]
 privacy: {epsilon: 2.0, delta: 1.0e-6}
 steps: 300
 dataset_size: 10000
+directions_per_step: 1                        # DPZero's (DP-AggZO above 1)
 grid: {learning_rates: [...], clip_thresholds: [...]}
 algorithm_grids: {dpgd-0th: {clip_thresholds: [...]}}   # optional per-algorithm overrides
 seeds: [0, 1, 2]
@@ -130,6 +131,13 @@ class SyntheticStudyConfig(Section):
     dataset_size: int = Field(10_000, ge=2, le=MAX_DATASET_SIZE)
     data_mean: float = Field(1.0, description="Each coordinate of ξ_i is N(data_mean, data_std²).")
     data_std: float = Field(1.0, gt=0)
+    directions_per_step: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="DPZero's directions per step (DP-AggZO above 1): each example's "
+        "differences clipped together to ℓ2 norm C, noise σC on each; the same σ and ε.",
+    )
     grid: SearchGrid = Field(default_factory=SearchGrid)
     algorithm_grids: dict[str, GridOverride] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])

@@ -78,6 +78,7 @@ def _run_unit(
     rows: list[dict[str, Any]] = []
     for algorithm in config.algorithms:
         learning_rates, clips = _grid_points(config, algorithm)
+        directions = config.directions_per_step if algorithm == "dpzero" else 1
         started = time.perf_counter()
         result = run_algorithm(
             algorithm,
@@ -87,6 +88,7 @@ def _run_unit(
             steps=config.steps,
             noise_multiplier=sigma,
             seed=seed,
+            directions_per_step=directions,
         )
         seconds = time.perf_counter() - started
         for k in range(len(learning_rates)):
@@ -100,6 +102,7 @@ def _run_unit(
                     "learning_rate": float(learning_rates[k]),
                     "clip_threshold": float(clips[k]),
                     "steps": config.steps,
+                    "directions_per_step": directions,
                     "dataset_size": config.dataset_size,
                     "noise_multiplier": sigma,
                     "epsilon": config.privacy.epsilon,

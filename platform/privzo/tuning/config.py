@@ -46,6 +46,7 @@ SEARCHABLE = (
     "optimizer.perturbation_scale",
     "optimizer.direction",
     "optimizer.lr_schedule",
+    "optimizer.directions_per_step",
 )
 # Keys that change a trial's privacy event (σ is calibrated from steps and sampling rate):
 # they must be finite lists so the worst trial is known before the search starts.
@@ -227,12 +228,13 @@ class SearchConfig(Section):
                 raise ValueError(
                     "budget.mode='derive-steps' derives optimizer.steps: drop it from space"
                 )
-            if "optimizer.batch_size" in self.space:  # one derived T would serve every B
-                raise ValueError(
-                    "budget.mode='derive-steps' with optimizer.batch_size in space: steps are "
-                    "derived once for the search; search batch sizes with mode 'reject' and "
-                    "optimizer.steps in space, or fix the batch size"
-                )
+            for key in ("optimizer.batch_size", "optimizer.directions_per_step"):
+                if key in self.space:  # one derived T would serve every B and K
+                    raise ValueError(
+                        f"budget.mode='derive-steps' with {key} in space: steps are derived "
+                        f"once for the search; search {key} with mode 'reject' and "
+                        "optimizer.steps in space, or fix it"
+                    )
         return self
 
     def grid_size(self) -> int:

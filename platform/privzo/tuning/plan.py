@@ -267,11 +267,13 @@ def _derive_steps(search: SearchConfig, config: RunConfig) -> dict[str, Any]:
     if budget.mode != "derive-steps":
         return {}
     assert budget.max_forward_passes is not None
-    steps = budget.max_forward_passes // (2 * config.optimizer.batch_size)
+    per_step = forward_passes(config) // config.optimizer.steps
+    steps = budget.max_forward_passes // per_step
     if steps < 1:
         raise ConfigError(
             f"budget.max_forward_passes={budget.max_forward_passes}: less than one step at "
-            f"batch size {config.optimizer.batch_size} (a step costs 2 × batch size forwards)"
+            f"batch size {config.optimizer.batch_size} (a step costs 2 × batch size × "
+            "directions per step forwards)"
         )
     return {"optimizer.steps": steps}
 
@@ -280,18 +282,30 @@ def _check_compute_budget(search: SearchConfig, config: RunConfig, point: dict[s
     limit = search.budget.max_forward_passes
     if limit is None:
         return
-    cost = forward_passes(config)
+    directions = _most_directions(search, config)
+    cost = forward_passes(config) * directions // config.optimizer.directions_per_step
     if cost > limit:
         raise ConfigError(
             f"budget.max_forward_passes={limit}: the space point {point or '(base)'} costs "
-            f"{cost} forward passes (2 × {config.optimizer.batch_size} × "
-            f"{config.optimizer.steps} steps); shrink the space or raise the budget"
+            f"{cost} forward passes (2 × {config.optimizer.batch_size} × {directions} "
+            f"direction(s) × {config.optimizer.steps} steps); shrink the space or raise the "
+            "budget"
         )
 
 
+def _most_directions(search: SearchConfig, config: RunConfig) -> int:
+    """The largest ``optimizer.directions_per_step`` a trial of the search may take."""
+    spec = search.space.get("optimizer.directions_per_step")
+    if spec is None:
+        return config.optimizer.directions_per_step
+    return int(max(spec) if isinstance(spec, list) else spec.high)
+
+
 def forward_passes(config: RunConfig) -> int:
-    """Expected forward passes of a zeroth-order run: two per example per step."""
-    return 2 * config.optimizer.batch_size * config.optimizer.steps
+    """Expected forward passes of a zeroth-order run: two per example per direction per
+    step."""
+    optimizer = config.optimizer
+    return 2 * optimizer.batch_size * optimizer.directions_per_step * optimizer.steps
 
 
 def _score_releases(search: SearchConfig, config: RunConfig) -> int:

@@ -57,6 +57,15 @@ def step_seed(run_seed: int, step: int) -> int:
     return splitmix64(splitmix64(run_seed) ^ step) & ((1 << 63) - 1)
 
 
+def direction_seeds(seed: int, count: int) -> list[int]:
+    """The public seeds of a step's ``count`` directions (``optimizer.directions_per_step``):
+    the step's own seed first, so one direction draws exactly the single-direction step's z,
+    then hashes of (seed, k) that the trajectory need not store."""
+    return [seed] + [
+        splitmix64(splitmix64(seed) ^ splitmix64(k)) & ((1 << 63) - 1) for k in range(1, count)
+    ]
+
+
 def _gaussian(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     return torch.randn(n, generator=generator, device=device, dtype=torch.float32)
 

@@ -1,9 +1,9 @@
 """From per-example loss differences to the one scalar a step releases.
 
-The private estimator is the only place private data turns into a released number, in the
-named stages of Opacus' pre-step: sanitize → clip → aggregate → noise → scale. Distribution
-overrides only ``aggregate`` (an all-reduce of a sum and a count) and ``draw_noise`` (drawn once,
-shared), so the algorithm never asks which rank it is on.
+The private estimator is the only place private data turns into released numbers (one per
+direction of the step), in the named stages of Opacus' pre-step: sanitize → clip → aggregate →
+noise → scale. Distribution overrides only ``aggregate`` (an all-reduce of the sums and a count)
+and ``draw_noise`` (drawn once, shared), so the algorithm never asks which rank it is on.
 """
 
 from __future__ import annotations
@@ -32,44 +32,62 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ScalarEstimate:
-    """The released projected gradient and counts that describe how it was formed."""
+class DirectionalEstimate:
+    """The released projected gradients (one per direction of the step) and counts that
+    describe how they were formed."""
 
-    projected_gradient: float
+    projected_gradients: tuple[float, ...]
     batch_size: int
     nonfinite: int
 
+    @property
+    def projected_gradient(self) -> float:
+        """The first direction's g: the step's only one with ``directions_per_step=1``."""
+        return self.projected_gradients[0]
+
 
 class GradientEstimator(ABC):
-    """Turns per-example differences d_i = (l_i(θ+εz) − l_i(θ−εz)) / 2ε into g."""
+    """Turns per-example differences d_i = (l_i(θ+εz) − l_i(θ−εz)) / 2ε into g.
+
+    ``differences`` is a vector [B] for a step with one direction, or a matrix [B, K] with a
+    column per direction (DP-AggZO); the estimate holds one g per column.
+    """
 
     private: bool = False
 
     @abstractmethod
-    def estimate(self, differences: torch.Tensor) -> ScalarEstimate: ...
+    def estimate(self, differences: torch.Tensor) -> DirectionalEstimate: ...
 
     @staticmethod
     def sanitize(differences: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Zero non-finite differences (an overflowed loss) so they never reach the weights."""
         assert differences.dtype in (torch.float32, torch.float64), "differences must be fp32+"
+        assert differences.dim() in (1, 2), "differences are [examples] or [examples, directions]"
         finite = torch.isfinite(differences)
         nonfinite = int((~finite).sum())
         return torch.where(finite, differences, torch.zeros_like(differences)), nonfinite
 
-    def aggregate(self, total: float, count: int) -> tuple[float, int]:
+    def aggregate(self, totals: list[float], count: int) -> tuple[list[float], int]:
         """Sum over every process's examples; one process here (the distribution seam)."""
-        return total, count
+        return totals, count
+
+
+def column_totals(values: torch.Tensor) -> list[float]:
+    """The fp64 sum of each direction's column ([B] is one column, summed as a whole)."""
+    if values.dim() == 1:
+        return [float(values.double().sum())]
+    return values.double().sum(dim=0).tolist()
 
 
 class MeanEstimator(GradientEstimator):
-    """MeZO: the plain batch mean, no clipping or noise (not private)."""
+    """MeZO: the plain batch mean of each direction, no clipping or noise (not private)."""
 
-    def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
+    def estimate(self, differences: torch.Tensor) -> DirectionalEstimate:
         values, nonfinite = self.sanitize(differences)
         # sum and count first, then divide: a split batch gives the single-process mean
-        total, count = self.aggregate(float(values.double().sum()), values.numel())
-        mean = total / count if count else 0.0
-        return ScalarEstimate(mean, count, nonfinite)
+        totals, count = self.aggregate(column_totals(values), values.shape[0])
+        means = tuple(total / count if count else 0.0 for total in totals)
+        return DirectionalEstimate(means, count, nonfinite)
 
 
 class PrivateEstimator(GradientEstimator):
@@ -77,6 +95,12 @@ class PrivateEstimator(GradientEstimator):
 
     Dividing by the expected (not the realised) batch size keeps the sensitivity of the released
     sum at C under add/remove adjacency, which is what the Poisson accountants assume.
+
+    With K directions per step (DP-AggZO) each example's K differences are clipped together to
+    L2 norm C and every coordinate of the sum gets its own Gaussian draw of scale σC: the
+    released K-vector is a Gaussian mechanism of L2 sensitivity C, whose privacy loss is that
+    of the one-direction step (``docs/privacy``). Only the continuous Gaussian allows K > 1
+    (``privzo.algorithms.registry`` refuses the rest before anything loads).
 
     With a gridded mechanism (``noise_parameters={"grid": K}``) the sum is formed in integer
     units of γ = σC/K: each clipped d_i is rounded to the grid and clamped to ±Δ, Δ = ⌈K/σ⌉
@@ -107,19 +131,29 @@ class PrivateEstimator(GradientEstimator):
         self.unit = 1.0 if grid is None else noise_multiplier * clip / grid  # γ
         self.sensitivity_units = None if grid is None else grid_sensitivity(grid, noise_multiplier)
 
-    def estimate(self, differences: torch.Tensor) -> ScalarEstimate:
+    def estimate(self, differences: torch.Tensor) -> DirectionalEstimate:
         values, nonfinite = self.sanitize(differences)
+        if values.dim() == 2 and values.shape[1] > 1:
+            assert self.mechanism.name == "gaussian" and self.sensitivity_units is None, (
+                "several directions need the continuous Gaussian (L2 sensitivity C)"
+            )
         units = self.to_units(self.clip_each(values))
-        total, count = self.aggregate(float(units.sum()), units.numel())
-        noisy_total = total + self.draw_noise()
+        totals, count = self.aggregate(column_totals(units), units.shape[0])
+        noisy_totals = [total + self.draw_noise() for total in totals]
         if self.sensitivity_units is not None:
             # Δ ≤ 2²⁰/0.05 < 2²⁵ units: a batch would need 2²⁵ examples to reach the limit
             assert count * self.sensitivity_units < SUM_LIMIT, (count, self.sensitivity_units)
-            noisy_total = min(max(noisy_total, -RELEASE_LIMIT), RELEASE_LIMIT)
-        return ScalarEstimate(noisy_total * self.unit / self.expected_batch_size, count, nonfinite)
+            noisy_totals = [min(max(t, -RELEASE_LIMIT), RELEASE_LIMIT) for t in noisy_totals]
+        gradients = tuple(t * self.unit / self.expected_batch_size for t in noisy_totals)
+        return DirectionalEstimate(gradients, count, nonfinite)
 
     def clip_each(self, values: torch.Tensor) -> torch.Tensor:
-        return values.clamp(-self.clip, self.clip)
+        """Each example's difference to [−C, C], or its K differences to L2 norm C (in fp64)."""
+        if values.dim() == 1:
+            return values.clamp(-self.clip, self.clip)
+        rows = values.double()
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        return rows * (self.clip / norms).clamp(max=1.0)  # a zero row: inf → 1, stays 0
 
     def to_units(self, clipped: torch.Tensor) -> torch.Tensor:
         """fp64 values in units of the grid: integers within ±Δ (exact sums up to 2⁵³), or the
@@ -131,7 +165,7 @@ class PrivateEstimator(GradientEstimator):
 
     def draw_noise(self) -> float:
         """One draw in the units of ``to_units`` (the integer k on a grid, else a float of scale
-        σC) from the mechanism's secret generator (the distribution seam)."""
+        σC) from the mechanism's secret generator (the distribution seam); one per direction."""
         if self.mechanism.grid is not None:
             units = self.mechanism.sample_units()
             return units_as_float(min(max(units, -DRAW_LIMIT), DRAW_LIMIT))  # exact: ≤ 2⁵³

@@ -40,27 +40,55 @@ def columns_checksum(columns: Mapping[str, Sequence[Any]]) -> str:
     return digest.hexdigest()
 
 
-def check_rows(columns: Mapping[str, Sequence[Any]], source: str) -> None:
-    """Steps 0..n−1 in order; finite gradient, learning rate and scale; no absurd update."""
+def check_rows(columns: Mapping[str, Sequence[Any]], source: str, *, directions: int = 1) -> None:
+    """Steps 0..n−1 in order; ``directions`` − 1 extra directions per row (when the columns
+    hold them); finite gradients, learning rate and scales; no absurd update."""
     for row, step in enumerate(columns["step"]):
         if step != row:
             raise ValueError(
                 f"{source} row {row}: step {step}, expected {row} (steps missing or repeated)"
             )
     for row in range(len(columns["step"])):
-        values = {
-            name: columns[name][row]
-            for name in ("projected_gradient", "learning_rate", "direction_scale")
-        }
-        bad = [name for name, value in values.items() if value is None or not math.isfinite(value)]
-        if bad:
-            raise ValueError(f"{source} row {row}: {bad[0]}={values[bad[0]]!r} is not finite")
-        update = values["projected_gradient"] * values["learning_rate"] * values["direction_scale"]
-        if abs(update) > MAX_UPDATE_COEFFICIENT:
-            raise ValueError(
-                f"{source} row {row}: the step's update η·g·s={update:.3g} is beyond "
-                f"±{MAX_UPDATE_COEFFICIENT:g}; no training run writes that"
-            )
+        for values in _row_directions(columns, row, directions, source):
+            _check_direction(values, source, row)
+
+
+def _row_directions(
+    columns: Mapping[str, Sequence[Any]], row: int, directions: int, source: str
+) -> list[dict[str, Any]]:
+    """Each direction's (projected_gradient, learning_rate, direction_scale) of one row."""
+    rate = columns["learning_rate"][row]
+    first = {
+        "projected_gradient": columns["projected_gradient"][row],
+        "learning_rate": rate,
+        "direction_scale": columns["direction_scale"][row],
+    }
+    if "extra_projected_gradients" not in columns:
+        return [first]
+    gradients = columns["extra_projected_gradients"][row] or []
+    scales = columns["extra_direction_scales"][row] or []
+    if len(gradients) != directions - 1 or len(scales) != directions - 1:
+        raise ValueError(
+            f"{source} row {row}: {len(gradients) + 1} projected gradients and "
+            f"{len(scales) + 1} direction scales for {directions} directions per step"
+        )
+    extra = [
+        {"projected_gradient": g, "learning_rate": rate, "direction_scale": s}
+        for g, s in zip(gradients, scales, strict=True)
+    ]
+    return [first, *extra]
+
+
+def _check_direction(values: Mapping[str, Any], source: str, row: int) -> None:
+    bad = [name for name, value in values.items() if value is None or not math.isfinite(value)]
+    if bad:
+        raise ValueError(f"{source} row {row}: {bad[0]}={values[bad[0]]!r} is not finite")
+    update = values["projected_gradient"] * values["learning_rate"] * values["direction_scale"]
+    if abs(update) > MAX_UPDATE_COEFFICIENT:
+        raise ValueError(
+            f"{source} row {row}: the step's update η·g·s={update:.3g} is beyond "
+            f"±{MAX_UPDATE_COEFFICIENT:g}; no training run writes that"
+        )
 
 
 @torch.no_grad()

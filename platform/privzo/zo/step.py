@@ -4,18 +4,25 @@
     d = (l⁺ − l⁻)/2ε in fp32 → estimator (clip → aggregate → noise → scale) → g ;
     update: θ ← θ − ηg·z  (fused with the restore for in-place fp32 weights)
 
+With K directions per step (``optimizer.directions_per_step``, DP-AggZO) the two evaluations
+run for each z_k (θ restored between directions), the estimator turns the [B, K] differences
+into g_1..g_K, and θ ← θ − (η/K) Σ_k g_k z_k: the last direction's update fused with its
+restore, the others one sweep each (the fused kernels take one key per parameter, so the K
+terms are K passes over θ, not one).
+
 An empty (Poisson) batch makes no forward pass (g is pure noise) but the same three sweeps, so
 replay never needs the realised batch size, which a private run does not release.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from privzo.zo.directions import direction_seeds
 from privzo.zo.estimators import GradientEstimator
 from privzo.zo.perturbation import Perturber
 
@@ -35,6 +42,13 @@ class StepRecord:
     direction_scale: float
     nonfinite: int
     mean_loss: float  # of (l⁺ + l⁻)/2 over the batch; computed on private data, never released
+    # directions 2..K of a step with several (their seeds follow from ``seed``)
+    extra_projected_gradients: tuple[float, ...] = ()
+    extra_direction_scales: tuple[float, ...] = ()
+
+    @property
+    def projected_gradients(self) -> tuple[float, ...]:
+        return (self.projected_gradient, *self.extra_projected_gradients)
 
 
 def zo_step(
@@ -48,24 +62,59 @@ def zo_step(
     estimator: GradientEstimator,
     learning_rate: float,
     perturbation_scale: float,
+    directions: int = 1,
 ) -> StepRecord:
-    direction_scale = perturber.sampler.scale(seed, perturber.sizes)
-    radius = perturbation_scale * direction_scale
-    differences, mean_loss = estimate_differences(
-        perturber, seed, radius, perturbation_scale, batch, batch_size, loss_fn
-    )
-    estimate = estimator.estimate(differences)
-    perturber.update(seed, -learning_rate * estimate.projected_gradient * direction_scale)
+    seeds = direction_seeds(seed, directions)
+    scales = [perturber.sampler.scale(each, perturber.sizes) for each in seeds]
+    columns, losses = [], []
+    for index, (each, scale) in enumerate(zip(seeds, scales, strict=True)):
+        differences, mean_loss = estimate_differences(
+            perturber,
+            each,
+            perturbation_scale * scale,
+            perturbation_scale,
+            batch,
+            batch_size,
+            loss_fn,
+        )
+        if index < directions - 1:
+            perturber.update(each, 0.0)  # back to θ before the next direction
+        columns.append(differences)
+        losses.append(mean_loss)
+    estimate = estimator.estimate(columns[0] if directions == 1 else torch.stack(columns, 1))
+    gradients = estimate.projected_gradients
+    apply_updates(perturber, seeds, update_coefficients(learning_rate, gradients, scales))
     return StepRecord(
         step=step,
         seed=seed,
-        projected_gradient=estimate.projected_gradient,
+        projected_gradient=gradients[0],
         learning_rate=learning_rate,
         batch_size=estimate.batch_size,
-        direction_scale=direction_scale,
+        direction_scale=scales[0],
         nonfinite=estimate.nonfinite,
-        mean_loss=mean_loss,
+        mean_loss=sum(losses) / directions,
+        extra_projected_gradients=tuple(gradients[1:]),
+        extra_direction_scales=tuple(scales[1:]),
     )
+
+
+def update_coefficients(
+    learning_rate: float, gradients: Sequence[float], scales: Sequence[float]
+) -> list[float]:
+    """−(η/K)·g_k·s_k for each direction: the coefficients training and replay apply (with
+    one direction exactly the single-direction step's −η·g·s)."""
+    share = learning_rate / len(gradients)
+    return [-share * gradient * scale for gradient, scale in zip(gradients, scales, strict=True)]
+
+
+def apply_updates(
+    perturber: Perturber, seeds: Sequence[int], coefficients: Sequence[float]
+) -> None:
+    """θ += Σ_k c_k z_k, leaving the model at θ. The perturber sits at θ − r·z of the last
+    direction, so its update is fused with that restore; the others follow in order."""
+    perturber.update(seeds[-1], coefficients[-1])
+    for seed, coefficient in zip(seeds[:-1], coefficients[:-1], strict=True):
+        perturber.update(seed, coefficient)
 
 
 def estimate_differences(

@@ -1,7 +1,11 @@
 """The trajectory: one row per step, enough to rebuild the fine-tuned weights from the base.
 
 A run's released output is its base-model reference plus this table (a few kilobytes): every
-row holds only public quantities (the step's direction seed and the noised projected gradient).
+row holds only public quantities (the step's direction seed and the noised projected gradients,
+one per direction of the step).
+
+Format 2 adds the columns of directions 2..K (``optimizer.directions_per_step``); format 1
+(no ``format_version`` in the metadata, one direction per step) still reads and replays.
 """
 
 from __future__ import annotations
@@ -17,21 +21,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from privzo.config.run import RunConfig
-from privzo.zo.directions import DIRECTIONS_VERSION
+from privzo.zo.directions import DIRECTIONS_VERSION, direction_seeds
 from privzo.zo.integrity import check_rows, columns_checksum
 from privzo.zo.perturbation import Perturber
-from privzo.zo.step import StepRecord
+from privzo.zo.step import StepRecord, apply_updates, update_coefficients
 
-SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("seed", pa.int64()),
-        ("projected_gradient", pa.float64()),
-        ("learning_rate", pa.float64()),
-        ("batch_size", pa.int64()),
-        ("direction_scale", pa.float64()),
-    ]
-)
+_FIRST_COLUMNS = [
+    ("step", pa.int64()),
+    ("seed", pa.int64()),
+    ("projected_gradient", pa.float64()),  # of the step's first direction
+    ("learning_rate", pa.float64()),
+    ("batch_size", pa.int64()),
+    ("direction_scale", pa.float64()),
+]
+# the released g and direction scale of directions 2..K (empty lists with one direction)
+EXTRA_COLUMNS = ("extra_projected_gradients", "extra_direction_scales")
+SCHEMA = pa.schema(_FIRST_COLUMNS + [(name, pa.list_(pa.float64())) for name in EXTRA_COLUMNS])
+FORMAT_VERSION = 2
+"""The trajectory's format: 2 added ``EXTRA_COLUMNS`` and ``TrajectoryMeta.directions``."""
 _METADATA_KEY = b"privzo"
 _CHECKSUM_KEY = b"privzo.checksum"  # of the rows (privzo.zo.integrity); absent before it existed
 
@@ -55,6 +62,13 @@ class TrajectoryMeta:
     base_fingerprint: dict[str, list] | None = None
     # the hub commit of the base model (None: a built-in or local model); replay loads it
     model_revision: str | None = None
+    directions: int = 1  # per step (optimizer.directions_per_step)
+    format_version: int = FORMAT_VERSION  # a file without one is format 1
+
+
+def format_columns(version: int) -> list[str]:
+    """The columns of a trajectory of format ``version`` (its checksum covers exactly these)."""
+    return SCHEMA.names if version >= 2 else [name for name, _type in _FIRST_COLUMNS]
 
 
 def trajectory_meta(
@@ -80,6 +94,7 @@ def trajectory_meta(
         generator=perturber.sampler.generator,
         base_fingerprint=base_fingerprint,
         model_revision=model_revision,
+        directions=config.optimizer.directions_per_step,
     )
 
 
@@ -95,8 +110,10 @@ class TrajectoryRecorder:
         self._columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
 
     def append(self, record: StepRecord) -> None:
+        assert len(record.extra_projected_gradients) == self.meta.directions - 1
         for name in SCHEMA.names:
-            self._columns[name].append(getattr(record, name))
+            value = getattr(record, name)
+            self._columns[name].append(list(value) if name in EXTRA_COLUMNS else value)
         if not self.release_batch_size:
             self._columns["batch_size"][-1] = None
 
@@ -112,7 +129,10 @@ class TrajectoryRecorder:
     def to_table(self) -> pa.Table:
         table = pa.table(self._columns, schema=SCHEMA)
         meta = {
-            _METADATA_KEY: json.dumps(self.meta.__dict__).encode(),
+            # the rows are written in this format whatever meta was read from
+            _METADATA_KEY: json.dumps(
+                {**self.meta.__dict__, "format_version": FORMAT_VERSION}
+            ).encode(),
             _CHECKSUM_KEY: columns_checksum(self._columns).encode(),
         }
         return table.replace_schema_metadata(meta)
@@ -129,24 +149,47 @@ class TrajectoryRecorder:
 
 
 def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
+    """The rows and metadata of a trajectory file of any format (format 1 gets the empty extra
+    columns of its one direction per step), checked (``privzo.zo.integrity``)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"trajectory file {str(path)!r} does not exist")
     table = pq.read_table(path)
     raw = (table.schema.metadata or {}).get(_METADATA_KEY)
     if raw is None:
         raise ValueError(f"{str(path)!r} is not a privzo trajectory (no privzo metadata)")
-    missing = set(SCHEMA.names) - set(table.column_names)
+    meta = TrajectoryMeta(**{"format_version": 1, **json.loads(raw)})
+    if meta.format_version > FORMAT_VERSION:
+        raise ValueError(
+            f"trajectory {str(path)!r} has format {meta.format_version}; this privzo reads up to "
+            f"format {FORMAT_VERSION}: replay it with a newer privzo"
+        )
+    names = format_columns(meta.format_version)
+    missing = set(names) - set(table.column_names)
     if missing:
         raise ValueError(f"trajectory {str(path)!r} lacks columns {sorted(missing)}")
-    columns = {name: table.column(name).to_pylist() for name in SCHEMA.names}
+    columns = {name: table.column(name).to_pylist() for name in names}
     checksum = (table.schema.metadata or {}).get(_CHECKSUM_KEY)
     if checksum is not None and checksum.decode() != columns_checksum(columns):
         raise ValueError(
             f"trajectory {str(path)!r} fails its checksum: its rows changed after the run wrote "
             "them (a damaged or edited file); replay would build wrong weights"
         )
-    check_rows(columns, f"trajectory {str(path)!r}")
-    return table, TrajectoryMeta(**json.loads(raw))
+    if meta.format_version < 2:
+        table = _with_extra_columns(table.select(names))
+    check_rows(
+        {name: table.column(name).to_pylist() for name in SCHEMA.names},
+        f"trajectory {str(path)!r}",
+        directions=meta.directions,
+    )
+    return table, meta
+
+
+def _with_extra_columns(table: pa.Table) -> pa.Table:
+    """A format-1 table with the (empty) extra-direction columns of the current schema."""
+    empty = pa.array([[] for _ in range(table.num_rows)], pa.list_(pa.float64()))
+    for name in EXTRA_COLUMNS:
+        table = table.append_column(name, empty)
+    return table
 
 
 def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
@@ -172,6 +215,9 @@ def replay_steps(
     float operations (for in-place fp32 weights: +r, −2r, then +(r − ηg·s)), so the weights come
     out bit-identical, which a single net update −ηg·s would not.
 
+    A step with K directions replays as ``zo_step`` made it: ±r on each z_k (restoring θ
+    between them), then the K updates −(η/K)·g_k·s_k, the last fused with its restore.
+
     A half-precision (virtual) run replayed into fp32 weights gets its intended model: each
     step's update θ ← θ − ηg·s·z in fp32, none of the training run's roundings.
     """
@@ -192,21 +238,41 @@ def replay_steps(
             f"trajectory was trained with {meta.perturbation} perturbation but the replay "
             f"model's weights use {perturber.mode}; load the base model in the training dtype"
         )
+    if at_perturbed is not None and meta.directions > 1:
+        raise ValueError(
+            f"the trajectory has {meta.directions} directions per step; probing it at θ ± εz "
+            "is done for one direction per step only"
+        )
     steps = 0
     for row in iter_rows(table):
-        if intended:  # half precision into fp32: only the updates, unrounded
-            update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
-            perturber.update(row["seed"], update)
-            steps += 1
-            continue
-        radius = meta.perturbation_scale * row["direction_scale"]
-        perturber.perturb(row["seed"], radius)
-        if at_perturbed is not None:
-            at_perturbed(row, 1)
-        perturber.perturb(row["seed"], -radius)
-        if at_perturbed is not None:
-            at_perturbed(row, -1)
-        update = -row["learning_rate"] * row["projected_gradient"] * row["direction_scale"]
-        perturber.update(row["seed"], update)
+        seeds = direction_seeds(row["seed"], meta.directions)
+        scales = [row["direction_scale"], *row["extra_direction_scales"]]
+        gradients = [row["projected_gradient"], *row["extra_projected_gradients"]]
+        if not intended:  # half precision into fp32 makes only the updates, unrounded
+            _evaluation_moves(perturber, row, seeds, scales, meta, at_perturbed)
+        apply_updates(
+            perturber, seeds, update_coefficients(row["learning_rate"], gradients, scales)
+        )
         steps += 1
     return steps
+
+
+def _evaluation_moves(
+    perturber: Perturber,
+    row: dict[str, Any],
+    seeds: list[int],
+    scales: list[float],
+    meta: TrajectoryMeta,
+    at_perturbed: PerturbedProbe | None,
+) -> None:
+    """The step's moves to θ ± r·z_k and back between directions, as ``zo_step`` makes them."""
+    for index, (seed, scale) in enumerate(zip(seeds, scales, strict=True)):
+        radius = meta.perturbation_scale * scale
+        perturber.perturb(seed, radius)
+        if at_perturbed is not None:
+            at_perturbed(row, 1)
+        perturber.perturb(seed, -radius)
+        if at_perturbed is not None:
+            at_perturbed(row, -1)
+        if index < len(seeds) - 1:
+            perturber.update(seed, 0.0)

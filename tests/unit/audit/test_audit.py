@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from privzo.audit import AUDIT_FILE, AuditConfig, run_audit
+from privzo.audit.pipeline import audit_scores
 from privzo.audit.scores import (
     WhiteBoxTrace,
     centre_by_label,
@@ -145,6 +146,11 @@ def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, 
         (("parallel.strategy=replica", "parallel.workers=2"), {}, "parallel.strategy='replica'"),
         (("task.name=squad",), {}, "generates answers"),
         ((), {"canaries": 20, "ks": [11]}, r"2k ≤ canaries=20"),
+        (
+            ("optimizer.directions_per_step=2", "privacy.noise_grid=null"),
+            {"scores": ["white-box-match"]},
+            "directions_per_step=2: the white-box scores",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_training(
@@ -154,6 +160,14 @@ def test_bad_input_is_refused_before_training(
     with pytest.raises(ConfigError, match=message):
         run_audit(config, AuditConfig(**audit), tmp_path / "a", cache_dir=cache_dir)
     assert not (tmp_path / "a" / "run").exists()  # nothing trained, nothing written
+
+
+def test_several_directions_per_step_are_audited_black_box_only(tiny_run_config):
+    config = tiny_run_config("optimizer.directions_per_step=2", "privacy.noise_grid=null")
+    scores, note = audit_scores(config, AuditConfig())
+    assert scores == ["black-box"]
+    assert note is not None and "directions_per_step=2" in note
+    assert len(audit_scores(tiny_run_config(), AuditConfig())[0]) > 1  # one direction: white-box
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "1.5", "-0.1"])

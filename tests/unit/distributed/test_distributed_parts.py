@@ -86,8 +86,18 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
     noise = [private.estimate(torch.zeros(2)).projected_gradient * 5 for _ in range(3000)]
     reduced_bytes = group.reduced_bytes
     # local sums 1 and 2: what each rank receives from the all-reduce (the plain sum is 3)
-    received = [private.aggregate(float(rank + 1), 1)[0] for _ in range(20)]
-    results[rank] = (mean.projected_gradient, mean.batch_size, noise, reduced_bytes, received)
+    received = [private.aggregate([float(rank + 1)], 1)[0][0] for _ in range(20)]
+    # two directions: each rank's [5, 2] share of the global [10, 2] differences
+    columns = torch.stack([differences, differences.flip(0) * 2], dim=1)
+    pair = distribute_estimator(make_estimator(), group).estimate(columns[rank::2])
+    results[rank] = (
+        mean.projected_gradient,
+        mean.batch_size,
+        noise,
+        reduced_bytes,
+        received,
+        pair.projected_gradients,
+    )
     dist.destroy_process_group()
 
 
@@ -104,10 +114,13 @@ def two_ranks(tmp_path_factory):
 def test_distributed_mean_is_the_single_process_mean(two_ranks):
     differences = torch.arange(10, dtype=torch.float32) / 3 - 1
     single = make_estimator().estimate(differences)
+    columns = torch.stack([differences, differences.flip(0) * 2], dim=1)
+    single_pair = make_estimator().estimate(columns).projected_gradients
     for rank in (0, 1):
-        mean, count, _noise, _bytes, _received = two_ranks[rank]
+        mean, count, _noise, _bytes, _received, pair = two_ranks[rank]
         assert count == 10
         assert mean == pytest.approx(single.projected_gradient, rel=1e-12, abs=1e-12)
+        assert pair == pytest.approx(single_pair, rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs

@@ -212,6 +212,74 @@ def test_noiseless_step_is_the_mean_clipped_update(problem, name: str) -> None: 
         np.testing.assert_allclose(stepped[k], expected, rtol=1e-6, atol=1e-9)
 
 
+def test_noiseless_aggregated_step_clips_each_examples_directions_together(problem) -> None:  # type: ignore[no-untyped-def]
+    """DP-AggZO with σ = 0: x − η/(J n) Σ_j Σ_i clip_ℓ2(s_i)_j z_j, from the losses."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, problem.dimension))
+    z = rng.normal(size=(3, problem.dimension))
+    rates, clips = np.array([0.1, 0.7]), np.array([0.2, 3.0])
+    inputs = StepInputs(problem, z, rates, clips, 0.0, SecretNormal())
+    stepped = ALGORITHMS["dpzero"].step(x, inputs, {})
+    delta = 1e-4
+    for k in range(2):
+        diffs = np.stack(
+            [
+                (
+                    problem.example_losses(x[k] + delta * row)
+                    - problem.example_losses(x[k] - delta * row)
+                )
+                / (2 * delta)
+                for row in z
+            ],
+            axis=1,
+        )  # (n, J)
+        norms = np.linalg.norm(diffs, axis=1, keepdims=True)
+        clipped = diffs * np.minimum(1.0, clips[k] / norms)
+        assert np.linalg.norm(clipped, axis=1).max() <= clips[k] * (1 + 1e-12)
+        update = clipped.sum(axis=0) @ z / (3 * problem.dataset_size)
+        np.testing.assert_allclose(stepped[k], x[k] - rates[k] * update, rtol=1e-6, atol=1e-9)
+
+
+def test_one_direction_per_step_keeps_the_dpzero_trajectory(problem) -> None:  # type: ignore[no-untyped-def]
+    """directions_per_step=1 draws the same public directions as DPZero always did: with σ = 0
+    the runs agree exactly; several directions per step only for dpzero."""
+    rates, clips = np.array([0.05]), np.array([1.0])
+    one = run_algorithm("dpzero", problem, rates, clips, steps=5, noise_multiplier=0.0, seed=2)
+    again = run_algorithm(
+        "dpzero",
+        problem,
+        rates,
+        clips,
+        steps=5,
+        noise_multiplier=0.0,
+        seed=2,
+        directions_per_step=1,
+    )
+    assert one.final_loss.tolist() == again.final_loss.tolist()
+    several = run_algorithm(
+        "dpzero",
+        problem,
+        rates,
+        clips,
+        steps=5,
+        noise_multiplier=0.0,
+        seed=2,
+        directions_per_step=4,
+    )
+    assert several.final_loss.tolist() != one.final_loss.tolist()
+    with pytest.raises(ValueError, match="only dpzero takes more"):
+        run_algorithm(
+            "dp-gd",
+            problem,
+            rates,
+            clips,
+            steps=1,
+            noise_multiplier=0.0,
+            seed=2,
+            directions_per_step=2,
+        )
+
+
 # --- noise and privacy ---------------------------------------------------------------------
 
 

@@ -218,6 +218,13 @@ def test_geometric_trial_count_has_the_configured_mean():
             },
             "derive-steps' with optimizer.batch_size in space",
         ),
+        (
+            {
+                "space": {"optimizer.directions_per_step": [1, 4]},
+                "budget": {"max_forward_passes": 400, "mode": "derive-steps"},
+            },
+            "derive-steps' with optimizer.directions_per_step in space",
+        ),
     ],
 )
 def test_bad_search_configs_fail_at_load(make_search, change, message):
@@ -226,6 +233,9 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=message):
         load_search_config(path)
+
+
+SPACE = {"privacy.clip": [0.5, 1.0], "optimizer.steps": [10, 30]}  # make_search's
 
 
 @pytest.mark.parametrize(
@@ -252,12 +262,36 @@ def test_bad_search_configs_fail_at_load(make_search, change, message):
             {"scheduler": {"type": "asha"}, "resources": {"concurrency": 2}},
             "resources.concurrency=2 in a private search: scheduler.type=asha",
         ),
+        (
+            {"space": {**SPACE, "optimizer.directions_per_step": [1, 4]}},
+            "directions_per_step=4 with privacy.noise_grid",
+        ),
+        (
+            {
+                "space": {**SPACE, "optimizer.directions_per_step": [1, 4]},
+                "overrides": {"privacy.noise_grid": None},
+                "budget": {"max_forward_passes": 1000},
+            },
+            r"costs 1920 forward passes \(2 × 8 × 4 direction\(s\) × 30 steps\)",
+        ),
     ],
 )
 def test_searches_that_cannot_run_fail_in_the_plan(make_search, cache_dir, change, message):
     path = make_search(**change)
     with pytest.raises(ConfigError, match=message):
         plan_search(load_search_config(path), cache_dir)
+
+
+def test_directions_per_step_is_searched_at_one_privacy_cost(make_search, cache_dir):
+    """K does not change a trial's privacy event: the same events as the search without it."""
+    plain = make_search(overrides={"privacy.noise_grid": None})
+    events = plan_search(load_search_config(plain), cache_dir).events
+    path = make_search(
+        space={**SPACE, "optimizer.directions_per_step": [1, 2]},
+        overrides={"privacy.noise_grid": None},
+    )
+    plan = plan_search(load_search_config(path), cache_dir)
+    assert plan.events == events and len(events) == 2
 
 
 def test_derived_steps_fill_the_compute_budget(make_search, sentiment_files, cache_dir):
