@@ -134,8 +134,10 @@ def _run_search(
 
 def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
     from privzo.studies import load_study_config, run_study
+    from privzo.studies.config import ScalingStudyConfig
 
     study = load_study_config(config_path)
+    assert isinstance(study, ScalingStudyConfig), "the demo's study is a scaling study"
     if quick:
         overrides = {**study.overrides, "optimizer.steps": QUICK_STUDY_STEPS}
         study = study.model_copy(update={"overrides": overrides})

@@ -80,7 +80,7 @@ def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
 
 
 def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
-    files = list(study.base)
+    files: list[str | Path] = list(study.base)
     values: dict[str, Any] = dict(study.overrides)
     if cell.model.endswith((".yaml", ".yml")):
         files.append(cell.model)
@@ -387,6 +387,7 @@ def _search_cell(
             "search_guarantee": summary.bounds.guarantee,
         }
     )
+    assert result.tracking_run_id is not None, "a study's trials are tracked in its MLflow store"
     cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
     set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
     write_summary(cell_dir / SUMMARY_FILE, result)

@@ -171,21 +171,26 @@ def start_ray(address: str | None, num_cpus: int | None) -> None:
 
     if ray.is_initialized():
         return
-    options = {
-        "address": address,
-        "include_dashboard": False,
-        "log_to_driver": True,
-        "runtime_env": ray_runtime_env({}),  # trials import this privzo, not a node's
-    }
+    runtime_env = ray_runtime_env({})  # trials import this privzo, not a node's
+
+    def init(cpus: int | None) -> None:
+        ray.init(
+            address=address,
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=runtime_env,
+        )
+
     if address is not None or not num_cpus:
-        ray.init(**options)
+        init(None)
         return
     try:
-        ray.init(**options, num_cpus=num_cpus)
+        init(num_cpus)
     except ValueError as error:
         if "existing cluster" not in str(error):
             raise
-        ray.init(**options)  # Ray found a local cluster to join before starting its own
+        init(None)  # Ray found a local cluster to join before starting its own
 
 
 def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
