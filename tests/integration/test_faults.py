@@ -1,4 +1,4 @@
-"""Fault injection (issue 14 item 6). A single run SIGKILLed at random steps, again and again,
+"""Fault injection. A single run SIGKILLed at random steps, again and again,
 then let finish: every kill lands wherever the run is (inside a step, while a window's
 trajectory and resume point are written, while MLflow is logging); the same command resumes.
 A distributed run's worker and a search trial are each SIGKILLed at a random step boundary,
@@ -130,8 +130,8 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
 # --- a distributed worker and a search trial, killed at a random step ----------------------
 #
 # Neither kill races the run: the victim's rank 0 (or the trial) writes its PID and waits at the
-# drawn step's boundary until the test has checked that PID is its own and killed the victim
-# (issue 19 item 1). The wait is the ``RunHooks.after_window`` hook a distributed run ships to
+# drawn step's boundary until the test has checked that PID is its own and killed the victim.
+# The wait is the ``RunHooks.after_window`` hook a distributed run ships to
 # rank 0; a trial's hooks are the search's own, so a Ray worker setup hook (the test's, given to
 # ``ray.init``) wraps the trial's ``after_window`` with the same wait.
 

@@ -193,7 +193,8 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
     tmp_path, make_search, cache_dir, tune_processes
 ):
     """Tune's result.json, progress.csv and experiment state of a private trial hold no
-    time_this_iter_s, time_total_s, time_since_restore, timestamp or date (issue 13 item 2)."""
+    time_this_iter_s, time_total_s, time_since_restore, timestamp or date: a private release
+    carries no wall clock."""
     from privzo.tuning.withhold import TIMING_FIELDS
 
     search = make_search(space={"privacy.clip": [0.5]})

@@ -297,7 +297,7 @@ def test_a_search_override_of_a_searched_key_is_refused(make_search):
 
 
 def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
-    """ε 1.999 and 2 used to stand in one column as "1.999" and "2"."""
+    """ε 1.999 and 2 in one column print to the same decimal places: "1.999" and "2.000"."""
     row = {"trial_id": "t0", "noise_multiplier": 2.0, "epsilon": 2.0, "metric_after": 0.5}
     rows = [
         row | {"selection_score": 0.7, "status": "finished"},
