@@ -73,9 +73,7 @@ LAYERS = {
     "privzo.cli": 5,  # its own order: CLI_LAYERS
     "privzo.__main__": 5,  # python -m privzo: the CLI
     "privzo.demo": 5,
-    "privzo.bench": 5,
-    "privzo.bench_memory": 5,
-    "privzo.bench_distributed": 5,
+    "privzo.bench": 5,  # zo-step, memory, distributed and the kernels' check
 }
 
 # Inside privzo.privacy.accountants, from the bottom: the one calibration search (which knows no
