@@ -21,7 +21,7 @@ from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
 # checkout's configs/ links to these files.
-CONFIG_DIR = Path(__file__).resolve().parent / "demo_configs" / "runs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
 SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
 STUDY_CONFIG = "../studies/tiny-scaling.yaml"
