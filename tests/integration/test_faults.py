@@ -462,7 +462,7 @@ def _pausing_trials(step: int, pid_file: Path):
     def setup() -> None:
         import dataclasses
 
-        import privzo.tuning.trial as trial
+        import privzo.search.trial as trial
 
         original = trial.run
 
@@ -510,9 +510,9 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     again resumes the trial from its last window (a distributed one from the newest checkpoint
     its Ray Train run committed)."""
     from privzo.dirlock import LOCK_FILE, read_holder
+    from privzo.search import load_search_config, run_search
+    from privzo.search.privacy import TrialEvent, composition_epsilon, rdp_curve
     from privzo.tracking import find_runs
-    from privzo.tuning import load_search_config, run_search
-    from privzo.tuning.privacy import TrialEvent, composition_epsilon, rdp_curve
 
     seed = _fault_seed()
     step = random.Random(seed).randrange(2, RAY_STEPS - 2)

@@ -17,8 +17,8 @@ import pytest
 from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
+from privzo.search.export import export_best
 from privzo.tracking import open_client
-from privzo.tuning.export import export_best
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -195,7 +195,7 @@ def test_a_private_trial_leaves_no_timing_fields_in_tunes_records(
     """Tune's result.json, progress.csv and experiment state of a private trial hold no
     time_this_iter_s, time_total_s, time_since_restore, timestamp or date: a private release
     carries no wall clock."""
-    from privzo.tuning.withhold import TIMING_FIELDS
+    from privzo.search.withhold import TIMING_FIELDS
 
     search = make_search(space={"privacy.clip": [0.5]})
     output = tmp_path / "search"

@@ -66,7 +66,7 @@ LAYERS = {
     "privzo.replay": 3,
     "privzo.analysis": 3,
     # 4: searches and studies, made of runs
-    "privzo.tuning": 4,
+    "privzo.search": 4,
     "privzo.studies": 4,
     "privzo.audit": 4,  # a run with canaries, scored and bounded (privzo.privacy.audit)
     # 5: entry points

@@ -12,8 +12,8 @@ import privzo
 from conftest import REPO
 from privzo.config import load_config
 from privzo.demo import ARMS, CONFIG_DIR, SEARCH_CONFIG, STUDY_CONFIG
+from privzo.search.config import base_run_config, load_search_config
 from privzo.studies.config import load_study_config
-from privzo.tuning.config import base_run_config, load_search_config
 
 PACKAGE_DIR = Path(privzo.__file__).resolve().parent
 

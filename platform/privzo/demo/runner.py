@@ -108,7 +108,7 @@ def _run_search(
 ) -> None:
     import ray
 
-    from privzo.tuning import SearchConfig, load_search_config, run_search
+    from privzo.search import SearchConfig, load_search_config, run_search
 
     data = load_search_config(config_path).model_dump(mode="json")
     if quick:

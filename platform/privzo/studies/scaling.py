@@ -292,7 +292,7 @@ def _run_audit_cells(
 
 
 def _check_search(study: ScalingStudyConfig) -> None:
-    from privzo.tuning import load_search_config
+    from privzo.search import load_search_config
 
     assert study.search is not None
     load_search_config(study.search)
@@ -359,8 +359,8 @@ def _search_cell(
 ) -> RunSummary:
     """A private cell answered by a search: the best trial's run stands for the cell (tagged
     as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
+    from privzo.search import SearchConfig, load_search_config, run_search
     from privzo.tracking import set_run_tags
-    from privzo.tuning import SearchConfig, load_search_config, run_search
 
     assert study.search is not None
     cell_dir.mkdir(parents=True, exist_ok=True)

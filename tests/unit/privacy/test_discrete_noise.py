@@ -299,7 +299,7 @@ def test_the_search_bounds_a_gridded_step_in_both_directions_at_every_order():
     remove direction is the continuous closed form at K/Δ exactly."""
     from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
     from privzo.privacy.dp_accounting_adapter import RDP_ORDERS
-    from privzo.tuning.privacy import TrialEvent, rdp_curve
+    from privzo.search.privacy import TrialEvent, rdp_curve
 
     grid, sigma, rate = 16, 1.25, 0.1
     shift = grid_sensitivity(grid, sigma)

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from privzo.tuning.search import start_ray
+from privzo.search.runner import start_ray
 
 
 @pytest.mark.ray
