@@ -53,7 +53,7 @@ LAYERS = {
     "privzo.tasks": 1,
     "privzo.tracking": 1,
     "privzo.planner": 1,
-    # 2: layouts and algorithms (distributed/ and baselines/ until they move)
+    # 2: layouts and algorithms, with the machinery the multi-process layouts run on
     "privzo.layouts": 2,
     "privzo.algorithms": 2,
     "privzo.distributed": 2,
