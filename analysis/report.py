@@ -1,4 +1,4 @@
-"""Build the scaling report of an MLflow experiment (the same as `privzo report`).
+"""Build the scaling report of an MLflow experiment: `privzo report`, run as a script.
 
     python analysis/report.py --tracking-uri sqlite:///runs/demo/mlflow.db \\
         --experiment tiny-scaling --study tiny-scaling --output-dir runs/demo/report
@@ -6,26 +6,21 @@
 Writes runs.parquet (one row per finished run), scaling.parquet, privacy_gap.parquet,
 resources.parquet, the PNG plots and report.md. The Parquet files load in pandas / pyarrow /
 polars for your own analysis: `pd.read_parquet("runs/demo/report/runs.parquet")`.
+
+The options are the command's (`privzo report --help`): the CLI owns them, this script hands
+its arguments over, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
+from collections.abc import Sequence
 
-from privzo.analysis import build_report
+from privzo.cli import main as privzo_main
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tracking-uri", required=True)
-    parser.add_argument("--experiment", required=True)
-    parser.add_argument("--study", help="only this study's cells")
-    parser.add_argument("--output-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    build_report(args.tracking_uri, args.experiment, args.output_dir, study=args.study)
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    return privzo_main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

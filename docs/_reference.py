@@ -28,9 +28,9 @@ def config_models() -> list[tuple[str, str, type[BaseModel], str]]:
     """(title, anchor, model, what reads it) of every config file privzo reads."""
     from privzo.audit.config import AuditConfig
     from privzo.config import RunConfig
+    from privzo.search.config import SearchConfig
     from privzo.studies.config import ScalingStudyConfig
     from privzo.synthetic.config import SyntheticStudyConfig
-    from privzo.tuning.config import SearchConfig
 
     return [
         ("Run config", "run-config", RunConfig, "`privzo run`, `privzo check`, `privzo audit`"),

@@ -41,7 +41,8 @@ class Bench:
         return f"{self.shape} {self.dtype} 16x{self.seq_len}"
 
 
-# Priority order: the issue-11 targets' case first; the largest shape that fits goes last.
+# Priority order: the case the CUDA targets are set for first, the largest shape that fits
+# last.
 FIRST_BENCHES = (Bench("opt-13b", "float16"), Bench("opt-1.3b", "float16"))
 LATER_BENCHES = (
     Bench("opt-13b", "bfloat16"),

@@ -50,8 +50,9 @@ def replay(
     """The base model with the run's PEFT view and every step of the trajectory applied.
 
     ``device`` / ``dtype`` default to the training run's. Philox trajectories replay on any
-    device type (within the tolerance in the README); ``dtype='float32'`` rebuilds a
-    half-precision run into fp32 weights: the updates it intended, without its roundings.
+    device type (within the tolerance in docs/performance/index.md, "The step on GPUs");
+    ``dtype='float32'`` rebuilds a half-precision run into fp32 weights: the updates it
+    intended, without its roundings.
     Returns the loaded base, the model with its view (the peft wrapper for lora / prefix), and
     the number of steps replayed.
     """

@@ -399,7 +399,7 @@ def test_killed_worker_resumes_from_its_checkpoint(ray_session, tmp_path, cache_
 @pytest.mark.ray
 @pytest.mark.slow
 def test_distributed_benchmark_measures_the_layouts(ray_session, cache_dir):
-    from privzo.bench_distributed import distributed_benchmark
+    from privzo.bench.distributed import distributed_benchmark
 
     result = distributed_benchmark(cache_dir, model="tiny-opt", steps=4)
     assert result["allreduce_bytes_per_step"] == 16  # [noisy clipped sum, count] in fp64

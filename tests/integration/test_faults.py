@@ -1,4 +1,4 @@
-"""Fault injection (issue 14 item 6). A single run SIGKILLed at random steps, again and again,
+"""Fault injection. A single run SIGKILLed at random steps, again and again,
 then let finish: every kill lands wherever the run is (inside a step, while a window's
 trajectory and resume point are written, while MLflow is logging); the same command resumes.
 A distributed run's worker and a search trial are each SIGKILLed at a random step boundary,
@@ -130,8 +130,8 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
 # --- a distributed worker and a search trial, killed at a random step ----------------------
 #
 # Neither kill races the run: the victim's rank 0 (or the trial) writes its PID and waits at the
-# drawn step's boundary until the test has checked that PID is its own and killed the victim
-# (issue 19 item 1). The wait is the ``RunHooks.after_window`` hook a distributed run ships to
+# drawn step's boundary until the test has checked that PID is its own and killed the victim.
+# The wait is the ``RunHooks.after_window`` hook a distributed run ships to
 # rank 0; a trial's hooks are the search's own, so a Ray worker setup hook (the test's, given to
 # ``ray.init``) wraps the trial's ``after_window`` with the same wait.
 
@@ -462,7 +462,7 @@ def _pausing_trials(step: int, pid_file: Path):
     def setup() -> None:
         import dataclasses
 
-        import privzo.tuning.trial as trial
+        import privzo.search.trial as trial
 
         original = trial.run
 
@@ -510,9 +510,9 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     again resumes the trial from its last window (a distributed one from the newest checkpoint
     its Ray Train run committed)."""
     from privzo.dirlock import LOCK_FILE, read_holder
+    from privzo.search import load_search_config, run_search
+    from privzo.search.privacy import TrialEvent, composition_epsilon, rdp_curve
     from privzo.tracking import find_runs
-    from privzo.tuning import load_search_config, run_search
-    from privzo.tuning.privacy import TrialEvent, composition_epsilon, rdp_curve
 
     seed = _fault_seed()
     step = random.Random(seed).randrange(2, RAY_STEPS - 2)

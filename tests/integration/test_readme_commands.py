@@ -25,9 +25,9 @@ from conftest import REPO
 pytestmark = pytest.mark.integration
 
 COMMANDS_PAGE = REPO / "docs" / "guides" / "commands.md"
-NEEDS_HUB = "Hugging Face Hub"  # the README's comment on a command that needs the network
-# Smaller sizes appended to a command (by its leading words): only overrides / options the README
-# documents for that command, so the command as written still decides what runs.
+NEEDS_HUB = "Hugging Face Hub"  # the tour's comment on a command that needs the network
+# Smaller sizes appended to a command (by its leading words): only overrides / options the docs
+# document for that command, so the command as written still decides what runs.
 SHRINK = {
     "privzo run": ["optimizer.steps=20"],
     "privzo audit": ["optimizer.steps=20", "--canaries", "100"],

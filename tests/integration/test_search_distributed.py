@@ -1,6 +1,6 @@
 """Searches whose trials are distributed runs (Ray Train workers inside each Tune trial).
 
-Their refusals and resume rules, which need no Ray: tests/unit/tuning/test_distributed_trials.py.
+Their refusals and resume rules, which need no Ray: tests/unit/search/test_distributed_trials.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 from conftest import RAY_TEST_ENV
 from privzo.privacy import compute_epsilon
+from privzo.search import load_search_config, plan_search
 from privzo.tracking import open_client
-from privzo.tuning import load_search_config, plan_search
 
 # Margins for a loaded machine (2 cores shared by several jobs), not timings: Ray Train's worker
 # groups start slowly under load, and a hang still ends.

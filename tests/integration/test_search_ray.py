@@ -18,9 +18,10 @@ import yaml
 from conftest import ctrl_c_reaches_it
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
+from privzo.search.export import export_best
 from privzo.tracking import open_client
+from privzo.search.export import export_best
 from privzo.tracking.clock import PUBLIC_TIME_MS
-from privzo.tuning.export import export_best
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -244,7 +245,7 @@ def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_
     search (three trials) hold no time_this_iter_s, time_total_s, time_since_restore,
     timestamp or date, its trials' starts and last reports are at the public time and their
     folders' names carry no date."""
-    from privzo.tuning.withhold import TIMING_FIELDS
+    from privzo.search.withhold import TIMING_FIELDS
 
     output, _ = quick_demo
     tune_dir = output / "search" / "tune"

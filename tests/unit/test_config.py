@@ -24,10 +24,10 @@ from privzo.config import (
     with_values,
 )
 from privzo.planner import OPT_SIZES, plan
+from privzo.search.config import SearchConfig, base_run_config, load_search_config
+from privzo.search.runner import tune_param_space
 from privzo.studies import ScalingStudyConfig, load_study_config
-from privzo.studies.scaling import cell_config, expand_cells
-from privzo.tuning.config import SearchConfig, base_run_config, load_search_config
-from privzo.tuning.search import tune_param_space
+from privzo.studies.cells import cell_config, expand_cells
 
 CONFIG_ROOT = REPO / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))

@@ -3,9 +3,8 @@ exactly on the platform they were recorded on.
 
 A change that moves any of them (the direction generator, the step's arithmetic, the sampler's
 order, the accountant) fails here by name, even where every behavioural test still passes. On
-another torch build or CPU instruction set the forward's last bits differ (see the README's
-"Which demo figures depend on the platform"), so there the run's figures are compared to a
-tolerance that still catches a changed algorithm.
+another torch build or CPU instruction set the forward's last bits differ, so there the run's
+figures are compared to a tolerance that still catches a changed algorithm.
 """
 
 from __future__ import annotations

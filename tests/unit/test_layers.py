@@ -53,7 +53,7 @@ LAYERS = {
     "privzo.tasks": 1,
     "privzo.tracking": 1,
     "privzo.planner": 1,
-    # 2: layouts and algorithms (distributed/ and baselines/ until they move)
+    # 2: layouts and algorithms, with the machinery the multi-process layouts run on
     "privzo.layouts": 2,
     "privzo.algorithms": 2,
     "privzo.distributed": 2,
@@ -66,16 +66,14 @@ LAYERS = {
     "privzo.replay": 3,
     "privzo.analysis": 3,
     # 4: searches and studies, made of runs
-    "privzo.tuning": 4,
+    "privzo.search": 4,
     "privzo.studies": 4,
     "privzo.audit": 4,  # a run with canaries, scored and bounded (privzo.privacy.audit)
     # 5: entry points
     "privzo.cli": 5,  # its own order: CLI_LAYERS
     "privzo.__main__": 5,  # python -m privzo: the CLI
     "privzo.demo": 5,
-    "privzo.bench": 5,
-    "privzo.bench_memory": 5,
-    "privzo.bench_distributed": 5,
+    "privzo.bench": 5,  # zo-step, memory, distributed and the kernels' check
 }
 
 # Inside privzo.privacy.accountants, from the bottom: the one calibration search (which knows no

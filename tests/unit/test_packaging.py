@@ -6,12 +6,16 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
+import privzo
 from conftest import REPO
 from privzo.config import load_config
 from privzo.demo import ARMS, CONFIG_DIR, SEARCH_CONFIG, STUDY_CONFIG
+from privzo.search.config import base_run_config, load_search_config
 from privzo.studies.config import load_study_config
-from privzo.tuning.config import base_run_config, load_search_config
+
+PACKAGE_DIR = Path(privzo.__file__).resolve().parent
 
 
 def test_the_wheel_ships_the_demo_configs_and_they_load_from_it(tmp_path):
@@ -22,7 +26,7 @@ def test_the_wheel_ships_the_demo_configs_and_they_load_from_it(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("privzo-*.whl")
     installed = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(installed)
-    runs = installed / "privzo" / CONFIG_DIR.relative_to(CONFIG_DIR.parents[1])
+    runs = installed / "privzo" / CONFIG_DIR.relative_to(PACKAGE_DIR)
     for name in ARMS.values():
         assert load_config(runs / name).optimizer.steps > 0, name
     search = load_search_config(runs / SEARCH_CONFIG)

@@ -36,9 +36,9 @@ trajectory holds K released scalars a row."""
 
 MAX_STEPS = 10_000_000
 """Largest ``optimizer.steps``: what the accountant can carry. Calibrating σ with the PLD
-accountant took 15 s at 10^6 steps, 211 s at 10^7 and did not finish within 300 s at 10^8
-(2-core CPU, sample rate 0.032); 10^7 is also 100× the longest runs in the MeZO and DPZero
-papers, and the trajectory holds one row per step in memory."""
+accountant takes minutes at 10^7 steps and longer beyond (docs/measurements.md, "Other
+timings"); 10^7 is also 100× the longest runs in the MeZO and DPZero papers, and the
+trajectory holds one row per step in memory."""
 
 
 FIRST_ORDER_PHYSICAL_BATCH_SIZE = 16

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from privzo.audit.config import ScoreName
 from privzo.config.run import RunConfig
 from privzo.tracking import connect_tracker, make_tracker
 from privzo.tracking.tags import AUDIT, AUDIT_VERDICT
@@ -27,7 +28,7 @@ def score_distribution(scores: np.ndarray, included: np.ndarray) -> dict[str, di
     return summary
 
 
-def plot_scores(values: dict[str, np.ndarray], included: np.ndarray, path: Path) -> Path:
+def plot_scores(values: Mapping[ScoreName, np.ndarray], included: np.ndarray, path: Path) -> Path:
     """One histogram per score: in-canaries against out-canaries."""
     import matplotlib
 

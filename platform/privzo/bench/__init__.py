@@ -1,4 +1,5 @@
-"""Benchmarks that print measured figures and ratios: ``privzo bench zo-step``."""
+"""Benchmarks that print measured figures and ratios (``privzo bench``): the ZO step, memory by
+algorithm, the distributed layouts and the kernels' check, one module each."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ interleaved and each is timed and its peak memory taken:
 * ``read_write``: one read and write of every weight (``p.add_(0)``), the floor of a sweep;
 * on CPU in fp32 also ``one_sweep_philox``: the same sweep with the counter-based generator.
 
-Every figure printed is measured here; the targets are the issue's, shown beside them.
+Every figure printed is measured here; the project's targets are shown beside them.
 """
 
 from __future__ import annotations

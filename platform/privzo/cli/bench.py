@@ -135,7 +135,7 @@ def _add_memory(benches: Commands) -> None:
 
 
 def _memory_command(args: argparse.Namespace) -> int:
-    from privzo.bench_memory import memory_benchmark
+    from privzo.bench.memory import memory_benchmark
 
     if args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats}: allowed: 1 or more")
@@ -162,7 +162,7 @@ def _add_distributed(benches: Commands) -> None:
 
 
 def _distributed_command(args: argparse.Namespace) -> int:
-    from privzo.bench_distributed import distributed_benchmark
+    from privzo.bench.distributed import distributed_benchmark
 
     quiet_libraries(args.verbose)
     # ray.train.report waits on a health check, every 2 s unless told otherwise

@@ -45,7 +45,7 @@ def add_tune(commands: Commands) -> None:
 
 
 def _tune_command(args: argparse.Namespace) -> int:
-    from privzo.tuning import load_search_config, run_search
+    from privzo.search import load_search_config, run_search
 
     quiet_libraries(args.verbose)
     search = load_search_config(args.config, args.overrides)
@@ -76,7 +76,7 @@ def add_export_best(commands: Commands) -> None:
 
 
 def _export_best_command(args: argparse.Namespace) -> int:
-    from privzo.tuning.export import export_best
+    from privzo.search.export import export_best
 
     exported = export_best(args.search_dir, args.output_dir)
     print("\n".join(exported.lines()))

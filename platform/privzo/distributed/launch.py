@@ -224,9 +224,19 @@ CHECKPOINTS_KEPT = 2
 
 def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: str) -> RunRecords:
     """Run the workers under a TorchTrainer and return rank 0's result."""
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    # Train v2's classes from their own modules: ``ray.train`` re-exports them only when v2 is
+    # on (Ray's default), which a type checker cannot follow; rank 0's return value and the
+    # logging config exist only in v2, which the run needs anyway
+    from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import (
+        CheckpointConfig,
+        FailureConfig,
+        LoggingConfig,
+        ScalingConfig,
+    )
+    from ray.train.v2.api.config import RunConfig as RayRunConfig
+    from ray.train.v2.api.result import Result
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from privzo.distributed.worker import train_worker
 
@@ -262,6 +272,8 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     except Exception:
         _keep_checkpointed_steps(run_path, output_dir)
         raise
+    # fit() is annotated with the name ``ray.train.Result``, which a type checker reads as v1's
+    assert isinstance(result, Result), "Train v2 returns its own Result"
     records: RunRecords | None = result.return_value
     assert records is not None, "rank 0 returns the run's summary and trajectory"
     remove_uncommitted(run_path, committed(run_path).registered)  # only Ray's newest stay

@@ -43,7 +43,7 @@ class Committed:
 def committed(run_path: str) -> Committed:
     """Ray Train's record of the run's checkpoints, its newest one read and checked; a record
     or checkpoint that cannot be read is a ``ConfigError`` (the run cannot resume)."""
-    from ray.train import Result
+    from ray.train.v2.api.result import Result  # see fit() in launch.py for the module
 
     try:
         result = Result.from_path(run_path)
@@ -58,7 +58,7 @@ def committed(run_path: str) -> Committed:
             _table, _meta, state = read_checkpoint(Path(directory))
     except (OSError, ValueError, KeyError) as error:
         raise _unresumable(run_path, error) from None
-    kept = {checkpoint.path for checkpoint, _metrics in result.best_checkpoints}
+    kept = {checkpoint.path for checkpoint, _metrics in result.best_checkpoints or []}
     kept.add(result.checkpoint.path)
     return Committed(result.checkpoint, state.steps_done, frozenset(kept))
 

@@ -101,7 +101,7 @@ def _rank_tracker(
         run_name=tracking["run_name"],
         release_timing=release_timing,
     )
-    tracker.attach(tracking["run_id"])  # type: ignore[attr-defined]
+    tracker.attach(tracking["run_id"])
     return tracker
 
 

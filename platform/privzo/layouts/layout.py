@@ -1,10 +1,10 @@
 """The process layouts (``single``, ``replica``, ``zero3``) chosen by name: what differs by rank.
 
-A layout answers, for one rank of a run, the questions the Ray Train worker used to answer with
-``if rank`` / ``if strategy`` branches: how the rank builds its model and data (whole, or a
+A layout answers, for one rank of a run, the questions that would otherwise be ``if rank`` / ``if
+strategy`` branches in the Ray Train worker: how the rank builds its model and data (whole, or a
 ZeRO-3 partition), whether it runs a forward on an empty share of a batch, whether it evaluates,
-whether it reports (logs, runs the caller's hooks, checkpoints, returns the summary), and how
-the fine-tuned weights are saved. ``parallel.strategy`` names the layout (``get_layout``).
+whether it reports (logs, runs the caller's hooks, checkpoints, returns the summary), and how the
+fine-tuned weights are saved. ``parallel.strategy`` names the layout (``get_layout``).
 """
 
 from __future__ import annotations

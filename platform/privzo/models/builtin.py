@@ -86,8 +86,8 @@ class BuiltinRecipe:
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
-# tiny-*: random init, for tests. demo-opt-*: pretrained once (800 AdamW steps, batch 64) in
-# about 10 s / 30 s / 36 s on 2 CPU cores; 0.12M / 0.64M / 0.98M parameters.
+# tiny-*: random init, for tests. demo-opt-*: pretrained once (800 AdamW steps, batch 64) and
+# cached; 0.12M / 0.64M / 0.98M parameters.
 BUILTIN_MODELS: dict[str, BuiltinRecipe] = {
     "tiny-opt": BuiltinRecipe("opt", hidden=32, layers=2, heads=4, ffn=64),
     "tiny-roberta": BuiltinRecipe("roberta", hidden=32, layers=2, heads=4, ffn=64),

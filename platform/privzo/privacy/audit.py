@@ -103,7 +103,9 @@ class GuessResult:
     epsilon_lower_bound: float
 
 
-def count_correct(scores: Sequence[float], included: Sequence[bool], k: int) -> tuple[int, int]:
+def count_correct(
+    scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray, k: int
+) -> tuple[int, int]:
     """(right "in" guesses among the k highest scores, right "out" among the k lowest).
 
     Ties are broken by canary order, which the coins do not affect.
@@ -116,8 +118,8 @@ def count_correct(scores: Sequence[float], included: Sequence[bool], k: int) -> 
 
 
 def audit_guesses(
-    scores: Sequence[float],
-    included: Sequence[bool],
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
     ks: Sequence[int],
     *,
     delta: float,

@@ -3,7 +3,7 @@
 dp-accounting computes the Rényi DP of repeat-and-select (Papernot & Steinke, 2022) only for a
 ``RepeatAndSelectDpEvent`` built from one event; a search bounds a mixture of trials by the
 pointwise worst RDP curve, so it needs the transform on a curve, which dp-accounting keeps in a
-private function. ``tests/unit/tuning/test_tuning.py`` pins this adapter to the public event
+private function. ``tests/unit/search/test_search.py`` pins this adapter to the public event
 API, so an upgrade that changes the private function fails a test instead of a guarantee.
 """
 

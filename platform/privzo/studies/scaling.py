@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.algorithms.registry import check_capabilities
 from privzo.audit import AuditRecord
-from privzo.config.loading import dump_config, load_config, with_values
+from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
-from privzo.preflight import preflight
 from privzo.run import run
 from privzo.rundir import (
     SUMMARY_FILE,
@@ -37,6 +35,7 @@ from privzo.studies.audits import (
     finished_audit,
     run_audit_cell,
 )
+from privzo.studies.cells import Cell, check_cells, expand_cells
 from privzo.studies.config import ScalingStudyConfig
 from privzo.studies.summary import StudySummary
 from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
@@ -44,68 +43,6 @@ from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
 REPORT_DIR = "report"
-NON_PRIVATE_SAMPLER = "shuffle"  # private cells keep Poisson sampling, what the accountant assumes
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One trained configuration of the study."""
-
-    model: str
-    task: str | None
-    algorithm: str
-    epsilon: float | None  # None: non-private
-    seed: int
-
-    @property
-    def name(self) -> str:
-        model = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
-        task = Path(self.task).stem if self.task else "task"
-        budget = f"eps{self.epsilon:g}" if self.epsilon is not None else "nonprivate"
-        return f"{model.replace('/', '_')}-{task}-{self.algorithm}-{budget}-seed{self.seed}"
-
-
-def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
-    """Models outermost, so the smallest model's cells finish (and report) first."""
-    cells = []
-    for model in study.models:
-        for task in study.tasks:
-            for seed in study.seeds:
-                for algorithm in study.private_algorithms:
-                    cells += [Cell(model, task, algorithm, eps, seed) for eps in study.epsilons]
-                cells += [
-                    Cell(model, task, alg, None, seed) for alg in study.non_private_algorithms
-                ]
-    return cells
-
-
-def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
-    files = list(study.base)
-    values: dict[str, Any] = dict(study.overrides)
-    if cell.model.endswith((".yaml", ".yml")):
-        files.append(cell.model)
-    else:
-        values["model.name_or_path"] = cell.model
-    if cell.task:
-        files.append(cell.task)
-    values.update(
-        {
-            "optimizer.algorithm": cell.algorithm,
-            "seed": cell.seed,
-            "task.data_seed": cell.seed,
-            "tracking.experiment": study.experiment or study.name,
-            "tracking.run_name": cell.name,
-        }
-    )
-    if cell.epsilon is not None:
-        values["privacy.epsilon"] = cell.epsilon
-    else:
-        # A non-private baseline needs no secret Poisson batches, and with them its score moved
-        # run to run (four runs of one study: MeZO 0.610 to 0.806); a seeded shuffle repeats.
-        values["privacy.sampler"] = NON_PRIVATE_SAMPLER
-    config = with_values(load_config(files), values, f"study cell {cell.name}")
-    check_capabilities(config)  # what the algorithm cannot do is refused with the study
-    return config
 
 
 @dataclass
@@ -228,18 +165,6 @@ def _run_trained_cells(
     return summaries, trained
 
 
-def check_cells(study: ScalingStudyConfig, cells: list[Cell]) -> dict[str, RunConfig]:
-    """Every cell's config, model source, task, data and privacy plan, checked without loading
-    weights or writing anything; a bad one is named with its place in the study."""
-    configs = {cell.name: cell_config(study, cell) for cell in cells}
-    for index, cell in enumerate(cells, start=1):
-        try:
-            preflight(configs[cell.name])  # the run's own checks, no directory or store
-        except (ValueError, OSError) as error:  # ConfigError, and a file that cannot be read
-            raise ConfigError(f"study cell {index}/{len(cells)} {cell.name}: {error}") from None
-    return configs
-
-
 def _check_audit_cells(
     study: ScalingStudyConfig,
     cells: list[Cell],
@@ -292,7 +217,7 @@ def _run_audit_cells(
 
 
 def _check_search(study: ScalingStudyConfig) -> None:
-    from privzo.tuning import load_search_config
+    from privzo.search import load_search_config
 
     assert study.search is not None
     load_search_config(study.search)
@@ -359,8 +284,8 @@ def _search_cell(
 ) -> RunSummary:
     """A private cell answered by a search: the best trial's run stands for the cell (tagged
     as the cell's run) and the search's end-to-end ε goes into the cell's summary."""
+    from privzo.search import SearchConfig, load_search_config, run_search
     from privzo.tracking import set_run_tags
-    from privzo.tuning import SearchConfig, load_search_config, run_search
 
     assert study.search is not None
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -387,6 +312,7 @@ def _search_cell(
             "search_guarantee": summary.bounds.guarantee,
         }
     )
+    assert result.tracking_run_id is not None, "a study's trials are tracked in its MLflow store"
     cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
     set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
     write_summary(cell_dir / SUMMARY_FILE, result)

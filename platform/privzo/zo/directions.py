@@ -11,8 +11,8 @@ Two generators, recorded in the trajectory (``DirectionSampler.generator``):
   computes z in registers (``privzo.zo.kernels``; ``DirectionSampler.fused``).
 - ``torch-blocks``: each parameter is cut into blocks of ``BLOCK_SIZE`` elements and block ``b``
   is drawn by the device's torch generator seeded with a hash of (s, name, b). On CPU it is
-  about ten times faster than Philox in torch integer ops (measured in the README), so it stays
-  the CPU default; its values depend on the device type's generator (CPU mt19937 vs CUDA
+  faster than Philox in torch integer ops (docs/measurements.md, "The ZO step on CPU"), so it
+  stays the CPU default; its values depend on the device type's generator (CPU mt19937 vs CUDA
   Philox), so such a trajectory replays only on the device type it was trained on.
 
 Either way an element's value never depends on how the parameters are grouped, split across

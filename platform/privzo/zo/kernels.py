@@ -29,9 +29,9 @@ from privzo.zo.philox import LANES
 
 COUNTERS_PER_PROGRAM = 256  # 1024 elements per program: one read and one write of each
 TRANSFORMS = {"normal": 0, "sign": 1}
-# A segment this large gets a launch of its own. Measured on an H100: the grouped launch, whose
-# programs each search the table for their segment, swept OPT-13B's large matrices 1.3 × slower
-# than launches of their own, while OPT-1.3B's hundreds of small tensors were launch-bound.
+# A segment this large gets a launch of its own: in the grouped launch each program searches the
+# table for its segment, which slows large matrices, while hundreds of small tensors each with a
+# launch of its own are launch-bound (docs/measurements.md, "The ZO step against inference").
 OWN_LAUNCH_ELEMENTS = 1 << 20
 
 

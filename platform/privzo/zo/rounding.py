@@ -1,9 +1,9 @@
 """Unbiased (stochastic) rounding of fp32 values to bf16 / fp16, driven by given uniforms.
 
-Rounding θ − ηg·z to the nearest half-precision value drops every update smaller than half a
-unit in the last place: at |ηg| = 1e-6 a bf16 run applied about 3 % of its intended update
-(README, "Half precision"). Rounding up with probability equal to the fraction of the gap
-covered makes the expected result the fp32 value itself, so updates accumulate in expectation.
+Rounding θ − ηg·z to the nearest half-precision value drops every update smaller than half a unit in
+the last place (docs/guides/models-peft.md, "Half precision"). Rounding up with probability equal to
+the fraction of the gap covered makes the expected result the fp32 value itself, so updates
+accumulate in expectation.
 
 The uniforms come from the counter-based generator keyed by the public step seed (stream 1 of
 ``privzo.zo.philox``), so replay makes the same rounding decisions. The CUDA kernel

@@ -308,7 +308,7 @@ def test_dpgd_clipping_bounds_every_per_example_vector(tiny_run_config, cache_di
 
 @pytest.mark.slow
 def test_bench_memory_measures_every_algorithm(capfd, cache_dir):
-    from privzo.bench_memory import CASES
+    from privzo.bench.memory import CASES
     from privzo.cli import main
 
     assert main(["bench", "memory", "--json", "--repeats", "1", "--cache-dir", str(cache_dir)]) == 0

@@ -1,4 +1,4 @@
-"""Ray's own processes stay quiet on a privzo run's console (issue 18).
+"""Ray's own processes stay quiet on a privzo run's console.
 
 Where Ray's State API is not served (a local Ray without its dashboard, as a search starts it,
 or a busy machine), Ray Train's placement-group cleaner, a detached actor, logs "Failed to query

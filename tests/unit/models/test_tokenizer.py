@@ -10,8 +10,8 @@ import transformers
 
 from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.models.loading import load_model, load_tokenizer
-from privzo.tuning.config import load_search_config
-from privzo.tuning.plan import plan_search
+from privzo.search.config import load_search_config
+from privzo.search.plan import plan_search
 
 SLOW_TOKENIZERS = int(transformers.__version__.split(".")[0]) < 5
 

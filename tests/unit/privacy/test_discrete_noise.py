@@ -1,5 +1,5 @@
 """Floating-point-safe scalar noise: the exact discrete samplers, the estimator on the grid, and
-the accountants of the discrete mechanisms (issue 13 item 8)."""
+the accountants of the discrete mechanisms."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def test_accountants_for_continuous_noise_refuse_a_grid():
 @pytest.mark.parametrize("sigma", [0.9, 1.2636, 2.5])
 def test_discrete_gaussian_epsilon_is_at_or_just_above_the_continuous_one(sigma):
     """Δ = ⌈K/σ⌉ ≥ K/σ, so the discrete mechanism pays at most the rounding of the sensitivity
-    (< 0.5 % at K = 1024 here); T = 1000, q = 0.016 (the issue's setting)."""
+    (< 0.5 % at K = 1024 here); T = 1000, q = 0.016."""
     common = dict(noise_multiplier=sigma, sample_rate=0.016, steps=1000, delta=1e-5)
     continuous = compute_epsilon(**common)
     discrete = compute_epsilon(**common, noise_parameters=GRID)
@@ -299,7 +299,7 @@ def test_the_search_bounds_a_gridded_step_in_both_directions_at_every_order():
     remove direction is the continuous closed form at K/Δ exactly."""
     from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
     from privzo.privacy.dp_accounting_adapter import RDP_ORDERS
-    from privzo.tuning.privacy import TrialEvent, rdp_curve
+    from privzo.search.privacy import TrialEvent, rdp_curve
 
     grid, sigma, rate = 16, 1.25, 0.1
     shift = grid_sensitivity(grid, sigma)

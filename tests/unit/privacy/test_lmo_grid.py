@@ -1,4 +1,4 @@
-"""LMO on the grid (issue 13): k = round(X/γ) for X its continuous Laplace(σC/R) noise, drawn
+"""LMO on the grid: k = round(X/γ) for X its continuous Laplace(σC/R) noise, drawn
 exactly given R, released as γ·(S + k), and accounted as the continuous LMO at K/Δ."""
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def test_lmo_draws_on_the_grid_follow_the_rounded_tail_the_accountant_uses():
 
 def test_a_tiny_gamma_shape_draws_without_error_and_releases_a_clamped_grid_value():
     """Shape 0.05 (the smallest allowed) puts a fifth of R below 1e-13: k is then beyond 2⁵³
-    units, and sometimes beyond the float range. No ZeroDivisionError nor OverflowError (issue
-    13 item 10), and the release is clamp(S + k, ±2⁵²) units: on the grid and finite."""
+    units, and sometimes beyond the float range. No ZeroDivisionError nor OverflowError, and
+    the release is clamp(S + k, ±2⁵²) units: on the grid and finite."""
     tiny = LMO | {"weights": [1.0, 0.0, 0.0], "gamma_shape": 0.05}
     sigma, clip, batch = 1.0, 1.0, 4.0
     estimator = make_estimator(

@@ -23,7 +23,7 @@ from privzo.privacy import compute_epsilon
 from privzo.privacy.accountants.numeric import LmoNoise
 from privzo.privacy.discrete import grid_sensitivity
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS
-from privzo.tuning.privacy import TrialEvent
+from privzo.search.privacy import TrialEvent
 
 REACH = 2000  # lattice points ±2000 at scales ≤ 16: the mass beyond is below e^{-7800}
 POINTS = np.arange(-REACH, REACH + 1, dtype=np.float64)

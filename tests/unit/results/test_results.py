@@ -8,8 +8,8 @@ import json
 from privzo.audit import AuditRecord
 from privzo.audit.record import BestGuess
 from privzo.privacy.audit import GuessResult
+from privzo.search.summary import SearchBounds, SearchSummary
 from privzo.studies import StudySummary, SyntheticSummary
-from privzo.tuning.summary import SearchBounds, SearchSummary
 
 GUESS = GuessResult(
     k=5, guesses=10, correct=9, correct_in=5, correct_out=4, epsilon_lower_bound=1.5

@@ -17,7 +17,7 @@ from privzo.analysis import build_report
 from privzo.analysis.plots import distinct_curves, split_withheld
 from privzo.config import ConfigError
 from privzo.studies import load_study_config, run_study
-from privzo.studies.scaling import cell_config, expand_cells
+from privzo.studies.cells import cell_config, expand_cells
 from privzo.tracking import make_tracker, open_client, read_run, read_table
 
 # (model, parameters) × seed: (accuracy before, private after, non-private after)

@@ -321,14 +321,13 @@ def test_noise_is_secret_and_scaled_by_sigma(problem, name: str) -> None:  # typ
 # --- the study ----------------------------------------------------------------------------
 
 
-# The issue's test at a small size (d = 20 and 400, effective rank ≈ ln d), measured on this
-# machine (2 shared CPUs, ~5-8 s per study). Over ~20 repeats with 3-10 seeds the growth ratio
-# growth(DPGD-0th) / growth(DPZero) was 1.14-1.89 (mean ≈ 1.5, sd ≈ 0.17); DPZero grew
-# 1.1-1.7x, DPGD-0th 1.7-2.5x. DPGD-0th cannot grow much further: by d = 400 it is close to its
-# starting gradient norm (≈ 1.28), where a tiny learning rate leaves it. So at this size the gap
-# is real but not large, and the default-suite check only asks that DPZero grow less (threshold
-# 1.1; with the 8 seeds used here, 8 repeats gave 1.33-1.73); the slow test below checks the
-# "far less" claim over d = 20..2000, where the measured ratio was 1.75-2.17.
+# The dimension test at a small size (d = 20 and 400, effective rank ≈ ln d). Over ~20 repeats with
+# 3-10 seeds the growth ratio growth(DPGD-0th) / growth(DPZero) was 1.14-1.89 (mean ≈ 1.5, sd ≈
+# 0.17); DPZero grew 1.1-1.7x, DPGD-0th 1.7-2.5x. DPGD-0th cannot grow much further: by d = 400 it
+# is close to its starting gradient norm (≈ 1.28), where a tiny learning rate leaves it. So at this
+# size the gap is real but not large, and the default-suite check only asks that DPZero grow less
+# (threshold 1.1; with the 8 seeds used here, 8 repeats gave 1.33-1.73); the slow test below checks
+# the "far less" claim over d = 20..2000, where the measured ratio was 1.75-2.17.
 SMALL_STUDY_SEEDS = 8
 
 
@@ -367,7 +366,7 @@ def test_small_study_writes_every_run_the_table_and_the_figure(
 def test_dpzero_grows_less_with_dimension_than_dpgd0th(
     small_study: dict[str, object],
 ) -> None:
-    """The issue's test: effective rank ≈ ln d + 0.58 (3.6 at d = 20, 6.6 at d = 400)."""
+    """The dimension test: effective rank ≈ ln d + 0.58 (3.6 at d = 20, 6.6 at d = 400)."""
     best = {(row["algorithm"], row["dimension"]): row["mean"] for row in small_study["rows"]}
     growth = {name: best[(name, 400)] / best[(name, 20)] for name in ("dpzero", "dpgd-0th")}
     assert growth["dpgd-0th"] > 1.1 * growth["dpzero"], growth

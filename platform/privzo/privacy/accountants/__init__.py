@@ -8,9 +8,9 @@ add/remove adjacency and noise scale σ·C, so the noise multiplier σ is exactl
 Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
 
 - ``pld``: privacy loss distributions (dp_accounting's PLD code, value discretization 1e-4):
-  tight, both mechanisms. Its cost is dominated by building the one-step PLD (up to ~1 s at
-  σ≈0.6) and self-composing it (0.02-0.5 s at T ≤ 10⁴), so the stateful accountant builds the
-  one-step PLD once and caches ε per (steps, δ).
+  tight, both mechanisms. Its cost is dominated by building the one-step PLD and
+  self-composing it, so the stateful accountant builds the one-step PLD once and caches ε per
+  (steps, δ).
 - ``rdp``: Rényi DP, Gaussian only (dp_accounting rejects the subsampled Laplace event);
   conservative (≈7-10 % more noise than PLD) but cheap: ε(T) is a conversion of T times one
   cached RDP vector.

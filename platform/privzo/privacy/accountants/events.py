@@ -56,7 +56,7 @@ def event_curve(
 def quiet_absl() -> Iterator[None]:
     """Mute dp_accounting's RDP warnings that fractional orders were skipped (harmless).
 
-    Also used where a search composes RDP over its trials (``privzo.tuning.privacy``).
+    Also used where a search composes RDP over its trials (``privzo.search.privacy``).
     """
     logger = logging.getLogger("absl")
     level = logger.level

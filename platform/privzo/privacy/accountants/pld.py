@@ -1,9 +1,9 @@
 """``pld``: privacy loss distributions (dp_accounting's PLD code, value discretization 1e-4),
 tight, for both the Gaussian and the Laplace mechanism, continuous or on a grid.
 
-Its cost is dominated by building the one-step PLD (up to ~1 s at σ≈0.6) and self-composing it
-(0.02-0.5 s at T ≤ 10⁴), so the accountant builds the one-step PLD once and caches ε per
-(steps, δ), and the calibration's process-wide memo (``EPSILONS``) keeps ε per evaluation.
+Its cost is dominated by building the one-step PLD and self-composing it, so the accountant
+builds the one-step PLD once and caches ε per (steps, δ), and the calibration's process-wide
+memo (``EPSILONS``) keeps ε per evaluation.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ __all__ = ["PldAccountant"]
 class PldAccountant(Accountant):
     """Privacy loss distributions: the tight accountant, for both mechanisms.
 
-    The one-step PLD is built once (the costly part, up to ~1 s at σ≈0.6) and self-composed for
+    The one-step PLD is built once (the costly part, dearer at small σ) and self-composed for
     each new step count; this matches ``dp_accounting.pld.PLDAccountant`` composing the
-    ``SelfComposedDpEvent`` to ~1e-9 relative. A new step count costs ~0.05-0.5 s at T ≤ 10⁴
+    ``SelfComposedDpEvent`` to ~1e-9 relative. A new step count costs a composition
     (smaller σ costs more); repeats are cached. Extending the previous count's PLD by composition
     was measured to be no cheaper (one FFT over the composed support either way).
     """

@@ -2,7 +2,7 @@
 
 A ``ResultGrid`` gives each trial's result but not the trial itself (its id and sampled
 config, in the same order); Ray keeps those in the grid's private ``_experiment_analysis``.
-``tests/unit/tuning/test_tuning.py`` checks the attribute is still where Ray puts it, so an
+``tests/unit/search/test_search.py`` checks the attribute is still where Ray puts it, so an
 upgrade that moves it fails a test with this module's name instead of a search at its end.
 """
 

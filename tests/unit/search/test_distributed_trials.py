@@ -8,8 +8,8 @@ import pytest
 from privzo.config import ConfigError, ParallelConfig, dump_config
 from privzo.run import CONFIG_FILE, can_resume, unfinished_steps
 from privzo.rundir import RAY_STATE_DIR, ResumePoint, write_resume_point
-from privzo.tuning import load_search_config, plan_search, run_search
-from privzo.tuning.resources import DRIVER_MEMORY_BYTES, check_trial_resources
+from privzo.search import load_search_config, plan_search, run_search
+from privzo.search.resources import DRIVER_MEMORY_BYTES, check_trial_resources
 
 REPLICA_2 = {"parallel.strategy": "replica", "parallel.workers": 2}
 

@@ -20,10 +20,10 @@ from typing import Any
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import RunSummary, can_resume, finished, unfinished_steps
+from privzo.search.config import SearchConfig, base_run_config
+from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
-from privzo.tuning.config import SearchConfig, base_run_config
-from privzo.tuning.summary import SCORE
 
 TRIALS_DIR = "trials"
 
@@ -37,7 +37,7 @@ class SelectionScorer:
     s = ⌈score_noise_multiplier · m⌉ is added (``privzo.privacy.discrete``: integer arithmetic
     on OS entropy, so no floating-point artefact of the draw reaches the release). Only the
     noisy integer is divided by m × the (public) split size. Scores are cached by step so one
-    step is released once. ``privzo.tuning.privacy.TrialEvent`` accounts each release.
+    step is released once. ``privzo.search.privacy.TrialEvent`` accounts each release.
     ``earlier`` counts the scores an interrupted attempt of the trial released (a resumed
     trial's record counts every release, not only its own attempt's).
     """

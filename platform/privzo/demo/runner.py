@@ -21,7 +21,7 @@ from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
 # checkout's configs/ links to these files.
-CONFIG_DIR = Path(__file__).resolve().parent / "demo_configs" / "runs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "runs"
 ARMS = {"dpzero": "tiny-dpzero.yaml", "mezo": "tiny-mezo.yaml"}
 SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
 STUDY_CONFIG = "../studies/tiny-scaling.yaml"
@@ -108,7 +108,7 @@ def _run_search(
 ) -> None:
     import ray
 
-    from privzo.tuning import SearchConfig, load_search_config, run_search
+    from privzo.search import SearchConfig, load_search_config, run_search
 
     data = load_search_config(config_path).model_dump(mode="json")
     if quick:
@@ -134,8 +134,10 @@ def _run_search(
 
 def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
     from privzo.studies import load_study_config, run_study
+    from privzo.studies.config import ScalingStudyConfig
 
     study = load_study_config(config_path)
+    assert isinstance(study, ScalingStudyConfig), "the demo's study is a scaling study"
     if quick:
         overrides = {**study.overrides, "optimizer.steps": QUICK_STUDY_STEPS}
         study = study.model_copy(update={"overrides": overrides})

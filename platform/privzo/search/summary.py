@@ -18,7 +18,7 @@ TrialRow = dict[str, Any]
 
 @dataclass(frozen=True)
 class SearchBounds:
-    """The search's guarantees for the trials it ran (``privzo.tuning.plan.SearchPlan.bounds``);
+    """The search's guarantees for the trials it ran (``privzo.search.plan.SearchPlan.bounds``);
     a non-private search has none."""
 
     private: bool

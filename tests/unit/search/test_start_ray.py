@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import stop_ray_under
-from privzo.tuning.search import start_ray
+from privzo.search.runner import start_ray
 
 
 @pytest.mark.ray

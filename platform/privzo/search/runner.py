@@ -1,6 +1,6 @@
 """A hyperparameter search under a fixed privacy budget, on Ray Tune, recorded in MLflow.
 
-plan (privzo.tuning.plan) → parent MLflow run → Tune trials (each a normal privzo run and a
+plan (privzo.search.plan) → parent MLflow run → Tune trials (each a normal privzo run and a
 child MLflow run) → ``trials.parquet``, ``search_summary.json`` and a printed table. A search
 directory remembers its parent run and trial count, so running the same search again resumes
 it: Tune restores its experiment and finished trials are not run again.
@@ -28,15 +28,15 @@ from privzo.rundir import (
     write_json_atomically,
     write_text_atomically,
 )
+from privzo.search.config import SearchConfig
+from privzo.search.plan import SearchPlan, plan_search
+from privzo.search.ray_adapter import result_grid_trials
+from privzo.search.resources import TrialResources, check_trial_resources
+from privzo.search.summary import SCORE, SearchBounds, SearchSummary, TrialRow
+from privzo.search.trial import TRIALS_DIR, run_trial
 from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, end_runs, find_runs, make_tracker
 from privzo.tracking.tags import BEST_MODEL_URI
-from privzo.tuning.config import SearchConfig
-from privzo.tuning.plan import SearchPlan, plan_search
-from privzo.tuning.ray_adapter import result_grid_trials
-from privzo.tuning.resources import TrialResources, check_trial_resources
-from privzo.tuning.summary import SCORE, SearchBounds, SearchSummary, TrialRow
-from privzo.tuning.trial import TRIALS_DIR, run_trial
 
 STATE_FILE = "search_state.json"
 TRIALS_FILE = "trials.parquet"
@@ -171,21 +171,26 @@ def start_ray(address: str | None, num_cpus: int | None) -> None:
 
     if ray.is_initialized():
         return
-    options = {
-        "address": address,
-        "include_dashboard": False,
-        "log_to_driver": True,
-        "runtime_env": ray_runtime_env({}),  # trials import this privzo, not a node's
-    }
+    runtime_env = ray_runtime_env({})  # trials import this privzo, not a node's
+
+    def init(cpus: int | None) -> None:
+        ray.init(
+            address=address,
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=runtime_env,
+        )
+
     if address is not None or not num_cpus:
-        ray.init(**options)
+        init(None)
         return
     try:
-        ray.init(**options, num_cpus=num_cpus)
+        init(num_cpus)
     except ValueError as error:
         if "existing cluster" not in str(error):
             raise
-        ray.init(**options)  # Ray found a local cluster to join before starting its own
+        init(None)  # Ray found a local cluster to join before starting its own
 
 
 def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
@@ -286,10 +291,10 @@ def _fit(
 
 def _withheld(plan: SearchPlan) -> list[Any]:
     """The callbacks that keep what a private search's trials may not release out of Tune's
-    records: its timing fields and trials' start and report times (``privzo.tuning.withhold``)."""
+    records: its timing fields and trials' start and report times (``privzo.search.withhold``)."""
     if not plan.private:
         return []
-    from privzo.tuning.withhold import WithholdTiming
+    from privzo.search.withhold import WithholdTiming
 
     return [WithholdTiming()]
 
@@ -314,7 +319,7 @@ def _tune_config(plan: SearchPlan) -> Any:
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
-    from privzo.tuning.withhold import public_trial_dirname
+    from privzo.search.withhold import public_trial_dirname
 
     search = plan.search
     concurrency = search.resources.concurrency

@@ -22,17 +22,17 @@ from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.discrete import noise_units
 from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
 from privzo.run import plan_privacy
-from privzo.section import ConfigError
-from privzo.tasks import build_task, load_splits, resolve_task_config
-from privzo.tuning.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
-from privzo.tuning.privacy import (
+from privzo.search.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
+from privzo.search.privacy import (
     TrialEvent,
     composition_epsilon,
     draw_geometric_count,
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.tuning.resources import trial_resources
+from privzo.search.resources import trial_resources
+from privzo.section import ConfigError
+from privzo.tasks import build_task, load_splits, resolve_task_config
 
 
 @dataclass
@@ -51,7 +51,7 @@ class SearchPlan:
         return self.base.privacy.delta
 
     def bounds(self, trials_run: int) -> dict[str, Any]:
-        """The search's guarantees for ``trials_run`` trials (see privzo.tuning.privacy)."""
+        """The search's guarantees for ``trials_run`` trials (see privzo.search.privacy)."""
         if not self.private:
             return {"private": False}
         curve = worst_curve(self.events)

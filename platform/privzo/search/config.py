@@ -149,7 +149,7 @@ class BudgetConfig(Section):
 
 class ResourcesConfig(Section):
     """Ray resources per trial and how many trials run at once. A distributed trial's workers
-    take theirs from the base's ``parallel`` section (``privzo.tuning.resources``)."""
+    take theirs from the base's ``parallel`` section (``privzo.search.resources``)."""
 
     cpus_per_trial: float = Field(1, gt=0)
     gpus_per_trial: float = Field(0, ge=0)

@@ -14,12 +14,10 @@ import yaml
 
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
-from privzo.tracking import make_tracker, read_run, read_table
-from privzo.tracking.clock import PUBLIC_TIME_MS
-from privzo.tuning import load_search_config, plan_search
-from privzo.tuning.config import SearchConfig, base_run_config
-from privzo.tuning.export import export_best
-from privzo.tuning.privacy import (
+from privzo.search import load_search_config, plan_search
+from privzo.search.config import SearchConfig, base_run_config
+from privzo.search.export import export_best
+from privzo.search.privacy import (
     GEOMETRIC_SHAPE,
     TrialEvent,
     composition_epsilon,
@@ -29,8 +27,10 @@ from privzo.tuning.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.tuning.search import TRIALS_TABLE_ARTIFACT, log_search_parent, point_seed
-from privzo.tuning.summary import format_table
+from privzo.search.runner import TRIALS_TABLE_ARTIFACT, log_search_parent, point_seed
+from privzo.search.summary import format_table
+from privzo.tracking import make_tracker, read_run, read_table
+from privzo.tracking.clock import PUBLIC_TIME_MS
 
 
 def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_files, cache_dir):
@@ -90,13 +90,13 @@ def test_repeat_and_select_matches_dp_accounting_for_one_event():
 
 
 def test_ray_still_keeps_the_trials_where_the_adapter_reads_them():
-    """``privzo.tuning.ray_adapter`` reads a ResultGrid's private experiment analysis; this
+    """``privzo.search.ray_adapter`` reads a ResultGrid's private experiment analysis; this
     fails, naming the adapter, if a Ray upgrade moves it."""
     import inspect
 
     from ray.tune import ResultGrid
 
-    from privzo.tuning import ray_adapter
+    from privzo.search import ray_adapter
 
     assert "self._experiment_analysis" in inspect.getsource(ResultGrid.__init__)
     with pytest.raises(RuntimeError, match="no _experiment_analysis"):
@@ -343,7 +343,7 @@ def test_a_search_override_of_a_searched_key_is_refused(make_search):
 
 
 def test_search_table_prints_epsilon_and_sigma_to_the_same_places():
-    """ε 1.999 and 2 used to stand in one column as "1.999" and "2"."""
+    """ε 1.999 and 2 in one column print to the same decimal places: "1.999" and "2.000"."""
     row = {"trial_id": "t0", "noise_multiplier": 2.0, "epsilon": 2.0, "metric_after": 0.5}
     rows = [
         row | {"selection_score": 0.7, "status": "finished"},
@@ -403,7 +403,7 @@ def test_a_gridded_trial_is_accounted_at_its_noise_to_sensitivity_ratio():
 
 
 def test_tunes_timing_fields_are_withheld_from_a_result():
-    from privzo.tuning.withhold import TIMING_FIELDS, withhold_timing
+    from privzo.search.withhold import TIMING_FIELDS, withhold_timing
 
     result = {field: 1.5 for field in TIMING_FIELDS} | {"selection_score": 0.7, "step": 10}
     result["training_iteration"] = 2
@@ -414,7 +414,7 @@ def test_a_private_selection_score_is_exact_discrete_noise_on_its_grid(make_sear
     """Each released score × m × size is an integer: the examples' 0/1 scores on the grid 1/m
     plus an integer discrete Gaussian draw of scale ⌈σ_s·m⌉ (no float noise reaches it)."""
     from privzo.run import build_context
-    from privzo.tuning.trial import SelectionScorer
+    from privzo.search.trial import SelectionScorer
 
     search = load_search_config(make_search())
     context = build_context(base_run_config(search), cache_dir, progress=False)

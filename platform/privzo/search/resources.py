@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 
 from privzo.config.run import RunConfig
+from privzo.search.config import SearchConfig
 from privzo.section import ConfigError
-from privzo.tuning.config import SearchConfig
 
 # The driver of a distributed trial: a Python process with torch and Ray loaded that validates
 # the run and waits on the trainer; reserved as memory so that it holds no CPU a worker needs.
