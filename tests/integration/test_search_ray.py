@@ -20,7 +20,6 @@ from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.search.export import export_best
 from privzo.tracking import open_client
-from privzo.search.export import export_best
 from privzo.tracking.clock import PUBLIC_TIME_MS
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
