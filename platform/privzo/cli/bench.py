@@ -20,7 +20,10 @@ from privzo.cli.arguments import (
 )
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
 
-SHAPES = "tiny (5.3M parameters), opt-125m, opt-350m, opt-1.3b, ... opt-66b"
+SHAPES = (
+    "tiny (5.3M parameters), a named shape (opt-125m ... opt-66b, llama-3.1-8b, qwen2.5-7b, "
+    "mistral-7b, ...: privzo plan --model all lists them), its hub id, or a model directory"
+)
 
 
 def add_bench(commands: Commands) -> None:
