@@ -18,6 +18,8 @@ from privzo.algorithms.registry import check_capabilities
 from privzo.audit import AuditRecord
 from privzo.config.loading import dump_config, load_config, with_values
 from privzo.config.run import RunConfig
+from privzo.models.architecture import count_parameters
+from privzo.models.shapes import resolve_named_shape
 from privzo.preflight import preflight
 from privzo.run import run
 from privzo.rundir import (
@@ -66,9 +68,11 @@ class Cell:
 
 
 def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
-    """Models outermost, so the smallest model's cells finish (and report) first."""
+    """Models outermost, so the smallest model's cells finish (and report) first: in order of
+    their parameter counts where the planner knows every model's shape (a mixed list of OPT,
+    Llama, Qwen2 or Mistral sizes), else in the order given."""
     cells = []
-    for model in study.models:
+    for model in models_by_size(study.models):
         for task in study.tasks:
             for seed in study.seeds:
                 for algorithm in study.private_algorithms:
@@ -77,6 +81,21 @@ def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
                     Cell(model, task, alg, None, seed) for alg in study.non_private_algorithms
                 ]
     return cells
+
+
+def models_by_size(models: list[str]) -> list[str]:
+    """``models`` from the fewest parameters up, counted from their named shapes or hub ids
+    (``privzo.models.shapes``; no weights are read), or as given when one is not known."""
+    counts = [_planned_parameters(model) for model in models]
+    if any(count is None for count in counts):
+        return list(models)
+    return [model for _, model in sorted(zip(counts, models, strict=True), key=lambda p: p[0])]
+
+
+def _planned_parameters(model: str) -> int | None:
+    name = load_config([model]).model.name_or_path if model.endswith((".yaml", ".yml")) else model
+    named = resolve_named_shape(name)
+    return None if named is None else count_parameters(named[1])
 
 
 def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
