@@ -86,10 +86,13 @@ def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
 def models_by_size(models: list[str]) -> list[str]:
     """``models`` from the fewest parameters up, counted from their named shapes or hub ids
     (``privzo.models.shapes``; no weights are read), or as given when one is not known."""
-    counts = [_planned_parameters(model) for model in models]
-    if any(count is None for count in counts):
-        return list(models)
-    return [model for _, model in sorted(zip(counts, models, strict=True), key=lambda p: p[0])]
+    counts: dict[str, int] = {}
+    for model in models:
+        count = _planned_parameters(model)
+        if count is None:
+            return list(models)
+        counts[model] = count
+    return sorted(models, key=counts.__getitem__)
 
 
 def _planned_parameters(model: str) -> int | None:
