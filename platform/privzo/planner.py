@@ -3,8 +3,9 @@
 A zeroth-order step is two inference forwards and no backward pass, so its memory is that of
 inference: the weights plus the activations of *one* forward (no gradients, no optimizer
 state, nothing kept for a backward). That makes the estimate simple enough to write down and
-check: :func:`estimate_forward_bytes` is the formula, :func:`plan` turns it into a placement
-("replica": a full copy per GPU; "zero3": weights sharded across GPUs), and
+check: :func:`estimate_forward_bytes` is the formula (for every decoder family of
+``privzo.models.architecture``: OPT, Llama, Mistral, Qwen2, Qwen3), :func:`plan` turns it into
+a placement ("replica": a full copy per GPU; "zero3": weights sharded across GPUs), and
 :func:`measure_forward_peak_mb` checks the formula against a real forward on CPU.
 
 This is only the estimate of a later scale-out feature; nothing here places anything yet.
@@ -24,10 +25,16 @@ from typing import Any
 import torch
 
 from privzo.memory import PeakMemory
+from privzo.models.architecture import (
+    DecoderArch,
+    arch_from_config,
+    count_parameters,
+    layer_parameters,
+)
+from privzo.models.shapes import DTYPE_BYTES, random_model, resolve_shape
 
 _MIB = 2**20
 _GIB = 2**30
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Share of a GPU's memory the plan leaves free for fragmentation and estimate error.
 SAFETY_MARGIN = 0.10
 # Fixed per-GPU cost outside the tensors the formula counts: the CUDA context and kernels
@@ -35,89 +42,12 @@ SAFETY_MARGIN = 0.10
 GPU_OVERHEAD_BYTES = 1 * _GIB
 
 
-@dataclass(frozen=True)
-class OPTArch:
-    """The sizes of an OPT decoder that determine its parameter count and activation memory."""
-
-    layers: int
-    hidden: int
-    ffn: int
-    heads: int
-    vocab: int = 50272
-    max_positions: int = 2048
-    # Width of the token embeddings; differs from ``hidden`` only for OPT-350m, which then
-    # projects in (word -> hidden) and out (hidden -> word) with bias-free linears.
-    word_embed_proj_dim: int | None = None
-    # OPT-350m normalises after each sublayer and so has no final layer norm.
-    final_layer_norm: bool = True
-
-    @property
-    def embed_dim(self) -> int:
-        return self.hidden if self.word_embed_proj_dim is None else self.word_embed_proj_dim
-
-
-# Published config values of the facebook/opt-* checkpoints (config.json on the Hugging Face
-# hub / the OPT paper's table 1): num_hidden_layers, hidden_size, ffn_dim, num_attention_heads;
-# all share vocab_size 50272 and max_position_embeddings 2048.
-OPT_SIZES: dict[str, OPTArch] = {
-    "opt-125m": OPTArch(layers=12, hidden=768, ffn=3072, heads=12),
-    "opt-350m": OPTArch(
-        layers=24, hidden=1024, ffn=4096, heads=16, word_embed_proj_dim=512, final_layer_norm=False
-    ),
-    "opt-1.3b": OPTArch(layers=24, hidden=2048, ffn=8192, heads=32),
-    "opt-2.7b": OPTArch(layers=32, hidden=2560, ffn=10240, heads=32),
-    "opt-6.7b": OPTArch(layers=32, hidden=4096, ffn=16384, heads=32),
-    "opt-13b": OPTArch(layers=40, hidden=5120, ffn=20480, heads=40),
-    "opt-30b": OPTArch(layers=48, hidden=7168, ffn=28672, heads=56),
-    "opt-66b": OPTArch(layers=64, hidden=9216, ffn=36864, heads=72),
-}
-
-
-def resolve_arch(model: str | OPTArch) -> tuple[str, OPTArch]:
-    """``(name, arch)`` for a known name (``opt-1.3b`` or ``facebook/opt-1.3b``) or an arch."""
-    if isinstance(model, OPTArch):
+def resolve_arch(model: str | DecoderArch) -> tuple[str, DecoderArch]:
+    """``(name, arch)`` for a named shape, a hub id known as one, a local model directory (its
+    config.json), or an arch (named "custom")."""
+    if isinstance(model, DecoderArch):
         return "custom", model
-    key = model.removeprefix("facebook/")
-    if key not in OPT_SIZES:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(OPT_SIZES)}")
-    return key, OPT_SIZES[key]
-
-
-def arch_from_config(config: Any) -> OPTArch:
-    """The :class:`OPTArch` of a ``transformers.OPTConfig`` (so tests and checks share shapes)."""
-    return OPTArch(
-        layers=config.num_hidden_layers,
-        hidden=config.hidden_size,
-        ffn=config.ffn_dim,
-        heads=config.num_attention_heads,
-        vocab=config.vocab_size,
-        max_positions=config.max_position_embeddings,
-        word_embed_proj_dim=config.word_embed_proj_dim,
-        final_layer_norm=config.do_layer_norm_before and not config._remove_final_layer_norm,
-    )
-
-
-def _layer_parameters(arch: OPTArch) -> int:
-    """One decoder layer: q/k/v/out and fc1/fc2 with biases, two layer norms."""
-    h, f = arch.hidden, arch.ffn
-    return 4 * (h * h + h) + (h * f + f + f * h + h) + 2 * (2 * h)
-
-
-def count_parameters(arch: OPTArch) -> int:
-    """Exact parameter count of an ``OPTForCausalLM`` whose LM head is tied to the embeddings.
-
-    Counted once: token embeddings (tied head), learned positions (OPT offsets them by 2, so
-    the table has ``max_positions + 2`` rows), per layer q/k/v/out projections with biases, two
-    layer norms, fc1/fc2 with biases; the final layer norm and the bias-free project_in/out
-    only where the architecture has them.
-    """
-    h, e = arch.hidden, arch.embed_dim
-    total = arch.vocab * e + (arch.max_positions + 2) * h + arch.layers * _layer_parameters(arch)
-    if arch.final_layer_norm:
-        total += 2 * h
-    if e != h:
-        total += 2 * e * h
-    return total
+    return resolve_shape(model)
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -129,8 +59,60 @@ def _dtype_bytes(dtype: str) -> int:
 ATTENTION = ("eager", "sdpa")
 
 
+@dataclass(frozen=True)
+class _Units:
+    """Bytes of the tensors one forward makes: U = B·L·hidden, Q = B·L·heads·head_dim,
+    KV = B·L·kv_heads·head_dim, F = B·L·ffn, S = B·heads·L² elements (scores) and the mask."""
+
+    unit: int
+    query: int
+    key_value: int
+    ffn: int
+    scores: int
+    mask: int
+    dtype_bytes: int
+
+
+def _units(arch: DecoderArch, batch_size: int, seq_len: int, d: int, eager: bool) -> _Units:
+    rows = batch_size * seq_len
+    return _Units(
+        unit=rows * arch.hidden * d,
+        query=rows * arch.query_width * d,
+        key_value=rows * arch.key_value_width * d,
+        ffn=rows * arch.ffn * d,
+        scores=batch_size * arch.heads * seq_len * seq_len,
+        mask=batch_size * seq_len * seq_len * (d if eager else 1),
+        dtype_bytes=d,
+    )
+
+
+def _opt_layer_peak(u: _Units, eager: bool) -> tuple[int, int]:
+    """OPT: attention holds the layer input, its normed copy, q, k, v (5U) plus the masked
+    scores and their fp32 softmax (S·(bytes + 4)), or for sdpa (fused) the output instead (6U);
+    the feed-forward the layer input, the residual, fc1's output and its activation (2U + 2F),
+    plus, for eager, the attention weights the layer still holds (S)."""
+    d = u.dtype_bytes
+    attention = 5 * u.unit + u.scores * (d + 4) if eager else 6 * u.unit
+    ffn = 2 * u.unit + 2 * u.ffn + (u.scores * d if eager else 0)
+    return attention, ffn
+
+
+def _rotary_layer_peak(u: _Units, eager: bool, grouped: bool) -> tuple[int, int]:
+    """The Llama family: attention holds the normed input, q, k, v and the rotary embedding's
+    two temporaries of the queries (Q + 2KV + 2Q), the keys and values repeated to every query
+    head where they are grouped (2Q), and for eager the masked scores, their fp32 softmax and
+    its cast back to the model's dtype (S·(2·bytes + 4)); the gated MLP holds
+    the post-attention residual, its normed copy and three F-sized tensors (the activated gate,
+    up, and their product).
+    The attention weights are dropped on return, so the MLP does not hold them."""
+    d = u.dtype_bytes
+    attention = u.unit + 3 * u.query + 2 * u.key_value + (2 * u.query if grouped else 0)
+    attention += u.scores * (2 * d + 4) if eager else u.query
+    return attention, 2 * u.unit + 3 * u.ffn
+
+
 def estimate_activation_bytes(
-    arch: OPTArch,
+    arch: DecoderArch,
     batch_size: int,
     seq_len: int,
     dtype: str,
@@ -138,20 +120,18 @@ def estimate_activation_bytes(
     attention: str = "eager",
     kv_cache: bool = False,
 ) -> int:
-    """Peak activation memory of one inference forward of a Hugging Face OPT, in bytes.
+    """Peak activation memory of one inference forward of a Hugging Face decoder, in bytes.
 
     Without a backward pass nothing is kept for later, so the peak is what is alive at the
-    worst moment inside one layer. With U = B·L·hidden, F = B·L·ffn and S = B·heads·L²
-    elements, read off the forward code of ``transformers``' OPT:
+    worst moment inside one layer, read off the forward code of ``transformers``' OPT and
+    Llama-family models (the per-layer terms are in ``_opt_layer_peak`` and
+    ``_rotary_layer_peak``):
 
-    * alive through all layers: the token and the position embeddings (2U; the decoder keeps
-      both names while it loops) and the attention mask (B·L², bool for sdpa);
-    * only with ``kv_cache=True`` (a plain HF forward's default): the key/value cache, 2U per
+    * alive through all layers: the token embeddings and the current hidden states (2U; OPT's
+      position embeddings are the second U, the Llama family keeps the embeddings' name while
+      it loops and its rotary cos/sin), and the attention mask (B·L², bool for sdpa);
+    * only with ``kv_cache=True`` (a plain HF forward's default): the key/value cache, 2KV per
       layer, all layers at the last one; privzo's scoring forwards pass ``use_cache=False``;
-    * attention, eager: the layer input, its normed copy, q, k, v (5U) plus the masked scores
-      and their fp32 softmax (S·(bytes + 4)); sdpa (fused): no S, but the output as well (6U);
-    * feed-forward: the layer input, the post-attention residual, fc1's output and its
-      activation (2U + 2F), plus, for eager, the attention weights the layer still holds (S);
     * the head: privzo scores one position per example, so logits are B·vocab, not B·L·vocab.
 
     Weights and build-time transients are not included; on GPU flash/mem-efficient sdpa is
@@ -161,21 +141,22 @@ def estimate_activation_bytes(
         raise ValueError(f"unknown attention {attention!r}; known: {', '.join(ATTENTION)}")
     d = _dtype_bytes(dtype)
     eager = attention == "eager"
-    b, n = batch_size, seq_len
-    unit = b * n * arch.hidden * d
-    ffn = b * n * arch.ffn * d
-    scores = b * arch.heads * n * n
-    kept = 2 * unit + b * n * n * (d if eager else 1)
+    u = _units(arch, batch_size, seq_len, d, eager)
+    kept = 2 * u.unit + u.mask
     if kv_cache:
-        kept += 2 * arch.layers * unit
-    attention_peak = 5 * unit + scores * (d + 4) if eager else 6 * unit
-    ffn_peak = 2 * unit + 2 * ffn + (scores * d if eager else 0)
-    head_peak = 2 * unit + b * (arch.embed_dim + arch.vocab) * d
+        kept += 2 * arch.layers * u.key_value
+    if arch.traits.learned_positions:
+        attention_peak, ffn_peak = _opt_layer_peak(u, eager)
+    else:
+        kept += 2 * batch_size * seq_len * arch.head_width * d  # rotary cos and sin
+        grouped = arch.key_value_heads != arch.heads
+        attention_peak, ffn_peak = _rotary_layer_peak(u, eager, grouped)
+    head_peak = 2 * u.unit + batch_size * (arch.embed_dim + arch.vocab) * d
     return kept + max(attention_peak, ffn_peak, head_peak)
 
 
 def estimate_forward_bytes(
-    arch: OPTArch,
+    arch: DecoderArch,
     batch_size: int,
     seq_len: int,
     dtype: str,
@@ -223,7 +204,7 @@ def _check_resources(gpus: int, gpu_memory_gb: float) -> None:
 
 
 def plan(
-    model: str | OPTArch,
+    model: str | DecoderArch,
     *,
     gpus: int,
     gpu_memory_gb: float,
@@ -257,7 +238,7 @@ def plan(
         shard = -(-parameter_bytes // gpus)
         # ZeRO-3 all-gathers each layer's full weights just before using it: one whole
         # layer (the largest unit) is resident on top of the shard.
-        gathered = _layer_parameters(arch) * _dtype_bytes(dtype)
+        gathered = layer_parameters(arch) * _dtype_bytes(dtype)
         strategy, bytes_per_gpu = "zero3", shard + gathered + per_gpu_rest
     return Plan(
         model=name,
@@ -276,33 +257,13 @@ def plan(
     )
 
 
-def _opt_config(arch: OPTArch, attention: str) -> Any:
-    from transformers import OPTConfig
-
-    config = OPTConfig(
-        hidden_size=arch.hidden,
-        num_hidden_layers=arch.layers,
-        ffn_dim=arch.ffn,
-        num_attention_heads=arch.heads,
-        vocab_size=arch.vocab,
-        max_position_embeddings=arch.max_positions,
-        word_embed_proj_dim=arch.embed_dim,
-        do_layer_norm_before=arch.final_layer_norm,
-        dropout=0.0,
-        attention_dropout=0.0,
-    )
-    config._attn_implementation = attention
-    return config
-
-
-def _one_forward(arch: OPTArch, batch_size: int, seq_len: int, dtype: str, attention: str) -> None:
+def _one_forward(
+    arch: DecoderArch, batch_size: int, seq_len: int, dtype: str, attention: str
+) -> None:
     """Build the model and score one batch the way privzo does (one position per example)."""
-    from transformers import OPTForCausalLM
-
     from privzo.tasks.classification import Batch, score_label_logits
 
-    model = OPTForCausalLM(_opt_config(arch, attention)).to(getattr(torch, dtype)).eval()
-    model.requires_grad_(False)
+    model = random_model(arch, dtype, attn_implementation=attention)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(4, arch.vocab, (batch_size, seq_len), generator=generator)
     mask = torch.ones_like(input_ids)
@@ -317,7 +278,7 @@ def _one_forward(arch: OPTArch, batch_size: int, seq_len: int, dtype: str, atten
 
 
 def _measure_here(
-    arch: OPTArch, batch_size: int, seq_len: int, dtype: str, attention: str
+    arch: DecoderArch, batch_size: int, seq_len: int, dtype: str, attention: str
 ) -> float:
     """Peak RSS increase (MiB) of building ``arch`` and one forward, in this process."""
     _one_forward(replace(arch, layers=1), 2, 8, dtype, attention)  # one-time library set-up
@@ -329,14 +290,14 @@ def _measure_here(
 
 
 def measure_forward_peak_mb(
-    arch_or_config: OPTArch | Any,
+    arch_or_config: DecoderArch | Any,
     batch_size: int,
     seq_len: int,
     dtype: str = "float32",
     *,
     attention: str = "eager",
 ) -> tuple[float, float]:
-    """``(measured, estimated)`` MiB of building a tiny OPT and one scoring forward on CPU.
+    """``(measured, estimated)`` MiB of building a tiny decoder and one scoring forward on CPU.
 
     The window opens (``PeakMemory.reset``) *before* the model is built, so the measured
     peak increase counts weights + activations, what :func:`estimate_forward_bytes` predicts
@@ -350,14 +311,14 @@ def measure_forward_peak_mb(
     Linux CPU only, and needs ``/proc/self/clear_refs``.
     """
     arch = arch_or_config
-    if not isinstance(arch, OPTArch):
+    if not isinstance(arch, DecoderArch):
         arch = arch_from_config(arch_or_config)
     _dtype_bytes(dtype)
     args = json.dumps([asdict(arch), batch_size, seq_len, dtype, attention])
     code = (
-        "import json, sys; from privzo.planner import OPTArch, _measure_here; "
+        "import json, sys; from privzo.planner import DecoderArch, _measure_here; "
         "a, b, n, d, at = json.loads(sys.argv[1]); "
-        "print(_measure_here(OPTArch(**a), b, n, d, at))"
+        "print(_measure_here(DecoderArch(**a), b, n, d, at))"
     )
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     package_root = str(Path(__file__).resolve().parents[1])

@@ -25,7 +25,7 @@ from privzo.distributed.launch import check_batch, check_layout, check_verdict
 from privzo.layouts.context import direction_sampler
 from privzo.models.builtin import is_builtin
 from privzo.models.loading import check_model, is_hub_id, peek_kind
-from privzo.planner import Plan, arch_from_config, plan, resolve_arch
+from privzo.planner import Plan, plan, resolve_arch
 from privzo.privacy.adjacency import record_fields, replace_one
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.rundir.files import check_output_dir
@@ -170,25 +170,17 @@ def preflight(
 
 def memory_plan(config: RunConfig) -> Plan | None:
     """The planner's verdict (``privzo.planner``) for this model on ``parallel.workers`` GPUs
-    of ``parallel.gpu_memory_gb``, where the model's OPT shape is known without its weights: a
-    hub name the planner knows (facebook/opt-*) or a local directory's config.json. None for
-    built-in models (their tokenizer's vocabulary is made when they are built) and other
-    architectures."""
+    of ``parallel.gpu_memory_gb``, where the model's shape is known without its weights: a
+    hub id of a named shape (facebook/opt-*, meta-llama/Llama-3.1-8B, ...) or a local
+    directory's config.json of a decoder family the planner models. None for built-in models
+    (their tokenizer's vocabulary is made when they are built) and other architectures."""
     name = config.model.name_or_path
     if is_builtin(name):
         return None
     try:
-        _, arch = resolve_arch(name)
+        _, arch = resolve_arch(name)  # a named shape, its hub id, or a directory's config.json
     except ValueError:
-        directory = Path(name).expanduser()
-        if not (directory / "config.json").is_file():
-            return None
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(directory)
-        if hf_config.model_type != "opt":
-            return None
-        arch = arch_from_config(hf_config)
+        return None
     parallel = config.parallel
     per_worker = max(1, config.optimizer.batch_size // parallel.workers)
     # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
@@ -204,7 +196,7 @@ def memory_plan(config: RunConfig) -> Plan | None:
 
 def _describe_memory(memory: Plan | None, config: RunConfig) -> str:
     if memory is None:
-        return "no plan (the planner models OPT shapes given by hub name or config.json)"
+        return "no plan (the planner models decoder shapes given by hub id or config.json)"
     gib = 2**30
     verdict = "fits" if memory.fits else "does NOT fit"
     return (

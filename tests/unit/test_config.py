@@ -23,7 +23,8 @@ from privzo.config import (
     read_yaml,
     with_values,
 )
-from privzo.planner import OPT_SIZES, plan
+from privzo.models.shapes import resolve_named_shape
+from privzo.planner import plan
 from privzo.search.config import SearchConfig, base_run_config, load_search_config
 from privzo.search.runner import tune_param_space
 from privzo.studies import ScalingStudyConfig, load_study_config
@@ -222,16 +223,13 @@ def assert_search_points_valid(search: SearchConfig) -> None:
 
 
 def assert_fits_one_gpu(config: RunConfig) -> None:
-    """The memory planner's verdict for an OPT model meant for a GPU (device auto or cuda)."""
-    name = config.model.name_or_path.removeprefix("facebook/")
-    if (
-        name not in OPT_SIZES
-        or config.model.device == "cpu"
-        or config.parallel.strategy != "single"
-    ):
+    """The memory planner's verdict for a named shape's model meant for a GPU (device auto or
+    cuda)."""
+    named = resolve_named_shape(config.model.name_or_path)
+    if named is None or config.model.device == "cpu" or config.parallel.strategy != "single":
         return
     verdict = plan(
-        name,
+        named[1],
         gpus=1,
         gpu_memory_gb=config.parallel.gpu_memory_gb,
         dtype=config.model.dtype,

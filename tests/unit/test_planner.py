@@ -7,16 +7,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import OPTConfig, OPTForCausalLM
-
-from privzo.planner import (
-    OPT_SIZES,
-    OPTArch,
-    arch_from_config,
-    count_parameters,
-    measure_forward_peak_mb,
-    plan,
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    OPTForCausalLM,
+    Qwen2Config,
+    Qwen3Config,
 )
+
+from privzo.models.architecture import DecoderArch, arch_from_config, count_parameters, hf_config
+from privzo.models.shapes import SHAPES
+from privzo.planner import measure_forward_peak_mb, plan
+
+OPT_SIZES = {name: arch for name, arch in SHAPES.items() if name.startswith("opt-")}
 
 
 def _small_config(**overrides: object) -> OPTConfig:
@@ -43,6 +48,87 @@ def test_count_parameters_matches_transformers(overrides: dict[str, object]) -> 
     config = _small_config(**overrides)
     expected = sum(p.numel() for p in OPTForCausalLM(config).parameters())
     assert count_parameters(arch_from_config(config)) == expected
+
+
+# Small configs of each Llama-family member: grouped key/value heads, tied and untied heads, a
+# head width set apart from hidden // heads (Qwen3's layout).
+FAMILY_CONFIGS = {
+    "llama": LlamaConfig(
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
+    ),
+    "llama-tied": LlamaConfig(
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, vocab_size=300, tie_word_embeddings=True,
+    ),
+    "mistral": MistralConfig(
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
+    ),
+    "qwen2": Qwen2Config(
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True,
+    ),
+    "qwen3": Qwen3Config(
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
+def test_family_parameter_counts_match_transformers(name: str) -> None:
+    config = FAMILY_CONFIGS[name]
+    expected = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    arch = arch_from_config(config)
+    assert count_parameters(arch) == expected
+    # and the arch builds back into a config of the same model
+    rebuilt = AutoModelForCausalLM.from_config(hf_config(arch))
+    assert sum(p.numel() for p in rebuilt.parameters()) == expected
+
+
+@pytest.mark.parametrize(
+    ("shape", "published", "tolerance"),
+    [
+        # the totals the model cards and hub pages state
+        ("llama-3.1-8b", 8.03e9, 0.001),
+        ("llama-3.1-70b", 70.6e9, 0.002),
+        ("llama-2-7b", 6.74e9, 0.001),
+        ("llama-2-13b", 13.0e9, 0.002),
+        ("llama-2-70b", 69.0e9, 0.002),
+        ("qwen2.5-0.5b", 0.49e9, 0.01),
+        ("qwen2.5-7b", 7.62e9, 0.001),
+        ("qwen2.5-72b", 72.7e9, 0.001),
+        ("mistral-7b", 7.24e9, 0.001),
+    ],
+)
+def test_family_shapes_match_published_totals(
+    shape: str, published: float, tolerance: float
+) -> None:
+    assert abs(count_parameters(SHAPES[shape]) / published - 1) < tolerance
+
+
+def test_plan_reads_a_hub_id_and_a_local_directory(tmp_path: Path) -> None:
+    by_id = plan("meta-llama/Llama-3.1-8B", gpus=1, gpu_memory_gb=80)
+    assert by_id.model == "llama-3.1-8b" and by_id.strategy == "replica" and by_id.fits
+    assert by_id.parameters == count_parameters(SHAPES["llama-3.1-8b"])
+    FAMILY_CONFIGS["qwen2"].save_pretrained(tmp_path)  # config.json only, no weights
+    by_directory = plan(str(tmp_path), gpus=1, gpu_memory_gb=80)
+    assert by_directory.parameters == count_parameters(arch_from_config(FAMILY_CONFIGS["qwen2"]))
+
+
+def test_plan_refuses_an_unmodelled_family_naming_the_known_ones(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"'gpt2' is not a decoder family.*known families: opt"):
+        plan(str(tmp_path), gpus=1, gpu_memory_gb=80)
+
+
+def test_llama_3_1_70b_is_sharded_over_eight_gpus() -> None:
+    result = plan("llama-3.1-70b", gpus=8, gpu_memory_gb=80, dtype="bfloat16")
+    assert result.strategy == "zero3" and result.fits
+    assert not plan("llama-3.1-70b", gpus=1, gpu_memory_gb=80, dtype="bfloat16").fits
 
 
 def test_published_sizes() -> None:
@@ -79,7 +165,10 @@ def test_opt_1_3b_is_replicated() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"model": "opt-7b", "gpus": 1, "gpu_memory_gb": 80}, "known: opt-125m"),
+        (
+            {"model": "opt-7b", "gpus": 1, "gpu_memory_gb": 80},
+            r"known families: opt, llama.*named shapes: tiny, opt-125m.*llama-3.1-8b",
+        ),
         ({"model": "opt-125m", "gpus": 0, "gpu_memory_gb": 80}, "gpus"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 0}, "gpu_memory_gb"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "dtype": "int3"}, "dtype"),
@@ -101,10 +190,32 @@ cpu_linux = pytest.mark.skipif(
 @cpu_linux
 @pytest.mark.parametrize(("hidden", "layers"), [(64, 2), (256, 4)])
 def test_estimate_within_20_percent_of_measured_forward(hidden: int, layers: int) -> None:
-    arch = OPTArch(
+    arch = DecoderArch(
         layers=layers, hidden=hidden, ffn=4 * hidden, heads=4, vocab=8192, max_positions=128
     )
     measured, estimated = measure_forward_peak_mb(arch, batch_size=16, seq_len=128)
     print(f"hidden {hidden} layers {layers}: measured {measured:.1f} MiB, est {estimated:.1f}")
     assert measured > 0
     assert abs(estimated - measured) <= 0.2 * measured
+
+
+@cpu_linux
+@pytest.mark.parametrize(
+    ("family", "kv_heads", "tied", "attention"),
+    [("llama", 2, False, "eager"), ("qwen2", 2, True, "sdpa"), ("mistral", 1, False, "sdpa")],
+)
+def test_family_estimate_within_10_percent_of_measured_forward(
+    family: str, kv_heads: int, tied: bool, attention: str
+) -> None:
+    """One shape per family (grouped key/value heads, a gated MLP 2.75x wide, tied or untied
+    head), each measured in its own process."""
+    arch = DecoderArch(
+        family=family, layers=4, hidden=256, ffn=704, heads=4, kv_heads=kv_heads, vocab=8192,
+        max_positions=128, tie_embeddings=tied,
+    )  # fmt: skip
+    measured, estimated = measure_forward_peak_mb(
+        arch, batch_size=16, seq_len=128, attention=attention
+    )
+    print(f"{family} {attention}: measured {measured:.1f} MiB, est {estimated:.1f}")
+    assert measured > 0
+    assert abs(estimated - measured) <= 0.1 * measured

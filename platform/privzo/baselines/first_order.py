@@ -16,6 +16,14 @@ The loss is the task's per-example loss (the one the zeroth-order runs differenc
 autograd on. Dropout stays off as in the zeroth-order runs, so both optimise the same function:
 only the layers that own trainable tensors are put in training mode, which is what Opacus needs
 to capture their activations (Linear, Embedding and LayerNorm carry no dropout).
+
+Opacus on each decoder family: OPT needs two adaptations while Opacus trains (its learned
+positions as a plain embedding, its MLP rows fed example-major), both keyed on OPT's module
+types. The Llama family (Llama, Mistral, Qwen2, Qwen3) needs none: its linears (the gated MLP's
+three, the attention's with grouped key/value heads) see [B, L, H] rows, rotary positions have
+no parameters, and its RMSNorm weights get per-example gradients from Opacus' functorch
+fallback for modules it has no hook for (``tests/unit/baselines/test_families.py`` checks each
+against autograd per example).
 """
 
 from __future__ import annotations

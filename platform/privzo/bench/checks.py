@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from privzo.memory import available_memory_bytes
+from privzo.models.architecture import DecoderArch
 from privzo.models.shapes import resolve_dtype, resolve_shape, weight_bytes
-from privzo.planner import SAFETY_MARGIN, OPTArch, estimate_activation_bytes
+from privzo.planner import SAFETY_MARGIN, estimate_activation_bytes
 from privzo.zo.kernels import triton_installed
 
 _GIB = 2**30
@@ -22,7 +23,7 @@ class BenchSetup:
     """A checked request: the shape and where and how it runs."""
 
     shape: str
-    arch: OPTArch
+    arch: DecoderArch
     device: torch.device
     dtype: str
     batch_size: int
@@ -31,7 +32,7 @@ class BenchSetup:
 
 def checked_setup(shape: str, device: str, dtype: str, batch_size: int, seq_len: int) -> BenchSetup:
     """The request, or a ValueError that says what the machine or the shape cannot do."""
-    arch = resolve_shape(shape)
+    _, arch = resolve_shape(shape)
     resolve_dtype(dtype)
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size}: allowed: 1 or more")

@@ -1,7 +1,8 @@
 """``privzo bench zo-step``: what a zeroth-order step costs next to inference, measured.
 
 For a randomly initialised model of a named shape (``tiny``, the 5.3M-parameter CPU model, up
-to ``opt-66b``; nothing is downloaded), on one device and dtype, in one process, the cases run
+to ``opt-66b`` and ``llama-3.1-70b``, or a local directory's config.json; nothing is
+downloaded), on one device and dtype, in one process, the cases run
 interleaved and each is timed and its peak memory taken:
 
 * ``forward``: the inference forward the step makes twice (the same scoring forward);

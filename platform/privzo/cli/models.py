@@ -19,20 +19,25 @@ from privzo.cli.arguments import (
 )
 from privzo.cli.process import quiet_libraries
 
-OPT_NAMES = "opt-125m, opt-350m, opt-1.3b, opt-2.7b, opt-6.7b, opt-13b, opt-30b, opt-66b"
+SHAPE_NAMES = (
+    "a named shape (opt-125m ... opt-66b, llama-2-7b/13b/70b, llama-3.1-8b/70b, "
+    "qwen2.5-0.5b/7b/72b, mistral-7b), its hub id (e.g. meta-llama/Llama-3.1-8B), or a local "
+    "model directory (its config.json)"
+)
 
 
 def add_plan(commands: Commands) -> None:
     planner = add_command(
         commands,
         "plan",
-        "memory per GPU and strategy (replica / zero3) for an OPT size",
+        "memory per GPU and strategy (replica / zero3) for a model's shape",
         "privzo plan --model opt-66b --gpus 8 --gpu-memory-gb 80",
-        description="Estimate a zeroth-order run's memory per GPU for an OPT size, choose the "
+        description="Estimate a zeroth-order run's memory per GPU for a decoder's shape (OPT, "
+        "Llama, Mistral, Qwen2, Qwen3), choose the "
         "parallel strategy (replica where the model fits one GPU, else zero3) and say whether "
         "it fits. Loads nothing.",
     )
-    planner.add_argument("--model", required=True, help=f"{OPT_NAMES}, or all")
+    planner.add_argument("--model", required=True, help=f"{SHAPE_NAMES}; or all")
     planner.add_argument("--gpus", type=int, required=True, help="GPUs of the run")
     planner.add_argument(
         "--gpu-memory-gb", type=float, required=True, help="memory of one GPU, in GB"
@@ -45,9 +50,10 @@ def add_plan(commands: Commands) -> None:
 
 
 def _plan_command(args: argparse.Namespace) -> int:
-    from privzo.planner import OPT_SIZES, plan
+    from privzo.models.shapes import FAMILY_SHAPES, OPT_SHAPES
+    from privzo.planner import plan
 
-    names = list(OPT_SIZES) if args.model == "all" else [args.model]
+    names = [*OPT_SHAPES, *FAMILY_SHAPES] if args.model == "all" else [args.model]
     dtype = dtype_name(args.dtype)
     plans = [
         plan(
@@ -69,10 +75,10 @@ def _plan_command(args: argparse.Namespace) -> int:
 
 def _plan_table(plans: list[dict[str, Any]], gpus: int) -> list[str]:
     gib = 2**30
-    lines = [f"{'model':<10}{'parameters':>14}{'strategy':>10}{'GiB/GPU':>10}  fits ({gpus} GPUs)"]
+    lines = [f"{'model':<14}{'parameters':>16}{'strategy':>10}{'GiB/GPU':>10}  fits ({gpus} GPUs)"]
     for item in plans:
         lines.append(
-            f"{item['model']:<10}{item['parameters']:>14,}{item['strategy']:>10}"
+            f"{item['model']:<14}{item['parameters']:>16,}{item['strategy']:>10}"
             f"{item['bytes_per_gpu'] / gib:>10.1f}  {'yes' if item['fits'] else 'NO'}"
         )
     return lines
@@ -126,14 +132,14 @@ def add_models(commands: Commands) -> None:
     init = add_command(
         models_commands,
         "init",
-        "a randomly initialised OPT-shaped model and privzo's tokenizer, saved to a directory",
+        "a randomly initialised model of a named shape and privzo's tokenizer, in a directory",
         "privzo models init --shape opt-125m --output-dir models/opt-125m-random",
     )
     init.add_argument(
         "--shape",
         required=True,
         help="tiny (an OPT of 5.32M parameters: 43.5 times the built-in demo-opt-s, and not the "
-        f"built-in tiny-opt), {OPT_NAMES}",
+        f"built-in tiny-opt), {SHAPE_NAMES}",
     )
     init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")

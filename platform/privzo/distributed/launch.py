@@ -124,22 +124,26 @@ def check_resources(config: RunConfig, resources: dict[str, float]) -> None:
 
 
 def check_fit(config: RunConfig, source: str) -> None:
-    """On GPUs, the planner's verdict for this OPT model, strategy and GPU count."""
+    """On GPUs, the planner's verdict for this model, strategy and GPU count; a model whose
+    family the planner does not model is refused, since its fit cannot be checked."""
     parallel = config.parallel
     if not parallel.use_gpu:
         return
     from transformers import AutoConfig
 
-    from privzo.planner import arch_from_config, plan
+    from privzo.models.architecture import arch_from_config
+    from privzo.planner import plan
 
     hf_config = AutoConfig.from_pretrained(source, **pretrained_kwargs(config.model))
-    if hf_config.model_type != "opt":
-        return  # the planner models OPT decoders only
+    try:
+        arch = arch_from_config(hf_config)
+    except ValueError as error:
+        raise ConfigError(f"{config.model.name_or_path}: {error}") from None
     per_worker = max(1, config.optimizer.batch_size // parallel.workers)
     # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
     forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
     verdict = plan(
-        arch_from_config(hf_config),
+        arch,
         gpus=parallel.workers,
         gpu_memory_gb=parallel.gpu_memory_gb,
         dtype=config.model.dtype,

@@ -20,7 +20,7 @@ from transformers import (
 
 from privzo.models.builtin import BUILTIN_MODELS, is_builtin, materialize_builtin
 from privzo.models.config import ModelConfig
-from privzo.models.peft_views import apply_peft_view
+from privzo.models.peft_views import apply_peft_view, view_refusal
 from privzo.section import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,7 +107,11 @@ def check_model(config: ModelConfig) -> str:
     if is_builtin(config.name_or_path):
         return peek_kind(config)
     source = resolve_source(config, cache_dir=Path("."), progress=False)
-    return resolve_kind(config, _load_hf_config(config, source))
+    hf_config = _load_hf_config(config, source)
+    refusal = view_refusal(config.trainable, hf_config)
+    if refusal is not None:
+        raise ConfigError(f"model.trainable={config.trainable!r}: {refusal}")
+    return resolve_kind(config, hf_config)
 
 
 def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:

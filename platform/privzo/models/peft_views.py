@@ -38,6 +38,10 @@ NamedParameters = list[tuple[str, nn.Parameter]]
 LORA_DEFAULT_TARGETS: dict[str, list[str]] = {
     "opt": ["q_proj", "v_proj"],
     "roberta": ["query", "value"],
+    "llama": ["q_proj", "v_proj"],
+    "mistral": ["q_proj", "v_proj"],
+    "qwen2": ["q_proj", "v_proj"],
+    "qwen3": ["q_proj", "v_proj"],
 }
 # Prefix tuning feeds the prefix as past key/values, whose handling (attention mask, position
 # ids) is architecture-specific; these are the types checked to score correctly.
@@ -55,6 +59,33 @@ class ViewOptions:
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] | None = None
     prefix_tokens: int = 5
+
+
+def view_refusal(view: str, hf_config: Any) -> str | None:
+    """Why ``view`` cannot train a model of this ``transformers`` config, or None; read from
+    the config alone, so a run is refused before any weights load."""
+    model_type = getattr(hf_config, "model_type", None)
+    if view == "prefix" and model_type not in PREFIX_MODEL_TYPES:
+        return (
+            f"PEFT view 'prefix' is not supported for model type {model_type!r}: prefix tuning "
+            f"is verified only for {list(PREFIX_MODEL_TYPES)}; allowed: full, lora"
+        )
+    if view == "bitfit" and _bias_free(hf_config):
+        return (
+            f"PEFT view 'bitfit' trains bias terms, and model type {model_type!r} has none (no "
+            "attention or MLP biases in this config); allowed: full, lora"
+        )
+    return None
+
+
+def _bias_free(hf_config: Any) -> bool:
+    """Llama, Mistral and Qwen3 decoders have no bias unless their config asks for one (Qwen2's
+    query/key/value projections always have them)."""
+    if getattr(hf_config, "model_type", None) not in ("llama", "mistral", "qwen3"):
+        return False
+    return not (
+        getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False)
+    )
 
 
 ViewBuilder = Callable[[nn.Module, ViewOptions], tuple[nn.Module, NamedParameters]]

@@ -1,4 +1,5 @@
-"""``privzo models init``: a local, randomly initialised OPT-shaped model directory.
+"""``privzo models init``: a local, randomly initialised model directory of a named shape (OPT,
+Llama, Qwen2 or Mistral; ``privzo.models.shapes``).
 
 It holds what a hub checkpoint holds (``save_pretrained`` weights and config, and a tokenizer),
 so ``privzo run`` loads it with ``model.name_or_path=DIR`` like any checkpoint: a way to try
@@ -18,9 +19,9 @@ from pathlib import Path
 
 from privzo import demo_data
 from privzo.memory import available_memory_bytes
+from privzo.models.architecture import count_parameters
 from privzo.models.builtin import build_word_tokenizer
 from privzo.models.shapes import random_model, resolve_shape, weight_bytes
-from privzo.planner import count_parameters
 
 _GIB = 2**30
 # Shapes with more parameters than this print what they are doing (building and saving take
@@ -33,7 +34,7 @@ def init_model_directory(
 ) -> Path:
     """Write a seeded random model of ``shape`` in ``dtype`` and privzo's tokenizer to
     ``output_dir`` (new or empty); everything is checked before anything is built."""
-    arch = resolve_shape(shape)
+    _, arch = resolve_shape(shape)
     target = Path(output_dir).expanduser()
     need = weight_bytes(arch, dtype)
     _check_target(target, need)

@@ -1,32 +1,140 @@
-"""Named OPT shapes, from a tiny one for CPU to OPT-66B, and randomly initialised models of them.
+"""Named decoder shapes, from a tiny one for CPU to 70B models, and randomly initialised models
+of them.
 
-The OPT sizes are the planner's (the published facebook/opt-* config values); ``tiny`` is the
-5.3M-parameter model the zero-order step benchmark has always used on CPU. A shape is all a
-benchmark or ``privzo models init`` needs: no checkpoint is downloaded.
+Each named shape holds the published ``config.json`` values of its checkpoint on the Hugging
+Face hub (hidden_size, intermediate_size or ffn_dim, num_hidden_layers, num_attention_heads,
+num_key_value_heads, vocab_size, max_position_embeddings, tie_word_embeddings, rope_theta);
+``tiny`` is the 5.3M-parameter OPT the zero-order step benchmark runs on CPU. A shape is all a
+benchmark, the planner or ``privzo models init`` needs: no checkpoint is downloaded.
+:func:`resolve_shape` also takes a shape's hub id and a local model directory (its config.json
+only).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import OPTConfig, OPTForCausalLM
 
-from privzo.planner import DTYPE_BYTES, OPT_SIZES, OPTArch, count_parameters
+from privzo.models.architecture import (
+    FAMILIES,
+    DecoderArch,
+    arch_from_config,
+    count_parameters,
+    hf_config,
+)
 
-TINY = OPTArch(layers=4, hidden=256, ffn=1024, heads=4, vocab=8192, max_positions=256)
-SHAPES: dict[str, OPTArch] = {"tiny": TINY, **OPT_SIZES}
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_shape(name: str) -> OPTArch:
-    """The shape called ``name`` (``opt-1.3b`` or ``facebook/opt-1.3b``)."""
-    key = name.removeprefix("facebook/")
-    if key not in SHAPES:
-        raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
-    return SHAPES[key]
+def _opt(layers: int, hidden: int, heads: int, **rest: Any) -> DecoderArch:
+    return DecoderArch(layers=layers, hidden=hidden, ffn=4 * hidden, heads=heads, **rest)
+
+
+def _llama_like(
+    family: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, **rest: Any
+) -> DecoderArch:
+    return DecoderArch(
+        family=family,
+        layers=layers,
+        hidden=hidden,
+        ffn=ffn,
+        heads=heads,
+        kv_heads=kv_heads,
+        tie_embeddings=rest.pop("tie_embeddings", False),
+        **rest,
+    )
+
+
+TINY = DecoderArch(layers=4, hidden=256, ffn=1024, heads=4, vocab=8192, max_positions=256)
+
+# facebook/opt-*: all share vocab_size 50272 and max_position_embeddings 2048 (the OPT paper's
+# table 1); OPT-350m has 512-wide embeddings projected in and out, and no final layer norm.
+OPT_SHAPES: dict[str, DecoderArch] = {
+    "opt-125m": _opt(12, 768, 12),
+    "opt-350m": _opt(24, 1024, 16, word_embed_proj_dim=512, final_layer_norm=False),
+    "opt-1.3b": _opt(24, 2048, 32),
+    "opt-2.7b": _opt(32, 2560, 32),
+    "opt-6.7b": _opt(32, 4096, 32),
+    "opt-13b": _opt(40, 5120, 40),
+    "opt-30b": _opt(48, 7168, 56),
+    "opt-66b": _opt(64, 9216, 72),
+}
+
+_LLAMA3 = {"vocab": 128256, "max_positions": 131072, "rope_theta": 500000.0}
+_LLAMA2 = {"vocab": 32000, "max_positions": 4096}
+_QWEN25 = {"vocab": 152064, "max_positions": 131072, "rope_theta": 1000000.0}
+_QWEN25_SMALL = {
+    "vocab": 151936,
+    "max_positions": 32768,
+    "rope_theta": 1000000.0,
+    "tie_embeddings": True,
+}
+FAMILY_SHAPES: dict[str, DecoderArch] = {
+    "llama-3.1-8b": _llama_like("llama", 32, 4096, 14336, 32, 8, **_LLAMA3),
+    "llama-3.1-70b": _llama_like("llama", 80, 8192, 28672, 64, 8, **_LLAMA3),
+    "llama-2-7b": _llama_like("llama", 32, 4096, 11008, 32, 32, **_LLAMA2),
+    "llama-2-13b": _llama_like("llama", 40, 5120, 13824, 40, 40, **_LLAMA2),
+    "llama-2-70b": _llama_like("llama", 80, 8192, 28672, 64, 8, **_LLAMA2),
+    "qwen2.5-0.5b": _llama_like("qwen2", 24, 896, 4864, 14, 2, **_QWEN25_SMALL),
+    "qwen2.5-7b": _llama_like("qwen2", 28, 3584, 18944, 28, 4, **_QWEN25),
+    "qwen2.5-72b": _llama_like("qwen2", 80, 8192, 29568, 64, 8, **_QWEN25),
+    "mistral-7b": _llama_like("mistral", 32, 4096, 14336, 32, 8, vocab=32000, max_positions=32768),
+}
+
+SHAPES: dict[str, DecoderArch] = {"tiny": TINY, **OPT_SHAPES, **FAMILY_SHAPES}
+
+# The hub checkpoint each named shape describes (the planner and preflight accept these ids).
+HUB_IDS: dict[str, str] = {
+    **{f"facebook/{name}": name for name in OPT_SHAPES},
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-13b-hf": "llama-2-13b",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "Qwen/Qwen2.5-0.5B": "qwen2.5-0.5b",
+    "Qwen/Qwen2.5-7B": "qwen2.5-7b",
+    "Qwen/Qwen2.5-72B": "qwen2.5-72b",
+    "mistralai/Mistral-7B-v0.1": "mistral-7b",
+}
+
+
+def known_shapes() -> str:
+    """What a shape argument may be, for error messages."""
+    return (
+        f"known families: {', '.join(FAMILIES)}; named shapes: {', '.join(SHAPES)}; hub ids: "
+        f"{', '.join(HUB_IDS)}; or a local model directory with a config.json"
+    )
+
+
+def resolve_named_shape(name: str) -> tuple[str, DecoderArch] | None:
+    """``(name, arch)`` of a named shape or of a hub id that names one; None otherwise."""
+    key = HUB_IDS.get(name, name)
+    return (key, SHAPES[key]) if key in SHAPES else None
+
+
+def resolve_shape(name: str) -> tuple[str, DecoderArch]:
+    """``(name, arch)`` for a named shape (``llama-3.1-8b``), its hub id
+    (``meta-llama/Llama-3.1-8B``) or a local model directory (its config.json is read, no
+    weights); a ValueError listing what is known for anything else."""
+    named = resolve_named_shape(name)
+    if named is not None:
+        return named
+    directory = Path(name).expanduser()
+    if (directory / "config.json").is_file():
+        from transformers import AutoConfig
+
+        try:
+            return str(directory), arch_from_config(AutoConfig.from_pretrained(directory))
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+    raise ValueError(f"unknown shape {name!r}; {known_shapes()}")
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -35,32 +143,10 @@ def resolve_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
-def weight_bytes(arch: OPTArch, dtype: str) -> int:
-    """Bytes of the weights of ``arch`` in ``dtype`` (the LM head tied to the embeddings)."""
+def weight_bytes(arch: DecoderArch, dtype: str) -> int:
+    """Bytes of the weights of ``arch`` in ``dtype``."""
     resolve_dtype(dtype)
     return count_parameters(arch) * DTYPE_BYTES[dtype]
-
-
-def opt_config(arch: OPTArch, **token_ids: Any) -> OPTConfig:
-    """The ``OPTConfig`` of ``arch``; dropout off, as privzo scores and trains without it.
-
-    OPT-350m is the one post-norm size (``do_layer_norm_before=False``), which is also what
-    drops its final layer norm in ``transformers``; its token embeddings are narrower than the
-    hidden size and projected in and out.
-    """
-    return OPTConfig(
-        vocab_size=arch.vocab,
-        hidden_size=arch.hidden,
-        num_hidden_layers=arch.layers,
-        ffn_dim=arch.ffn,
-        num_attention_heads=arch.heads,
-        max_position_embeddings=arch.max_positions,
-        word_embed_proj_dim=arch.embed_dim,
-        do_layer_norm_before=arch.final_layer_norm,
-        dropout=0.0,
-        attention_dropout=0.0,
-        **token_ids,
-    )
 
 
 @contextlib.contextmanager
@@ -82,17 +168,21 @@ def _cuda_ids(device: str | torch.device) -> list[int]:
 
 
 def random_model(
-    arch: OPTArch,
+    arch: DecoderArch,
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     seed: int = 0,
-    **token_ids: Any,
-) -> OPTForCausalLM:
-    """A randomly initialised OPT of ``arch``, built directly in ``dtype`` on ``device`` (no
-    fp32 copy first, so a half-precision model needs only its own bytes), frozen and in eval
-    mode; seeded without touching the global generator."""
+    **config_extra: Any,
+) -> Any:
+    """A randomly initialised ``*ForCausalLM`` of ``arch``, built directly in ``dtype`` on
+    ``device`` (no fp32 copy first, so a half-precision model needs only its own bytes), frozen
+    and in eval mode; seeded without touching the global generator. ``config_extra`` (token
+    ids, attention implementation) goes to the config."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(arch, **config_extra)
     with torch.random.fork_rng(devices=_cuda_ids(device)), _default_dtype(resolve_dtype(dtype)):
         torch.manual_seed(seed)
         with torch.device(device):
-            model = OPTForCausalLM(opt_config(arch, **token_ids))
+            model = AutoModelForCausalLM.from_config(config)
     return model.eval().requires_grad_(False)

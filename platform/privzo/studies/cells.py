@@ -10,6 +10,8 @@ from typing import Any
 from privzo.algorithms.registry import check_capabilities
 from privzo.config.loading import load_config, with_values
 from privzo.config.run import RunConfig
+from privzo.models.architecture import count_parameters
+from privzo.models.shapes import resolve_named_shape
 from privzo.preflight import preflight
 from privzo.section import ConfigError
 from privzo.studies.config import ScalingStudyConfig
@@ -36,9 +38,11 @@ class Cell:
 
 
 def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
-    """Models outermost, so the smallest model's cells finish (and report) first."""
+    """Models outermost, so the smallest model's cells finish (and report) first: in order of
+    their parameter counts where the planner knows every model's shape (a mixed list of OPT,
+    Llama, Qwen2 or Mistral sizes), else in the order given."""
     cells = []
-    for model in study.models:
+    for model in models_by_size(study.models):
         for task in study.tasks:
             for seed in study.seeds:
                 for algorithm in study.private_algorithms:
@@ -47,6 +51,24 @@ def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
                     Cell(model, task, alg, None, seed) for alg in study.non_private_algorithms
                 ]
     return cells
+
+
+def models_by_size(models: list[str]) -> list[str]:
+    """``models`` from the fewest parameters up, counted from their named shapes or hub ids
+    (``privzo.models.shapes``; no weights are read), or as given when one is not known."""
+    counts: dict[str, int] = {}
+    for model in models:
+        count = _planned_parameters(model)
+        if count is None:
+            return list(models)
+        counts[model] = count
+    return sorted(models, key=counts.__getitem__)
+
+
+def _planned_parameters(model: str) -> int | None:
+    name = load_config([model]).model.name_or_path if model.endswith((".yaml", ".yml")) else model
+    named = resolve_named_shape(name)
+    return None if named is None else count_parameters(named[1])
 
 
 def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:

@@ -23,6 +23,7 @@ from privzo.config.tasks import TaskConfig, template_fields
 from privzo.section import ConfigError
 from privzo.tasks.data import Row, hash_order
 from privzo.tasks.interface import Indices
+from privzo.tasks.label_words import label_word_tokens
 
 
 @dataclass
@@ -110,26 +111,25 @@ class PromptClassificationTask:
         return template
 
     def _candidate_tokens(self) -> list[list[int]]:
-        """The token ids of every label word, as it follows the prompt (after a space, or
-        directly after a prompt that ends a line)."""
+        """The token ids of every label word as it follows the prompt (after a space, or
+        directly after a prompt that ends a line): ``privzo.tasks.label_words``."""
         prefix = " " if self.config.label_word_prefix is None else self.config.label_word_prefix
-        candidates = []
-        for word in self.label_words:
-            tokens = self.tokenizer.encode(prefix + word, add_special_tokens=False)
-            if self.tokenizer.unk_token_id in tokens or not tokens:
-                raise ConfigError(
-                    f"task.label_words: {word!r} is not in the tokenizer's vocabulary (it maps "
-                    "to the unknown token)"
-                )
-            if len(tokens) > 1 and self.kind == "masked":
-                raise ConfigError(
-                    f"task.label_words: {word!r} is {len(tokens)} tokens for this tokenizer; a "
-                    "masked LM scores one mask slot, so its label words must be single tokens"
-                )
-            candidates.append(tokens)
+        context, single = self._text_before_label(), self.kind == "masked"
+        candidates = [
+            label_word_tokens(self.tokenizer, word, prefix, context, single)
+            for word in self.label_words
+        ]
         if len({tuple(tokens) for tokens in candidates}) != len(candidates):
             raise ConfigError(f"task.label_words={self.label_words} map to equal tokens")
         return candidates
+
+    def _text_before_label(self) -> str:
+        """The template's text before the label word (a causal LM's prompt, or the text before
+        a masked LM's mask slot), its fields left empty."""
+        before = self.template.split("{mask}")[0]
+        text = before.format(**dict.fromkeys(template_fields(before), ""))
+        # a mask token absorbs the space before it (lstrip): the word takes the mask's place
+        return text.rstrip(" ") if self.kind == "masked" else text
 
     def encode(self, rows: Sequence[Row]) -> EncodedExamples:
         input_ids, positions = [], []

@@ -10,8 +10,8 @@ import torch
 
 from privzo.bench.mezo_reference import mezo_reference_step
 from privzo.cli import main
+from privzo.models.architecture import DecoderArch
 from privzo.models.shapes import random_model
-from privzo.planner import OPTArch
 
 SMALL = ["--batch-size", "2", "--seq-len", "16", "--repeats", "1"]
 CASES = {"forward", "dpzero", "mezo", "mezo_reference", "one_sweep", "read_write", "host_batch"}
@@ -73,7 +73,9 @@ def test_cuda_is_refused_without_cuda(capsys):
 def test_the_mezo_reference_step_moves_the_weights_by_minus_lr_g_z():
     """z is MeZO's: torch's global generator seeded with the step's seed, one torch.normal per
     parameter in order; the four sweeps leave θ − lr·g·z (to fp32 rounding of the ±ε sweeps)."""
-    model = random_model(OPTArch(layers=1, hidden=16, ffn=32, heads=2, vocab=64, max_positions=16))
+    model = random_model(
+        DecoderArch(layers=1, hidden=16, ffn=32, heads=2, vocab=64, max_positions=16)
+    )
     parameters = list(model.parameters())
     before = [parameter.detach().clone() for parameter in parameters]
     inputs = torch.randint(0, 64, (2, 8))

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from privzo.cli import main
+from privzo.models.architecture import count_parameters
 from privzo.models.random_init import init_model_directory
 from privzo.models.shapes import SHAPES, random_model
-from privzo.planner import count_parameters
 
 
 def test_init_then_run_on_it(tmp_path, capsys):
@@ -61,9 +61,12 @@ def test_init_refuses_unknown_shapes_and_dtypes(tmp_path, capsys, arguments, mes
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("shape", ["opt-125m", "opt-350m"])
+@pytest.mark.parametrize(
+    "shape", ["opt-125m", "opt-350m", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b", "mistral-7b"]
+)
 def test_shapes_build_with_the_planners_parameter_count(shape):
     """The registry's configs give the models the planner counts (350m: projections, no final
-    norm), built on the meta device so no memory is spent."""
+    norm; Llama and Mistral: untied heads, grouped key/value heads; Qwen2: query/key/value
+    biases, the 0.5B's tied head), built on the meta device so no memory is spent."""
     model = random_model(SHAPES[shape], device="meta")
     assert sum(p.numel() for p in model.parameters()) == count_parameters(SHAPES[shape])
