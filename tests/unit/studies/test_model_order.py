@@ -4,8 +4,8 @@ parameters up, counted from their named shapes without weights."""
 from __future__ import annotations
 
 from conftest import REPO
-from privzo.studies.config import load_study_config
 from privzo.studies.cells import expand_cells, models_by_size
+from privzo.studies.config import load_study_config
 
 
 def test_a_mixed_list_of_families_is_ordered_by_parameters():
