@@ -272,7 +272,7 @@ def test_a_missing_model_in_the_third_cell_fails_before_any_cell_trains(
     study = load_study_config(path)
     bad = expand_cells(study)[2].name
     assert bad.startswith(str(missing).replace("/", "_"))
-    with pytest.raises(ConfigError, match=rf"study cell 3/4 {bad}: .*model directory does not"):
+    with pytest.raises(ConfigError, match=rf"study cell 3/4 {bad}: .*no such directory"):
         run_study(study, tmp_path / "study", cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "study").exists()
 
