@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,24 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="show the libraries' logs, warnings and bars too"
     )
+
+
+def finish_command(
+    parser: argparse.ArgumentParser,
+    handler: Callable[[argparse.Namespace], int],
+    *,
+    quiet: str | None = None,
+    cache_dir: bool = True,
+) -> None:
+    """The options the working commands share, in one order (``--quiet`` with its own help
+    where given, ``--cache-dir`` unless the command builds no model, ``--verbose``), then the
+    handler the entry point calls."""
+    if quiet is not None:
+        parser.add_argument("--quiet", action="store_true", help=quiet)
+    if cache_dir:
+        add_cache_dir(parser)
+    add_verbose(parser)
+    parser.set_defaults(handler=handler)
 
 
 def add_json(parser: argparse.ArgumentParser, shape: str = "one JSON object") -> None:

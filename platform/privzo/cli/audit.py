@@ -9,10 +9,9 @@ from pathlib import Path
 
 from privzo.cli.arguments import (
     Commands,
-    add_cache_dir,
     add_command,
     add_config,
-    add_verbose,
+    finish_command,
     load_run_config,
     tracking_uri,
 )
@@ -47,11 +46,8 @@ def add_audit(commands: Commands) -> None:
         "--output-dir", type=Path, required=True, help="the audit's directory (its run)"
     )
     audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
-    audit.add_argument("--quiet", action="store_true", help="no progress bar")
     audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')
-    add_cache_dir(audit)
-    add_verbose(audit)
-    audit.set_defaults(handler=_audit_command)
+    finish_command(audit, _audit_command, quiet="no progress bar")
 
 
 def _audit_command(args: argparse.Namespace) -> int:

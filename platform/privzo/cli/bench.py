@@ -11,12 +11,11 @@ from typing import Any
 from privzo.cli.arguments import (
     DTYPES,
     Commands,
-    add_cache_dir,
     add_command,
     add_json,
     add_subcommands,
-    add_verbose,
     dtype_name,
+    finish_command,
 )
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
 
@@ -58,8 +57,7 @@ def _add_zo_step(benches: Commands) -> None:
     zo_step.add_argument("--seq-len", type=int, default=128, help="tokens per example")
     add_json(zo_step)
     zo_step.add_argument("--repeats", type=int, default=5, help="timed rounds (their median)")
-    add_verbose(zo_step)
-    zo_step.set_defaults(handler=_zo_step_command)
+    finish_command(zo_step, _zo_step_command, cache_dir=False)
 
 
 def _zo_step_command(args: argparse.Namespace) -> int:
@@ -130,9 +128,7 @@ def _add_memory(benches: Commands) -> None:
     )
     add_json(memory)
     memory.add_argument("--repeats", type=int, default=3, help="timed steps per case")
-    add_cache_dir(memory)
-    add_verbose(memory)
-    memory.set_defaults(handler=_memory_command)
+    finish_command(memory, _memory_command)
 
 
 def _memory_command(args: argparse.Namespace) -> int:
@@ -157,9 +153,7 @@ def _add_distributed(benches: Commands) -> None:
         "--model", default="demo-opt-s", help="a built-in model or a model directory"
     )
     distributed.add_argument("--steps", type=int, default=30, help="DPZero steps per case")
-    add_cache_dir(distributed)
-    add_verbose(distributed)
-    distributed.set_defaults(handler=_distributed_command)
+    finish_command(distributed, _distributed_command)
 
 
 def _distributed_command(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from privzo.cli.arguments import Commands, add_cache_dir, add_command, add_verbose
+from privzo.cli.arguments import Commands, add_command, finish_command
 from privzo.cli.process import process_cores, quiet_libraries
 
 
@@ -26,9 +26,7 @@ def add_demo(commands: Commands) -> None:
     demo.add_argument(
         "--arms-only", action="store_true", help="skip the small search and the scaling study"
     )
-    add_cache_dir(demo)
-    add_verbose(demo)
-    demo.set_defaults(handler=_demo_command)
+    finish_command(demo, _demo_command)
 
 
 def _demo_command(args: argparse.Namespace) -> int:

@@ -14,8 +14,8 @@ from privzo.cli.arguments import (
     add_command,
     add_json,
     add_subcommands,
-    add_verbose,
     dtype_name,
+    finish_command,
 )
 from privzo.cli.process import quiet_libraries
 
@@ -144,8 +144,7 @@ def add_models(commands: Commands) -> None:
     init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    add_verbose(init)
-    init.set_defaults(handler=_models_init_command)
+    finish_command(init, _models_init_command, cache_dir=False)
 
 
 def _models_init_command(args: argparse.Namespace) -> int:

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     Commands,
-    add_cache_dir,
     add_command,
     add_config,
-    add_verbose,
+    finish_command,
     load_run_config,
     tracking_uri,
 )
@@ -55,15 +54,12 @@ def add_run(commands: Commands) -> None:
         help="the run's directory: refused if it holds another run (see --overwrite)",
     )
     run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--json",
         action="store_true",
         help='print the summary as one JSON line, {"privzo_summary": {...}}',
     )
-    add_cache_dir(run)
-    add_verbose(run)
-    run.set_defaults(handler=_run_command)
+    finish_command(run, _run_command, quiet="no progress bar")
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -125,8 +121,7 @@ def add_check(commands: Commands) -> None:
     )
     check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
     check.add_argument("--json", action="store_true", help='one JSON line, {"privzo_check": ...}')
-    add_verbose(check)
-    check.set_defaults(handler=_check_command)
+    finish_command(check, _check_command, cache_dir=False)
 
 
 def _check_command(args: argparse.Namespace) -> int:
@@ -174,9 +169,7 @@ def add_replay(commands: Commands) -> None:
         help="weights' dtype (default: the training run's); float32 rebuilds a half-precision "
         "run's intended model, its updates without their roundings",
     )
-    add_cache_dir(replay)
-    add_verbose(replay)
-    replay.set_defaults(handler=_replay_command)
+    finish_command(replay, _replay_command)
 
 
 def _replay_command(args: argparse.Namespace) -> int:

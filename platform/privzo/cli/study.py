@@ -10,10 +10,9 @@ from typing import Any
 
 from privzo.cli.arguments import (
     Commands,
-    add_cache_dir,
     add_command,
     add_config,
-    add_verbose,
+    finish_command,
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
@@ -46,10 +45,7 @@ def add_study(commands: Commands) -> None:
         type=int,
         help="train at most this many cells now (exit 3 while cells remain; default: all)",
     )
-    study.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_cache_dir(study)
-    add_verbose(study)
-    study.set_defaults(handler=_study_command)
+    finish_command(study, _study_command, quiet="no progress bars")
 
 
 def _study_command(args: argparse.Namespace) -> int:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from privzo.cli.arguments import (
     Commands,
-    add_cache_dir,
     add_command,
     add_config,
-    add_verbose,
+    finish_command,
     tracking_uri,
 )
 from privzo.cli.process import process_cores, quiet_libraries
@@ -38,10 +37,7 @@ def add_tune(commands: Commands) -> None:
         "--output-dir", type=Path, required=True, help="the search's directory (its trials)"
     )
     tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
-    tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
-    add_cache_dir(tune)
-    add_verbose(tune)
-    tune.set_defaults(handler=_tune_command)
+    finish_command(tune, _tune_command, quiet="no Tune progress table")
 
 
 def _tune_command(args: argparse.Namespace) -> int:
