@@ -23,9 +23,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Ray starts its worker processes at nice 15 (RAY_worker_niceness) so its own services stay
 # responsive; next to any CPU-bound process at nice 0 they then get about 3 % of a core (weights
-# 36 against 1024). With one busy process per core, a 38 s distributed test took 9.3 min and the
-# marked suite passed 7 tests in 45 min. Every Ray a test starts (here, in a CLI subprocess, or
-# `ray start`) inherits this environment, so its workers compete as equals.
+# 36 against 1024), and a distributed test slows many-fold next to one busy process per core
+# (docs/measurements.md, "The test suites"). Every Ray a test starts (here, in a CLI subprocess,
+# or `ray start`) inherits this environment, so its workers compete as equals.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 # The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
@@ -37,13 +37,13 @@ def ctrl_c_reaches_it() -> None:
     """``preexec_fn`` for a child a test stops with SIGINT (Ctrl+C): a shell without job control
     starts background commands (``pytest ... &``, ``nohup``) with SIGINT ignored, children
     inherit that, and Python then installs no KeyboardInterrupt handler, so the signal would be
-    lost (the Ctrl+C test hung for its 120 s in a backgrounded suite)."""
+    lost (the Ctrl+C test would hang until its timeout in a backgrounded suite)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # Ray Train for tests: reports every 0.1 s instead of 2 s; a worker group may take 20 minutes to
-# start, not Ray's 60 s (under load 8-12 on 2 cores, starting two workers that import torch took
-# longer than 60 s; at load 7, 283 s).
+# start, not Ray's 60 s: a margin for two workers importing torch on a loaded 2-core machine
+# (docs/measurements.md, "Test margins"), not a timing.
 RAY_TEST_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",

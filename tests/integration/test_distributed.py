@@ -2,7 +2,7 @@
 
 The refusals that need no Ray are in tests/unit/distributed/test_layout_refusals.py.
 
-One Ray session serves the module (starting Ray costs ~10 s, each TorchTrainer ~20 s on 2 CPUs).
+One Ray session serves the module: starting Ray and each TorchTrainer are the slow parts.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_final_scores_run_on_the_workers(layout_runs, strategy):
 @pytest.mark.ray
 def test_the_test_rays_workers_are_not_niced(ray_session):
     """conftest sets RAY_worker_niceness=0: at Ray's default 15 a CPU-bound neighbour starves
-    the workers (a 38 s test took 9.3 min next to one busy process per core)."""
+    the workers (docs/measurements.md, "The test suites")."""
 
     @ray_session.remote
     def niceness() -> int:
@@ -276,8 +276,8 @@ def _committed_checkpoint(root: Path) -> Path | None:
 
 PAUSE_AT = 15  # steps done when rank 0 pauses: checkpoints for 5, 10 and 15 exist by then
 PAUSE_LIMIT_S = 600  # a paused rank 0 that nobody kills fails the run instead of hanging
-# How long a tiny distributed run may take to start or finish: margins for a loaded machine (at
-# load 7 on 2 cores one test's three tiny runs took 794 s), not timings; a hang still ends.
+# How long a tiny distributed run may take to start or finish: margins for a loaded 2-core
+# machine (docs/measurements.md, "Test margins"), not timings; a hang still ends.
 RUN_LIMIT_S = 1800
 
 

@@ -137,7 +137,7 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
 
 RAY_STEPS = 30  # one window per step (log_every=1): any step can be the one killed at
 PAUSE_LIMIT_S = 900  # a paused victim nobody kills fails its run instead of hanging
-RUN_LIMIT_S = 2400  # margins for a loaded machine (a search's first trial took 6 min at load 7)
+RUN_LIMIT_S = 2400  # a margin for a loaded 2-core machine (a search's first trial), not a timing
 TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
 
 

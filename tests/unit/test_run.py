@@ -235,7 +235,7 @@ def test_bad_input_fails_before_compute_and_keeps_records(
 
 @pytest.mark.slow
 def test_unreachable_hub_id_is_a_config_error(tmp_path, tiny_run_config, cache_dir):
-    """Offline, transformers retries for ~25 s before giving up; the error names the field."""
+    """Offline, transformers retries before giving up (hence slow); the error names the field."""
     config = tiny_run_config("model.name_or_path=nonexistent-org/nonexistent-model")
     with pytest.raises(ConfigError, match=r"model\.name_or_path"):
         run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)

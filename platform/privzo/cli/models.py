@@ -40,7 +40,7 @@ def add_plan(commands: Commands) -> None:
     planner.add_argument("--model", required=True, help=f"{SHAPE_NAMES}; or all")
     planner.add_argument("--gpus", type=int, required=True, help="GPUs of the run")
     planner.add_argument(
-        "--gpu-memory-gb", type=float, required=True, help="memory of one GPU, in GB"
+        "--gpu-memory-gb", type=float, required=True, help="memory of one GPU, in GiB"
     )
     planner.add_argument("--dtype", default="float16", help=f"the weights' dtype: {DTYPES}")
     planner.add_argument("--batch-size", type=int, default=16, help="examples per step")

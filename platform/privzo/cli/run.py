@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from privzo.preflight import Preflight
 
 RUN_EPILOG = (
-    "The output directory receives config.yaml, summary.json, privacy.json and (zeroth-order "
-    "algorithms) trajectory.parquet."
+    "The output directory receives config.yaml, summary.json, privacy.json, trajectory.parquet "
+    "(zeroth-order algorithms) or model/ (dpsgd, adamw, dpgd-0th; any run with save_model=true), "
+    "and resume.json while the run is unfinished; every file: docs/reference/files.md."
 )
 
 

@@ -53,7 +53,7 @@ class BudgetLedger:
 
         ε only grows with the step count, so every ``book`` up to ``total_steps`` is then within
         the budget without evaluating ε again: a training loop books its windows without a PLD
-        evaluation (0.2-0.5 s each) on the step's critical path.
+        evaluation (slow) on the step's critical path.
         """
         total_steps = check_count("total_steps", total_steps, 1)
         spent = self.accountant.epsilon_at(total_steps, self.delta)

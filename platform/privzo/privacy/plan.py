@@ -145,7 +145,7 @@ def privacy_record(
     ε spent and δ hold under add/remove adjacency given the training set's size N; the
     replace-one pair covers the whole release, N included (``privzo.privacy.adjacency``).
     A run in progress saves it at every window with ``final=False``: ε spent is then left out
-    (null), since evaluating it there would put a PLD evaluation (0.2-0.5 s) on each window.
+    (null), since evaluating it there would put a (slow) PLD evaluation on each window.
     """
     record: dict[str, Any] = {
         "private": plan.private,

@@ -1,6 +1,6 @@
 """Experiment tracking: one :class:`Tracker` interface, backends chosen by name.
 
-Importing this package does not import MLflow (about 2 s); that happens when a run starts.
+Importing this package does not import MLflow (slow to import); that happens when a run starts.
 """
 
 from __future__ import annotations

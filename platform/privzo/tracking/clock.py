@@ -7,7 +7,7 @@ cells and parent of a study of private algorithms, the audit of a private run) c
 instead: its MLflow run starts and ends at :data:`PUBLIC_TIME_MS`, a metric of step ``s`` is
 stamped ``PUBLIC_TIME_MS + s``, every ``MLmodel`` says it was created at
 :data:`PUBLIC_UTC_TIME_CREATED`, and every file and folder it writes into a local artifact store
-(and every file ``privzo tune export-best`` copies) has that time as its access and modification
+(and every file ``privzo export-best`` copies) has that time as its access and modification
 time. Non-private work (MeZO, AdamW, a study of non-private arms only) keeps real times.
 """
 

@@ -5,7 +5,7 @@ active run and tracking URI in process-global state (and reads ``MLFLOW_*`` envi
 variables), which breaks as soon as two runs share a process (Tune trials, tests). Here every
 run owns its client and URI explicitly.
 
-``import mlflow`` costs about 2 s, so it is deferred until a tracker actually starts.
+``import mlflow`` is slow, so it is deferred until a tracker actually starts.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ class MlflowTracker(Tracker):
 
     Metrics are buffered and sent with ``log_batch`` every ``flush_every`` points, when
     ``flush_interval_s`` has passed since the last send (so the UI stays live when steps are
-    slow), and on :meth:`flush` / :meth:`finish`: one ``log_metric`` call costs about 20 ms on
-    sqlite, a 50-point batch about 100 ms. A failed send keeps the points buffered.
+    slow), and on :meth:`flush` / :meth:`finish`: every call is a database round trip, so one
+    batch costs far less than its points sent one by one. A failed send keeps the points
+    buffered.
 
     ``release_timing=False`` (private work, whose step times follow the sampled batches): the
     run starts and ends at the public time (``privzo.tracking.clock``), each metric is stamped

@@ -1,7 +1,7 @@
 """Opening an MLflow store: its URIs, the first process's schema migration, probes that fail
 fast on a bad store, experiments, and how param values longer than MLflow's limit are stored.
 
-``import mlflow`` costs about 2 s, so every function here imports it only when called.
+``import mlflow`` is slow, so every function here imports it only when called.
 """
 
 from __future__ import annotations
@@ -158,9 +158,9 @@ SERVER_PROBE_TIMEOUT_S = 10.0
 def check_server_reachable(uri: str, timeout: float = SERVER_PROBE_TIMEOUT_S) -> None:
     """For an http(s) tracking server, one TCP connection within ``timeout`` seconds.
 
-    MLflow's client retries a refused or silent server with backoff for about four minutes
-    (273 s measured against a closed local port) before it reports; this probe fails in at most
-    ``timeout`` seconds, before any model loads. Other stores (sqlite, file) are not probed.
+    MLflow's client retries a refused or silent server with backoff for minutes before it
+    reports (docs/measurements.md, "Other timings"); this probe fails in at most ``timeout``
+    seconds, before any model loads. Other stores (sqlite, file) are not probed.
     """
     parsed = urlsplit(uri)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:

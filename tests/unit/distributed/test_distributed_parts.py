@@ -110,7 +110,7 @@ def two_ranks(tmp_path_factory):
         return dict(results)
 
 
-@pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
+@pytest.mark.slow  # two spawned processes that import torch
 def test_distributed_mean_is_the_single_process_mean(two_ranks):
     differences = torch.arange(10, dtype=torch.float32) / 3 - 1
     single = make_estimator().estimate(differences)
@@ -123,7 +123,7 @@ def test_distributed_mean_is_the_single_process_mean(two_ranks):
         assert pair == pytest.approx(single_pair, rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
+@pytest.mark.slow  # two spawned processes that import torch
 def test_noise_is_drawn_once_and_shared(two_ranks):
     noise_0, noise_1 = two_ranks[0][2], two_ranks[1][2]
     assert noise_0 == noise_1  # every rank applies the same g
@@ -132,13 +132,13 @@ def test_noise_is_drawn_once_and_shared(two_ranks):
     assert 3.5 < variance < 4.5
 
 
-@pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
+@pytest.mark.slow  # two spawned processes that import torch
 def test_payload_is_a_few_fp64_scalars_per_step(two_ranks):
     # one mean step ([sum, count]) and 3000 private steps ([noisy sum, count]) in fp64
     assert two_ranks[0][3] == 2 * 8 + 3000 * 2 * 8
 
 
-@pytest.mark.slow  # two spawned processes: ~15 s on 2 CPUs
+@pytest.mark.slow  # two spawned processes that import torch
 def test_no_rank_receives_the_sum_without_noise(two_ranks):
     """Rank 0 adds its draw to its local sum before the all-reduce, so the sum every rank
     receives is already noised (σC = 2: a draw within 1e-9 of 0 has probability ~1e-9)."""

@@ -1,4 +1,4 @@
-"""Tracking against a real MLflow sqlite store, one per module (schema creation costs ~5 s)."""
+"""Tracking against a real MLflow sqlite store, one per module (creating the schema is slow)."""
 
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ def noise_hint(
 def search_sigma(target: CalibrationTarget, fine: Curve, coarse: Curve | None = None) -> float:
     """The smallest σ (within ``CALIBRATION_RTOL``) whose ε on ``fine`` is ≤ the target.
 
-    Every fine evaluation may be expensive (PLD: 0.05-1.5 s), so the probes first run on
+    Every fine evaluation may be expensive (PLD's grows with the steps), so the probes first run on
     ``coarse`` when given, then need about three fine ones; the bracket handed to Brent's
     method is usually already within ``CALIBRATION_RTOL``, so the finish only verifies it.
     """
