@@ -8,6 +8,7 @@ as Qwen2 has). The models are 2-layer configs with grouped key/value heads.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,3 +89,14 @@ def tiny_family_model(family: str, vocab: int, dtype: torch.dtype = torch.float3
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+def save_tiny_family(family: str, directory: Path) -> Path:
+    """A tiny ``family`` model and its tokenizer saved to ``directory``, as its checkpoints ship:
+    Qwen2 with a byte-level BPE, Llama and Mistral with a SentencePiece-style one."""
+    tokenizer = byte_level_tokenizer() if family == "qwen2" else sentencepiece_tokenizer()
+    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    model = tiny_family_model(family, len(tokenizer), bos_token_id=tokenizer.bos_token_id, **ids)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

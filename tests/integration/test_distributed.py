@@ -29,6 +29,7 @@ from privzo.distributed.worker import checkpoint_name
 from privzo.privacy import compute_epsilon
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
+from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
@@ -79,15 +80,28 @@ class LayoutRuns:
     weights: dict[str, dict[str, torch.Tensor]]
 
 
-@pytest.fixture(scope="module")
-def layout_runs(ray_session, tmp_path_factory, cache_dir) -> LayoutRuns:
+# tiny-opt, and a tiny Llama (grouped key/value heads, gated MLP, RMSNorm, rotary positions,
+# a SentencePiece-style tokenizer with BOS) for the decoders beside OPT
+FAMILIES = ("opt", "llama")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def layout_runs(request, ray_session, tmp_path_factory, cache_dir) -> LayoutRuns:
     layouts = {"single": ("single", 1), "replica": ("replica", 2), "zero3": ("zero3", 2)}
-    root = tmp_path_factory.mktemp("layouts")
+    root = tmp_path_factory.mktemp(f"layouts-{request.param}")
+    model = []
+    if request.param != "opt":
+        directory = save_tiny_family(request.param, root / request.param)
+        model = [f"model.name_or_path={directory}"]
     summaries, trajectories, weights = {}, {}, {}
     for name, (strategy, workers) in layouts.items():
         backend = "mlflow" if name == "replica" else "none"
         config = _config(
-            TINY_MEZO, *_layout(strategy, workers), "save_model=true", f"tracking.backend={backend}"
+            TINY_MEZO,
+            *_layout(strategy, workers),
+            *model,
+            "save_model=true",
+            f"tracking.backend={backend}",
         )
         output = root / "runs" / name
         summaries[name] = run(

@@ -18,7 +18,7 @@ from privzo.memory import PeakMemory
 from privzo.models.loading import check_model
 from privzo.run import build_context, run
 from privzo.tasks.classification import differentiable_scoring
-from tiny_families import byte_level_tokenizer, sentencepiece_tokenizer, tiny_family_model
+from tiny_families import save_tiny_family
 
 FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -28,16 +28,7 @@ def family_dirs(tmp_path_factory) -> dict[str, Path]:
     """A saved model and tokenizer per family: Qwen2 with a byte-level BPE, the others with a
     SentencePiece-style one, as their checkpoints ship."""
     root = tmp_path_factory.mktemp("families")
-    paths = {}
-    for family in FAMILIES:
-        tokenizer = byte_level_tokenizer() if family == "qwen2" else sentencepiece_tokenizer()
-        ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
-        model = tiny_family_model(
-            family, len(tokenizer), bos_token_id=tokenizer.bos_token_id, **ids
-        )
-        paths[family] = root / family
-        model.save_pretrained(paths[family])
-        tokenizer.save_pretrained(paths[family])
+    paths = {family: save_tiny_family(family, root / family) for family in FAMILIES}
     return paths
 
 
