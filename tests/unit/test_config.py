@@ -92,6 +92,18 @@ def test_out_of_range_values_name_field_and_value(override, field, value_text):
     assert field in message and value_text in message
 
 
+@pytest.mark.parametrize("override", ["optimizer.steps=true", "privacy.epsilon=true"])
+def test_a_boolean_is_not_a_number(override, tmp_path):
+    key, _ = override.split("=")
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: true/false is not a number"):
+        load_config(None, [override])
+    section, leaf = key.split(".")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{section}:\n  {leaf}: false\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: true/false is not a number"):
+        load_config(path)
+
+
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match=r"privacy\.epsilonn: unknown key"):
         load_config(None, ["privacy.epsilonn=1"])
