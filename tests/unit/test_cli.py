@@ -129,6 +129,8 @@ def test_human_readable_output(capsys):
         (["--batch-size", "50", "--dataset-size", "30"], "batch size"),
         (["--sample-rate", "1.5"], "sample_rate"),
         (["--sample-rate", "0.1", "--mechanism", "laplace", "--accountant", "rdp"], "laplace"),
+        (["--sample-rate", "0.1", "--steps", "1000000000"], "steps ≤ 10_000_000"),
+        (["--sample-rate", "0.1", "--steps", "0"], "allowed: 1 ≤ steps"),
     ],
 )
 def test_bad_privacy_arguments_exit_2_with_a_message(capsys, args, message):
