@@ -139,6 +139,22 @@ def test_bad_privacy_arguments_exit_2_with_a_message(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "configs/runs/tiny-dpzero.yaml", "--output-dir", ""],
+        ["models", "init", "--shape", "tiny", "--output-dir", " "],
+        ["tune", "configs/searches/tiny.yaml", "--output-dir", ""],
+        ["run", ""],
+    ],
+)
+def test_an_empty_path_is_refused_before_the_command_runs(capsys, args):
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert "an empty path names no file or directory" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_zo_step_prints_measured_ratios(capsys):
     # medians of 5 rounds (the command's default): one round's forward can read 40 % slow
