@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -302,6 +303,13 @@ def test_config_paths_that_are_not_yaml_files_are_named(tmp_path):
     (tmp_path / "binary.yaml").write_bytes(b"seed: 1\n\xff\xfe\n")
     with pytest.raises(ConfigError, match=r"binary\.yaml' is not UTF-8 text \(byte 8\)"):
         load_config(tmp_path / "binary.yaml")
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    with pytest.raises(ConfigError, match=r"run\.yaml' is not a regular file"):
+        load_config(fifo)
 
 
 def test_clip_and_steps_are_bounded_with_the_allowed_range():
