@@ -305,6 +305,22 @@ def test_config_paths_that_are_not_yaml_files_are_named(tmp_path):
         load_config(tmp_path / "binary.yaml")
 
 
+@pytest.mark.parametrize(
+    ("override", "allowed"),
+    [
+        ("optimizer.learning_rate=1e30", "less than or equal to 10"),
+        ("optimizer.learning_rate=10.5", "less than or equal to 10"),
+        ("optimizer.perturbation_scale=1e30", "less than or equal to 1"),
+        ("optimizer.perturbation_scale=1e-300", "greater than or equal to 0.00000001"),
+    ],
+)
+def test_step_size_and_perturbation_scale_have_a_stated_range(override, allowed):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: .*{re.escape(allowed)}"):
+        load_config(None, [override])
+    assert load_config(None, [f"{key}=1e-2"]).optimizer.model_dump()[key.split(".")[1]] == 1e-2
+
+
 def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
     fifo = tmp_path / "run.yaml"
     os.mkfifo(fifo)  # opening it for reading would block until a writer comes
