@@ -129,12 +129,30 @@ def test_human_readable_output(capsys):
         (["--batch-size", "50", "--dataset-size", "30"], "batch size"),
         (["--sample-rate", "1.5"], "sample_rate"),
         (["--sample-rate", "0.1", "--mechanism", "laplace", "--accountant", "rdp"], "laplace"),
+        (["--sample-rate", "0.1", "--steps", "1000000000"], "steps ≤ 10_000_000"),
+        (["--sample-rate", "0.1", "--steps", "0"], "allowed: 1 ≤ steps"),
     ],
 )
 def test_bad_privacy_arguments_exit_2_with_a_message(capsys, args, message):
     base = ["privacy", "epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--steps", "10"]
     assert main(base + args) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "configs/runs/tiny-dpzero.yaml", "--output-dir", ""],
+        ["models", "init", "--shape", "tiny", "--output-dir", " "],
+        ["tune", "configs/searches/tiny.yaml", "--output-dir", ""],
+        ["run", ""],
+    ],
+)
+def test_an_empty_path_is_refused_before_the_command_runs(capsys, args):
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert "an empty path names no file or directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow

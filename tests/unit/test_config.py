@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -90,6 +91,18 @@ def test_out_of_range_values_name_field_and_value(override, field, value_text):
         load_config(None, [override])
     message = str(error.value)
     assert field in message and value_text in message
+
+
+@pytest.mark.parametrize("override", ["optimizer.steps=true", "privacy.epsilon=true"])
+def test_a_boolean_is_not_a_number(override, tmp_path):
+    key, _ = override.split("=")
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: true/false is not a number"):
+        load_config(None, [override])
+    section, leaf = key.split(".")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{section}:\n  {leaf}: false\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: true/false is not a number"):
+        load_config(path)
 
 
 def test_unknown_key_is_named():
@@ -290,6 +303,29 @@ def test_config_paths_that_are_not_yaml_files_are_named(tmp_path):
     (tmp_path / "binary.yaml").write_bytes(b"seed: 1\n\xff\xfe\n")
     with pytest.raises(ConfigError, match=r"binary\.yaml' is not UTF-8 text \(byte 8\)"):
         load_config(tmp_path / "binary.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "allowed"),
+    [
+        ("optimizer.learning_rate=1e30", "less than or equal to 10"),
+        ("optimizer.learning_rate=10.5", "less than or equal to 10"),
+        ("optimizer.perturbation_scale=1e30", "less than or equal to 1"),
+        ("optimizer.perturbation_scale=1e-300", "greater than or equal to 0.00000001"),
+    ],
+)
+def test_step_size_and_perturbation_scale_have_a_stated_range(override, allowed):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: .*{re.escape(allowed)}"):
+        load_config(None, [override])
+    assert load_config(None, [f"{key}=1e-2"]).optimizer.model_dump()[key.split(".")[1]] == 1e-2
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    with pytest.raises(ConfigError, match=r"run\.yaml' is not a regular file"):
+        load_config(fifo)
 
 
 def test_clip_and_steps_are_bounded_with_the_allowed_range():

@@ -349,19 +349,29 @@ def test_peft_runs_replay_bit_for_bit(tmp_path, tiny_run_config, cache_dir, view
     assert summary.trainable_parameters < sum(t.numel() for t in full.values())
 
 
+def _with_perturbation_scale(config, scale: float):
+    """``config`` with a perturbation scale outside the validated range (``model_copy`` does not
+    validate), to test what a run does when its steps overflow anyway."""
+    optimizer = config.optimizer.model_copy(update={"perturbation_scale": scale})
+    return config.model_copy(update={"optimizer": optimizer})
+
+
 @pytest.mark.parametrize("diagnostics", [False, True])
 def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
     tmp_path, tiny_run_config, cache_dir, caplog, diagnostics
 ):
     """A perturbation of 1e30 overflows every loss (the weights stay finite); the count of
     non-finite differences is data-dependent, so a private run prints it only when diagnostics
-    are on."""
-    config = tiny_run_config(
-        "optimizer.steps=2",
-        "optimizer.perturbation_scale=1e30",
-        "tracking.backend=none",
-        "eval_before=false",
-        f"tracking.log_private_diagnostics={str(diagnostics).lower()}",
+    are on. A config refuses such a scale, so it is set past validation to reach the run's
+    own guard."""
+    config = _with_perturbation_scale(
+        tiny_run_config(
+            "optimizer.steps=2",
+            "tracking.backend=none",
+            "eval_before=false",
+            f"tracking.log_private_diagnostics={str(diagnostics).lower()}",
+        ),
+        1e30,
     )
     with caplog.at_level("WARNING", logger="privzo.run"):
         summary = run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)
@@ -373,14 +383,13 @@ def test_nonfinite_count_reaches_the_console_only_with_diagnostics(
 
 def test_a_step_that_destroys_the_weights_stops_the_run(tmp_path, tiny_run_config, cache_dir):
     """θ ± 1e38·z overflows fp32: the run stops at the window's check with the trajectory it
-    made, instead of finishing with NaN weights."""
+    made, instead of finishing with NaN weights (the scale is set past the config's range
+    check, which refuses it)."""
     from privzo.zo.integrity import NonFiniteWeightsError
 
-    config = tiny_run_config(
-        "optimizer.steps=12",
-        "optimizer.perturbation_scale=1e38",
-        "tracking.backend=none",
-        "eval_before=false",
+    config = _with_perturbation_scale(
+        tiny_run_config("optimizer.steps=12", "tracking.backend=none", "eval_before=false"),
+        1e38,
     )
     with pytest.raises(NonFiniteWeightsError, match="after step 5 the weights"):
         run(config, tmp_path / "o", cache_dir=cache_dir, progress=False)

@@ -18,7 +18,10 @@ __all__ = [
     "ALGORITHMS",
     "FIRST_ORDER_PHYSICAL_BATCH_SIZE",
     "MAX_DIRECTIONS",
+    "MAX_LEARNING_RATE",
+    "MAX_PERTURBATION_SCALE",
     "MAX_STEPS",
+    "MIN_PERTURBATION_SCALE",
     "AlgorithmName",
     "FirstOrderConfig",
     "OptimizerConfig",
@@ -40,6 +43,14 @@ accountant takes minutes at 10^7 steps and longer beyond (docs/measurements.md, 
 timings"); 10^7 is also 100× the longest runs in the MeZO and DPZero papers, and the
 trajectory holds one row per step in memory."""
 
+MAX_LEARNING_RATE = 10.0
+"""Largest ``optimizer.learning_rate``: shipped runs use 1e-7 to 5e-2, and a step of η ≫ 1
+only drives the weights to overflow (a run that a replay then refuses)."""
+
+MIN_PERTURBATION_SCALE = 1e-8
+MAX_PERTURBATION_SCALE = 1.0
+"""Range of ``optimizer.perturbation_scale``: the loss difference over 2·scale is rounding
+noise below 1e-8 (fp32 weights), and above 1 it stops approximating a derivative."""
 
 FIRST_ORDER_PHYSICAL_BATCH_SIZE = 16
 """The first-order baselines' chunk when ``optimizer.physical_batch_size`` is null: a backward
@@ -71,9 +82,22 @@ class OptimizerConfig(Section):
 
     algorithm: str = "dpzero"
     steps: int = Field(500, gt=0)  # and ≤ MAX_STEPS (_bounded)
-    learning_rate: float = Field(1e-4, gt=0)
+    learning_rate: float = Field(
+        1e-4,
+        gt=0,
+        le=MAX_LEARNING_RATE,
+        description="Step size η; 0 < learning_rate ≤ 10 (fine-tuning uses 1e-7 to 1e-2; "
+        "beyond 10 a step only overflows the weights).",
+    )
     lr_schedule: Literal["constant", "linear"] = "constant"
-    perturbation_scale: float = Field(1e-3, gt=0, description="ZO smoothing radius (MeZO's ε).")
+    perturbation_scale: float = Field(
+        1e-3,
+        ge=MIN_PERTURBATION_SCALE,
+        le=MAX_PERTURBATION_SCALE,
+        description="ZO smoothing radius (MeZO's ε); 1e-8 ≤ perturbation_scale ≤ 1 (runs use "
+        "1e-3; below 1e-8 the loss difference is rounding noise, above 1 it is no longer a "
+        "derivative and large radii overflow the weights).",
+    )
     direction: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
     directions_per_step: int = Field(
         1,

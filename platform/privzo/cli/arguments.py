@@ -66,10 +66,20 @@ def add_subcommands(parser: argparse.ArgumentParser, dest: str) -> Commands:
     return parser.add_subparsers(dest=dest, required=True, metavar="COMMAND")
 
 
+def path_argument(text: str) -> Path:
+    """A path option's type: an empty one is refused, since ``Path("")`` is the current
+    directory and ``--output-dir ''`` (an unset shell variable) would write into it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty path names no file or directory; give a path (. for the current directory)"
+        )
+    return Path(text)
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir",
-        type=Path,
+        type=path_argument,
         default=DEFAULT_CACHE,
         help="where built-in models are built and cached (default: ~/.cache/privzo)",
     )
@@ -112,7 +122,9 @@ def add_config(
     parser: argparse.ArgumentParser, kind: str, example: str, overrides: str = MERGED_OVERRIDES
 ) -> None:
     """The config file and what follows it (more files to merge, then dotted overrides)."""
-    parser.add_argument("config", type=Path, help=f"a {kind} config (YAML), e.g. {example}")
+    parser.add_argument(
+        "config", type=path_argument, help=f"a {kind} config (YAML), e.g. {example}"
+    )
     parser.add_argument("overrides", nargs="*", help=overrides)
 
 

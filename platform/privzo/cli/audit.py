@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from privzo.cli.arguments import (
     Commands,
@@ -13,6 +12,7 @@ from privzo.cli.arguments import (
     add_config,
     finish_command,
     load_run_config,
+    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
@@ -43,7 +43,7 @@ def add_audit(commands: Commands) -> None:
         help=f"a score to guess from (repeat; default: every score the algorithm allows): {SCORES}",
     )
     audit.add_argument(
-        "--output-dir", type=Path, required=True, help="the audit's directory (its run)"
+        "--output-dir", type=path_argument, required=True, help="the audit's directory (its run)"
     )
     audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
     audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')

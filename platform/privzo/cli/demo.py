@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from privzo.cli.arguments import Commands, add_command, finish_command
+from privzo.cli.arguments import Commands, add_command, finish_command, path_argument
 from privzo.cli.process import process_cores, quiet_libraries
 
 
@@ -20,7 +20,10 @@ def add_demo(commands: Commands) -> None:
         "a small search and a scaling study, all recorded in one MLflow store.",
     )
     demo.add_argument(
-        "--output-dir", type=Path, default=Path("runs/demo"), help="where the demo's runs go"
+        "--output-dir",
+        type=path_argument,
+        default=Path("runs/demo"),
+        help="where the demo's runs go",
     )
     demo.add_argument("--quick", action="store_true", help="fewer steps (for smoke tests)")
     demo.add_argument(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from privzo.cli.arguments import (
@@ -16,6 +15,7 @@ from privzo.cli.arguments import (
     add_subcommands,
     dtype_name,
     finish_command,
+    path_argument,
 )
 from privzo.cli.process import quiet_libraries
 
@@ -102,7 +102,7 @@ def add_data(commands: Commands) -> None:
     )
     prepare.add_argument("task", help="a task preset, e.g. sst2, snli, boolq")
     prepare.add_argument(
-        "--output-dir", type=Path, required=True, help="where the splits are written"
+        "--output-dir", type=path_argument, required=True, help="where the splits are written"
     )
     prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
     prepare.add_argument("--hf-subset", help="override the preset's subset")
@@ -141,7 +141,9 @@ def add_models(commands: Commands) -> None:
         help="tiny (an OPT of 5.32M parameters: 43.5 times the built-in demo-opt-s, and not the "
         f"built-in tiny-opt), {SHAPE_NAMES}",
     )
-    init.add_argument("--output-dir", type=Path, required=True, help="a new or empty directory")
+    init.add_argument(
+        "--output-dir", type=path_argument, required=True, help="a new or empty directory"
+    )
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     finish_command(init, _models_init_command, cache_dir=False)

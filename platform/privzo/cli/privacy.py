@@ -95,6 +95,13 @@ def _sample_rate(args: argparse.Namespace) -> float:
 
 def _accounting(args: argparse.Namespace) -> dict[str, Any]:
     """The accountant's arguments that calibrate and epsilon share."""
+    from privzo.config import MAX_STEPS
+
+    if not 1 <= args.steps <= MAX_STEPS:  # beyond it the accountant's memory and time explode
+        raise ValueError(
+            f"--steps {args.steps}: more steps than the accountant can carry; "
+            f"allowed: 1 ≤ steps ≤ {MAX_STEPS:_} (as optimizer.steps in a run config)"
+        )
     return dict(
         sample_rate=_sample_rate(args),
         steps=args.steps,

@@ -15,6 +15,7 @@ from privzo.cli.arguments import (
     add_config,
     finish_command,
     load_run_config,
+    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import (
@@ -50,7 +51,7 @@ def add_run(commands: Commands) -> None:
     add_config(run, "run", "configs/runs/*.yaml")
     run.add_argument(
         "--output-dir",
-        type=Path,
+        type=path_argument,
         required=True,
         help="the run's directory: refused if it holds another run (see --overwrite)",
     )
@@ -118,7 +119,9 @@ def add_check(commands: Commands) -> None:
     )
     add_config(check, "run", "configs/runs/*.yaml")
     check.add_argument(
-        "--output-dir", type=Path, help="also check this run directory is free (see --overwrite)"
+        "--output-dir",
+        type=path_argument,
+        help="also check this run directory is free (see --overwrite)",
     )
     check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
     check.add_argument("--json", action="store_true", help='one JSON line, {"privzo_check": ...}')
@@ -155,9 +158,14 @@ def add_replay(commands: Commands) -> None:
         "onto the base weights it started from, and save the fine-tuned model.",
     )
     replay.add_argument("--base", required=True, help="base model: built-in name, dir or hub id")
-    replay.add_argument("--trajectory", type=Path, required=True, help="a run's trajectory.parquet")
     replay.add_argument(
-        "--output-dir", type=Path, required=True, help="where the rebuilt weights are saved"
+        "--trajectory", type=path_argument, required=True, help="a run's trajectory.parquet"
+    )
+    replay.add_argument(
+        "--output-dir",
+        type=path_argument,
+        required=True,
+        help="where the rebuilt weights are saved",
     )
     replay.add_argument(
         "--device",

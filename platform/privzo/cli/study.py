@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from privzo.cli.arguments import (
@@ -13,6 +12,7 @@ from privzo.cli.arguments import (
     add_command,
     add_config,
     finish_command,
+    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
@@ -38,7 +38,7 @@ def add_study(commands: Commands) -> None:
         overrides="key.sub=value overrides of the study config",
     )
     study.add_argument(
-        "--output-dir", type=Path, required=True, help="the study's directory (its cells)"
+        "--output-dir", type=path_argument, required=True, help="the study's directory (its cells)"
     )
     study.add_argument(
         "--max-cells",
@@ -81,7 +81,10 @@ def add_report(commands: Commands) -> None:
     )
     report.add_argument("--experiment", required=True, help="the MLflow experiment name")
     report.add_argument(
-        "--output-dir", type=Path, required=True, help="where the tables, plots and report go"
+        "--output-dir",
+        type=path_argument,
+        required=True,
+        help="where the tables, plots and report go",
     )
     report.add_argument("--study", help="only this study's runs (its cells; default: every run)")
     report.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI")

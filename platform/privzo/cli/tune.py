@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from privzo.cli.arguments import (
     Commands,
     add_command,
     add_config,
     finish_command,
+    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import process_cores, quiet_libraries
@@ -34,7 +34,10 @@ def add_tune(commands: Commands) -> None:
         overrides="key.sub=value overrides of the search config",
     )
     tune.add_argument(
-        "--output-dir", type=Path, required=True, help="the search's directory (its trials)"
+        "--output-dir",
+        type=path_argument,
+        required=True,
+        help="the search's directory (its trials)",
     )
     tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
     finish_command(tune, _tune_command, quiet="no Tune progress table")
@@ -66,8 +69,10 @@ def add_export_best(commands: Commands) -> None:
         "the best trial of a finished search, alone (its config, trajectory, summary)",
         "privzo export-best runs/tiny-search --output-dir runs/tiny-best",
     )
-    export.add_argument("search_dir", type=Path, help="a finished search's --output-dir")
-    export.add_argument("--output-dir", type=Path, required=True, help="a new, empty directory")
+    export.add_argument("search_dir", type=path_argument, help="a finished search's --output-dir")
+    export.add_argument(
+        "--output-dir", type=path_argument, required=True, help="a new, empty directory"
+    )
     export.set_defaults(handler=_export_best_command)
 
 

@@ -158,6 +158,11 @@ def _read_text(path: Path) -> str:
         raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file in it")
     if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    if not path.is_file():  # a FIFO or device: reading it could block forever
+        raise ConfigError(
+            f"config file {str(path)!r} is not a regular file (a pipe, socket or device); "
+            "give a YAML file"
+        )
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

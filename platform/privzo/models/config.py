@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from privzo.section import Section
 
@@ -17,9 +17,22 @@ class PeftConfig(Section):
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int = Field(16, ge=1)
     lora_target_modules: list[str] | None = Field(
-        None, description="Module names to adapt; null = the architecture's q/v projections."
+        None,
+        description="Module names to adapt (at least one); null = the architecture's q/v "
+        "projections.",
     )
     prefix_tokens: int = Field(5, ge=1)
+
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _names_a_module(cls, value: object) -> object:
+        """An empty list would fall back to the defaults silently: it is refused instead."""
+        if isinstance(value, list) and not value:
+            raise ValueError(
+                "an empty list adapts nothing; name at least one module, or omit the key "
+                "(null) for the family's defaults"
+            )
+        return value
 
 
 class ModelConfig(Section):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 import transformers
@@ -140,16 +140,45 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
         auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
         pinned = pretrained_kwargs(config)
         tokenizer = load_tokenizer(config, source)  # before the weights: its refusal is cheap
-        model = auto_class.from_pretrained(source, dtype=DTYPES[config.dtype], **pinned)
+        # with output_loading_info, from_pretrained returns (model, its loading report)
+        model, loading = cast(
+            "tuple[PreTrainedModel, dict[str, Any]]",
+            auto_class.from_pretrained(
+                source, dtype=DTYPES[config.dtype], output_loading_info=True, **pinned
+            ),
+        )
     except OSError as error:  # a hub id that does not exist or cannot be reached
         raise ConfigError(
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
             "allowed: an existing local directory, a reachable hub id, or a built-in name"
         ) from None
+    check_weights_fit(config, hf_config, model, loading)
     # typeshed's functools.wraps (on transformers' PreTrainedModel.to) does not bind self
     model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, kind, source, device, loaded_commit(config, hf_config))
+
+
+def check_weights_fit(
+    config: ModelConfig,
+    hf_config: PretrainedConfig,
+    model: PreTrainedModel,
+    loading: dict[str, Any],
+) -> None:
+    """Refuse weights that mostly do not fit the architecture config.json names (a gpt2
+    config.json over OPT weights): transformers would initialise them at random and train that."""
+    missing = len(loading.get("missing_keys") or ())
+    expected = len(model.state_dict())
+    if 2 * missing <= expected:  # a few new tensors (a task head) are expected
+        return
+    unexpected = len(loading.get("unexpected_keys") or ())
+    raise ConfigError(
+        f"model.name_or_path={config.name_or_path!r}: {missing} of the {expected} tensors of "
+        f"the {hf_config.model_type!r} architecture its config.json names are not in its "
+        f"weight files ({unexpected} tensors there fit none of its names), so they would be "
+        "randomly initialised: the config.json does not describe these weights; allowed: a "
+        "directory written by save_pretrained, its config.json unchanged"
+    )
 
 
 def loaded_commit(config: ModelConfig, hf_config: PretrainedConfig) -> str | None:

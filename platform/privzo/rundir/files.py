@@ -55,6 +55,26 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data else None
 
 
+def read_record(path: Path) -> dict[str, Any]:
+    """The JSON object a run wrote in ``path``, for a reader that goes on from it (a resume);
+    a damaged or foreign file is a ConfigError naming it, not a traceback."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise malformed_record(path, f"not readable JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise malformed_record(path, f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def malformed_record(path: Path, problem: str) -> ConfigError:
+    """The error for a run record privzo did not write: what is wrong and the way out."""
+    return ConfigError(
+        f"run record {str(path)!r} is malformed ({problem}); privzo did not write it this way: "
+        "start the run again in another directory or with --overwrite"
+    )
+
+
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run's records (finished or not) unless asked to."""
     existing = [name for name in RUN_FILES if (output_dir / name).exists()]

@@ -12,7 +12,6 @@ accountant's state, which refuses other settings), and draws no step again.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from privzo.privacy.plan import privacy_record
 from privzo.rundir.files import (
     PRIVACY_FILE,
     TRAJECTORY_FILE,
+    read_record,
     write_atomically,
     write_json_atomically,
 )
@@ -63,7 +63,7 @@ class RunDirectoryProgress:
         if meta.base_fingerprint is not None and fingerprint is not None:
             check_fingerprint(meta.base_fingerprint, fingerprint, str(output_dir))
         privacy = output_dir / PRIVACY_FILE
-        saved = json.loads(privacy.read_text()) if privacy.is_file() else {}
+        saved = read_record(privacy) if privacy.is_file() else {}
         try:
             done = loop.restore(recorder, table, meta, ledger_state=saved.get("ledger"))
         except ValueError as error:

@@ -22,6 +22,8 @@ from privzo.rundir.files import (
     RESUME_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
+    malformed_record,
+    read_record,
     write_text_atomically,
 )
 
@@ -54,9 +56,38 @@ def find_resume_point(output_dir: Path, config: RunConfig) -> ResumePoint | None
         return None
     if dump_config(load_config(output_dir / CONFIG_FILE)) != dump_config(config):
         return None
-    saved = json.loads(path.read_text())
-    before = tuple(saved["before"]) if saved["before"] is not None else None
-    return ResumePoint(saved["tracking_run_id"], before, saved.get("ray_run"))
+    return read_resume_point(path)
+
+
+def read_resume_point(path: Path) -> ResumePoint:
+    """The resume point in ``path``, each field checked: a malformed one is refused naming the
+    file and the field, before the run goes on with it."""
+    saved = read_record(path)
+    for key in ("tracking_run_id", "ray_run"):
+        if not isinstance(saved.get(key), str | None):
+            raise malformed_record(path, f"{key} must be text or null, got {saved[key]!r}")
+    before = saved.get("before")
+    if before is not None and not _is_before(before):
+        raise malformed_record(path, f"before must be [metrics, seconds] or null, got {before!r}")
+    return ResumePoint(
+        saved.get("tracking_run_id"),
+        None if before is None else (before[0], before[1]),
+        saved.get("ray_run"),
+    )
+
+
+def _is_before(value: object) -> bool:
+    """Whether ``value`` is ``[{name: number}, seconds]``, as ``write_resume_point`` writes it."""
+    if not isinstance(value, list) or len(value) != 2:
+        return False
+    metrics, seconds = value
+    numbers = (int, float)
+    return (
+        isinstance(metrics, dict)
+        and all(isinstance(v, numbers) and not isinstance(v, bool) for v in metrics.values())
+        and isinstance(seconds, numbers)
+        and not isinstance(seconds, bool)
+    )
 
 
 def clear_resume_point(output_dir: Path) -> None:

@@ -83,6 +83,7 @@ class PromptClassificationTask:
         # All single tokens: every candidate is read from one position of one forward pass.
         self.single_token = all(len(tokens) == 1 for tokens in self.candidates)
         self.label_token_ids = torch.tensor([tokens[0] for tokens in self.candidates])
+        self._check_room_for_text()
 
     metric = "accuracy"
 
@@ -148,15 +149,32 @@ class PromptClassificationTask:
         ids, position = self._encode_prompt(dict.fromkeys(template_fields(self.template), ""))
         return EncodedExamples([ids], [position], np.zeros(1, dtype=np.int64))
 
-    def _encode_prompt(self, texts: dict[str, str]) -> tuple[list[int], int]:
+    def _check_room_for_text(self) -> None:
+        """Refuse a ``task.max_length`` that the template alone fills: prompts are cut from the
+        start, so every row's text would be cut away and the run would score at chance."""
+        if self.config.max_length is None:
+            return
+        fixed = len(self._prompt_ids(dict.fromkeys(template_fields(self.template), "")))
+        if self.config.max_length <= fixed:
+            raise ConfigError(
+                f"task.max_length={self.config.max_length} leaves no room for a row's text: "
+                f"the template alone is {fixed} tokens (special tokens included) and longer "
+                f"prompts lose their start; allowed: max_length ≥ {fixed + 1}, or null for the "
+                "model's limit"
+            )
+
+    def _prompt_ids(self, texts: dict[str, str]) -> list[int]:
+        """The prompt's token ids, not yet cut to ``max_length``."""
         tokenizer = self.tokenizer
         prompt = self.template.format(**texts, mask=tokenizer.mask_token or "")
-        if self.kind == "causal":
-            ids = tokenizer.encode(prompt, add_special_tokens=False)
-            if tokenizer.bos_token_id is not None:
-                ids = [tokenizer.bos_token_id, *ids]
-        else:
-            ids = tokenizer.encode(prompt, add_special_tokens=True)
+        if self.kind != "causal":
+            return list(tokenizer.encode(prompt, add_special_tokens=True))
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        return ids if tokenizer.bos_token_id is None else [tokenizer.bos_token_id, *ids]
+
+    def _encode_prompt(self, texts: dict[str, str]) -> tuple[list[int], int]:
+        tokenizer = self.tokenizer
+        ids = self._prompt_ids(texts)
         limit = self.max_length
         if (
             limit is not None and len(ids) > limit

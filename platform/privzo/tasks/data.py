@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from collections.abc import Sequence
@@ -32,10 +33,56 @@ def read_rows(path: str | Path, field: str = "task.train_path") -> list[Row]:
 
         return pq.read_table(path).to_pylist()
     if suffix == ".csv":
-        import pyarrow.csv as pacsv
-
-        return pacsv.read_csv(path).to_pylist()
+        return _read_csv_rows(path, field)
     return _read_json_rows(path, field)
+
+
+def _read_csv_rows(path: Path, field: str) -> list[Row]:
+    """The CSV's rows (pyarrow infers the column types), after every record is checked to
+    have the header's fields: an unterminated quote otherwise merges the lines after it."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    _check_csv_records(path, field)
+    try:
+        # quoted line breaks are text: the check above refused the quotes that run away
+        options = pacsv.ParseOptions(newlines_in_values=True)
+        return pacsv.read_csv(path, parse_options=options).to_pylist()
+    except pa.ArrowInvalid as error:
+        raise ConfigError(f"{field}={str(path)!r}: not a readable CSV file ({error})") from None
+
+
+def _check_csv_records(path: Path, field: str) -> None:
+    """Refuse a record with more or fewer fields than the header, or one whose quoted field
+    runs over lines that look like whole rows (an unterminated quote), naming its line."""
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            start = reader.line_num + 1
+            for record in reader:
+                problem = _csv_record_problem(record, len(header), start, reader.line_num)
+                if problem is not None:
+                    raise ConfigError(f"{field}={str(path)!r}, line {start}: {problem}")
+                start = reader.line_num + 1
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise ConfigError(f"{field}={str(path)!r}: not a readable CSV file ({error})") from None
+
+
+def _csv_record_problem(record: list[str], columns: int, start: int, end: int) -> str | None:
+    if not record:  # a blank line
+        return None
+    spans = f"; its quoted field runs to line {end}: an unterminated quote?" if end > start else ""
+    if len(record) != columns:
+        count = f"{len(record)} field{'' if len(record) == 1 else 's'}"
+        return f"{count} where the header has {columns}{spans}"
+    inner = [line for value in record for line in value.splitlines()[:-1]]
+    if columns > 1 and any(line.count(",") >= columns - 1 for line in inner):
+        return (
+            f"a quoted field holds whole rows{spans} close the quote, or write a quote inside "
+            'a field as ""'
+        )
+    return None
 
 
 def _read_json_rows(path: Path, field: str) -> list[Row]:

@@ -283,3 +283,12 @@ def test_prefix_names_an_unverified_model_type():
     config = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=16)
     with pytest.raises(ValueError, match="gpt2"):
         apply_peft_view(GPT2LMHeadModel(config), "prefix", seed=0)
+
+
+def test_an_empty_lora_target_list_is_refused_not_read_as_the_defaults():
+    from privzo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"lora_target_modules: an empty list adapts nothing"):
+        load_config(None, ["model.trainable=lora", "model.peft.lora_target_modules=[]"])
+    config = load_config(None, ["model.peft.lora_target_modules=[q_proj]"])
+    assert config.model.peft.lora_target_modules == ["q_proj"]

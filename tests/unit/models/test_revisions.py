@@ -166,3 +166,20 @@ def test_lineage_digest_hashes_identifiers_only():
     moved = DatasetLineage("train.jsonl", "local", {"path": "/data/v2/train.jsonl"}, "train")
     assert first.digest == same.digest != moved.digest
     assert len(first.digest) == 16 and not Path("/data/train.jsonl").exists()
+
+
+def test_weights_that_do_not_fit_the_config_architecture_are_refused(tmp_path, cache_dir):
+    """A gpt2 config.json over OPT weights: every GPT-2 tensor would be newly initialised."""
+    import shutil
+
+    from transformers import GPT2Config
+
+    local = materialize_builtin("tiny-opt", cache_dir, progress=False)
+    mixed = shutil.copytree(local, tmp_path / "mixed")
+    opt = AutoConfig.from_pretrained(local)
+    GPT2Config(
+        vocab_size=opt.vocab_size, n_embd=opt.hidden_size, n_layer=1, n_head=2
+    ).save_pretrained(mixed)
+    with pytest.raises(ConfigError, match=r"of the 'gpt2' architecture .* not in its weight"):
+        load_model(ModelConfig(name_or_path=str(mixed)), cache_dir, False)
+    assert load_model(ModelConfig(name_or_path=str(local)), cache_dir, False).kind == "causal"

@@ -108,3 +108,33 @@ def test_an_atomic_write_leaves_no_temporary_file(tmp_path):
     write_text_atomically(tmp_path / "x.json", "second")
     assert [path.name for path in tmp_path.iterdir()] == ["x.json"]
     assert (tmp_path / "x.json").read_text() == "second"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"tracking_run_id": 5, "before": null}', "tracking_run_id must be text or null"),
+        ('{"tracking_run_id": null, "before": [1, 2, 3]}', "before must be"),
+        ('{"tracking_run_id": null, "before": [{"accuracy": "high"}, 1.0]}', "before must be"),
+        ("[1, 2]", "a JSON list, not an object"),
+        ('{"tracking_run_id": ', "not readable JSON"),
+    ],
+)
+def test_a_malformed_resume_record_is_refused_naming_the_file(run_dir, text, problem):
+    from privzo.config import ConfigError
+    from privzo.rundir.resume import RESUME_FILE, find_resume_point
+
+    directory, config = run_dir
+    (directory / RESUME_FILE).write_text(text)
+    with pytest.raises(ConfigError, match=r"resume\.json' is malformed") as error:
+        find_resume_point(directory, config)
+    assert problem in str(error.value)
+
+
+def test_a_resume_record_reads_back_as_it_was_written(run_dir):
+    from privzo.rundir.resume import ResumePoint, find_resume_point, write_resume_point
+
+    directory, config = run_dir
+    point = ResumePoint("abc123", ({"accuracy": 0.5}, 1.25), None)
+    write_resume_point(directory, point)
+    assert find_resume_point(directory, config) == point

@@ -99,3 +99,31 @@ def test_the_data_lines_name_the_source_the_counts_and_the_label_mapping(tmp_pat
 )
 def test_each_source_is_described_in_the_configs_terms(task, described):
     assert describe_source(task) == described
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('sentence,label\ngood,1\n"bad,0\nfine,1\ndull,0\n', "line 3: 1 field where the header"),
+        ('sentence,label\n"bad,0\nfine",1\nok,0\n', "line 2: a quoted field holds whole rows"),
+        ("sentence,label\ngood,1\nbad\n", "line 3: 1 field where the header has 2"),
+    ],
+)
+def test_a_csv_record_that_is_not_one_row_is_refused_naming_the_line(tmp_path, text, message):
+    from privzo.tasks.data import read_rows
+
+    path = tmp_path / "train.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"train\.csv', {message}"):
+        read_rows(path)
+
+
+def test_a_quoted_field_with_a_line_break_in_its_text_is_read(tmp_path):
+    from privzo.tasks.data import read_rows
+
+    path = tmp_path / "train.csv"
+    path.write_text('sentence,label\n"one line\nand another",1\nshort,0\n')
+    assert read_rows(path) == [
+        {"sentence": "one line\nand another", "label": 1},
+        {"sentence": "short", "label": 0},
+    ]

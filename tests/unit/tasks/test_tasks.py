@@ -291,6 +291,20 @@ def test_masked_prompt_scores_the_mask_position(tiny_models):
     assert examples.positions[0] == 1  # "<s> <mask> : who wrote it </s>"
 
 
+@pytest.mark.parametrize("kind", ["masked", "causal"])
+def test_a_max_length_the_template_fills_is_refused(tiny_models, kind):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models[kind])
+    template = "Review: {sentence} All in all the film was"  # more than 4 tokens alone
+    config = resolve_task_config(TaskConfig(name="sst2", template=template, max_length=4), kind)
+    with pytest.raises(ConfigError, match=r"task\.max_length=4 leaves no room.*max_length ≥"):
+        build_task(config, tokenizer, kind)
+    roomy = resolve_task_config(TaskConfig(name="sst2", max_length=32), kind)
+    examples = build_task(roomy, tokenizer, kind).encode([ROWS["sst2"]])
+    assert len(examples.input_ids[0]) <= 32
+
+
 def test_a_class_smaller_than_k_contributes_all_its_rows(tmp_path):
     rows = _rows("trec", 60, 6)  # 10 rows per class
     rows = [row for row in rows if row["coarse_label"] != 0] + rows[:1]  # class 0: one row
