@@ -107,6 +107,38 @@ def plot_resources(resources: pa.Table) -> Figure:
     return figure
 
 
+def plot_cost(cost: pa.Table) -> Figure:
+    """Task metric against the steps and the forward passes each budget spent (log axes), a
+    point per model and budget, error bars = std over seeds; a budget with no forward-pass
+    count (a first-order algorithm) appears only against steps."""
+    plt = _pyplot()
+    frame = cost.to_pandas()
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for budget, group in frame.groupby("budget", sort=False):
+        for axis, column in zip(axes, ("steps", "forward_passes"), strict=True):
+            shown = group.dropna(subset=[column])
+            if len(shown):
+                axis.errorbar(
+                    shown[column].astype(float),
+                    shown["mean"],
+                    yerr=shown["std"].fillna(0.0),
+                    marker="o",
+                    linestyle="none",
+                    capsize=3,
+                    label=budget,
+                )
+    metric = frame["metric"].iloc[0] if len(frame) else "metric"
+    for axis, label in zip(axes, ("steps", "forward passes (2 × batch × K × steps)"), strict=True):
+        axis.set_xscale("log")
+        axis.set_xlabel(label)
+        axis.set_ylabel(metric)
+        axis.set_title(f"test {metric} against {label.split(' (')[0]}", fontsize="medium")
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
 def split_withheld(resources: pa.Table) -> tuple[dict[str, Any], list[str]]:
     """The algorithms with measured figures (their rows, by model size) and those whose runs
     all withheld them."""

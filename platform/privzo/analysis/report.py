@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from privzo.analysis.plots import (
     close_figure,
     plot_audits,
+    plot_cost,
     plot_epsilon_steps,
     plot_gap,
     plot_resources,
@@ -20,6 +21,7 @@ from privzo.analysis.plots import (
 from privzo.analysis.runs import load_audits, load_runs
 from privzo.analysis.tables import (
     audit_table,
+    cost_table,
     frame_markdown,
     privacy_gap_table,
     resources_markdown,
@@ -33,6 +35,14 @@ from privzo.tracking import Tracker, metric_history
 REPORT_FILE = "report.md"
 REPORT_ARTIFACT_DIR = "report"  # where a tracked report goes in the run's artifacts
 MAX_EPSILON_CURVES = 12  # more lines than this make the ε plot unreadable
+# counts as whole numbers even where a null made their column float
+COST_FORMATS = {
+    "steps": ",.0f",
+    "directions": ".0f",
+    "forward_passes": ",.0f",
+    "mean": ".3f",
+    "std": ".3f",
+}
 
 
 def build_report(
@@ -57,16 +67,18 @@ def build_report(
     scaling = scaling_table(runs)
     gap = privacy_gap_table(scaling)
     resources = resources_table(runs)
-    tables = {"scaling": scaling, "privacy_gap": gap, "resources": resources}
+    cost = cost_table(runs)
+    tables = {"scaling": scaling, "privacy_gap": gap, "resources": resources, "cost": cost}
     for name, table in {"runs": runs, **tables}.items():
         pq.write_table(table, output_dir / f"{name}.parquet")
     figures = {
         "scaling.png": plot_scaling(scaling),
         "privacy_gap.png": plot_gap(gap),
         "resources.png": plot_resources(resources),
+        "cost.png": plot_cost(cost),
         "epsilon_steps.png": plot_epsilon_steps(_epsilon_histories(tracking_uri, runs)),
     }
-    text = _markdown(experiment, study, runs, scaling, gap, resources)
+    text = _markdown(experiment, study, runs, scaling, gap, resources, cost)
     audits = load_audits(tracking_uri, experiment, study)
     if audits.num_rows:
         table = audit_table(audits)
@@ -116,6 +128,7 @@ def _markdown(
     scaling: pa.Table,
     gap: pa.Table,
     resources: pa.Table,
+    cost: pa.Table,
 ) -> str:
     title = f"Study {study}" if study else f"Experiment {experiment}"
     return "\n".join(
@@ -143,6 +156,15 @@ def _markdown(
             "",
             resources_markdown(resources),
             "![resources](resources.png)",
+            "",
+            "## Task metric against steps and forward passes",
+            "",
+            "Forward passes are 2 × batch × K × steps for a zeroth-order step with K "
+            "directions (the expected batch of a Poisson run); `-` for algorithms that take "
+            "no such step.",
+            "",
+            frame_markdown(cost, COST_FORMATS),
+            "![metric against steps and forward passes](cost.png)",
             "",
             "## ε spent against steps",
             "",

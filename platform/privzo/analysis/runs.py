@@ -49,6 +49,8 @@ SCHEMA = pa.schema(
         ("cell", pa.string()),
         ("seed", pa.int64()),
         ("steps", pa.int64()),
+        ("batch_size", pa.int64()),
+        ("directions", pa.int64()),
         ("sampler", pa.string()),
         ("metric_before", pa.float64()),
         ("metric_after", pa.float64()),
@@ -90,6 +92,8 @@ def _row(run: StoredRun) -> dict[str, Any]:
     row["epsilon_target"] = float(row.pop("epsilon")) if row.get("epsilon") else None
     row["seed"] = _int(row["seed"] if row["seed"] is not None else params.get("seed"))
     row["steps"] = _int(params.get("optimizer.steps"))
+    row["batch_size"] = _int(params.get("optimizer.batch_size"))
+    row["directions"] = _int(params.get("optimizer.directions_per_step")) or 1
     row["sampler"] = params.get("privacy.sampler")
     metric = row["metric"] or "accuracy"
     row["metric"] = metric
@@ -115,6 +119,7 @@ AUDIT_SCHEMA = pa.schema(
         ("private", pa.bool_()),
         ("epsilon_target", pa.float64()),
         ("seed", pa.int64()),
+        ("directions", pa.int64()),
         ("epsilon_claimed", pa.float64()),
         ("epsilon_lower_bound", pa.float64()),
         ("verdict", pa.string()),
@@ -151,7 +156,7 @@ def _audit_row(audit: StoredRun, audited: StoredRun) -> dict[str, Any]:
         "audit_run_id": audit.run_id,
         "audited_run_id": audited.run_id,
         **{key: training[key] for key in ("cell", "model", "model_parameters", "algorithm")},
-        **{key: training[key] for key in ("private", "epsilon_target", "seed")},
+        **{key: training[key] for key in ("private", "epsilon_target", "seed", "directions")},
         "epsilon_claimed": metrics.get("epsilon_claimed"),  # absent for a non-private run
         "epsilon_lower_bound": metrics["epsilon_lower_bound"],
         "verdict": audit.tags[tags.AUDIT_VERDICT],

@@ -3,7 +3,8 @@
 - scaling: task metric by model size × budget (zero-shot, each private algorithm and ε,
   each non-private algorithm), mean ± std over seeds, as in DP-ZO's model-size table;
 - privacy gap: non-private minus private, by model size and ε;
-- resources: peak memory and step time by model size and algorithm.
+- resources: peak memory and step time by model size and algorithm;
+- cost: the task metric beside the steps and forward passes each budget spent.
 """
 
 from __future__ import annotations
@@ -17,24 +18,31 @@ import pyarrow as pa
 ZERO_SHOT = "zero-shot"
 
 
-def budget_label(algorithm: str, private: bool, epsilon: float | None) -> str:
-    return f"{algorithm} ε={epsilon:g}" if private else f"{algorithm} (non-private)"
+def budget_label(algorithm: str, private: bool, epsilon: float | None, directions: int = 1) -> str:
+    """``dpzero ε=2``, ``mezo (non-private)``; an arm with K > 1 directions per step as
+    ``dpzero K=16 ε=2``, so it is never averaged with the one-direction arm."""
+    arm = algorithm if directions == 1 else f"{algorithm} K={directions}"
+    return f"{arm} ε={epsilon:g}" if private else f"{arm} (non-private)"
 
 
 def _frame(runs: pa.Table) -> pd.DataFrame:
     frame = runs.to_pandas()
     frame["budget"] = [
-        budget_label(a, p, e)
-        for a, p, e in zip(
-            frame["algorithm"], frame["private"], frame["epsilon_target"], strict=True
+        budget_label(a, p, e, int(k))
+        for a, p, e, k in zip(
+            frame["algorithm"],
+            frame["private"],
+            frame["epsilon_target"],
+            frame["directions"],
+            strict=True,
         )
     ]
     return frame
 
 
 def _budget_order(frame: pd.DataFrame) -> list[str]:
-    private = frame[frame["private"]].sort_values(["algorithm", "epsilon_target"])
-    public = frame[~frame["private"]].sort_values("algorithm")
+    private = frame[frame["private"]].sort_values(["algorithm", "directions", "epsilon_target"])
+    public = frame[~frame["private"]].sort_values(["algorithm", "directions"])
     return [ZERO_SHOT, *dict.fromkeys(private["budget"]), *dict.fromkeys(public["budget"])]
 
 
@@ -93,6 +101,64 @@ def privacy_gap_table(scaling: pa.Table) -> pa.Table:
     columns = ["task", "model", "model_parameters", "private", "non_private", "gap"]
     table = pd.DataFrame(rows, columns=columns).sort_values(["task", "model_parameters"])
     return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+
+
+def forward_passes(runs: pa.Table) -> list[int | None]:
+    """Per run, the forward passes a zeroth-order step algorithm spends: 2 × batch × K × steps
+    (two loss evaluations per example and direction; the expected batch of a Poisson run).
+    None for algorithms that take no such step (first-order, DPGD-0th)."""
+    from privzo.algorithms.registry import names
+
+    stepping = set(names(directions=True))
+    return [
+        2 * batch * k * steps if algorithm in stepping and batch and steps else None
+        for algorithm, batch, k, steps in zip(
+            runs.column("algorithm").to_pylist(),
+            runs.column("batch_size").to_pylist(),
+            runs.column("directions").to_pylist(),
+            runs.column("steps").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def cost_table(runs: pa.Table) -> pa.Table:
+    """One row per (task, model, budget): the steps, directions and forward passes its runs
+    spent beside the metric's mean, std and count over seeds."""
+    frame = _frame(runs)
+    columns = [
+        "task",
+        "metric",
+        "model",
+        "model_parameters",
+        "budget",
+        "steps",
+        "directions",
+        "forward_passes",
+        "mean",
+        "std",
+        "seeds",
+    ]
+    if frame.empty:
+        return pa.Table.from_pandas(pd.DataFrame(columns=columns), preserve_index=False)
+    frame["forward_passes"] = pd.array(forward_passes(runs), dtype="Int64")
+    keys = ["task", "metric", "model", "model_parameters", "budget"]
+    table = (
+        frame.groupby(keys, dropna=False)
+        .agg(
+            steps=("steps", "max"),
+            directions=("directions", "max"),
+            forward_passes=("forward_passes", "max"),
+            mean=("metric_after", "mean"),
+            std=("metric_after", "std"),
+            seeds=("metric_after", "count"),
+        )
+        .reset_index()
+    )
+    table["budget"] = pd.Categorical(table["budget"], _budget_order(frame), ordered=True)
+    table = table.sort_values(["task", "model_parameters", "budget"]).reset_index(drop=True)
+    table["budget"] = table["budget"].astype(str)
+    return pa.Table.from_pandas(table[columns], preserve_index=False)
 
 
 WITHHELD = "withheld"
@@ -219,9 +285,13 @@ def audit_table(audits: pa.Table) -> pa.Table:
             "model": frame["model"],
             "model_parameters": frame["model_parameters"],
             "budget": [
-                budget_label(a, p, e)
-                for a, p, e in zip(
-                    frame["algorithm"], frame["private"], frame["epsilon_target"], strict=True
+                budget_label(a, p, e, int(k))
+                for a, p, e, k in zip(
+                    frame["algorithm"],
+                    frame["private"],
+                    frame["epsilon_target"],
+                    frame["directions"],
+                    strict=True,
                 )
             ],
             "seed": frame["seed"],

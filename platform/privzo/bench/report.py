@@ -24,6 +24,9 @@ TARGETS: dict[str, dict[str, float | None]] = {
     "philox_sweep_over_sweep_time": {"cpu": None, "cuda": None},
     "sweep_over_per_tensor_sweep_time": {"cpu": None, "cuda": None},
     "host_batch_over_dpzero_time": {"cpu": None, "cuda": 0.02},
+    # K directions cost K steps' forwards and sweeps, nothing more, and no more memory
+    "dpzero_k_over_k_dpzero_time": {"cpu": 1.05, "cuda": 1.05},
+    "dpzero_k_over_dpzero_memory": {"cpu": 1.01, "cuda": 1.01},
 }
 LABELS = {
     "dpzero_step_over_two_forwards": "dpzero step / 2 forwards (time)",
@@ -36,11 +39,14 @@ LABELS = {
     "philox_sweep_over_sweep_time": "philox sweep / sweep (time)",
     "sweep_over_per_tensor_sweep_time": "sweep / per-tensor launches (time)",
     "host_batch_over_dpzero_time": "sample + collate + copy / step (time)",
+    "dpzero_k_over_k_dpzero_time": "dpzero_k / (K x dpzero) (time)",
+    "dpzero_k_over_dpzero_memory": "dpzero_k / dpzero (peak memory)",
 }
 
 
-def ratios(measured: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Every ratio of measured figures (time: index 0, peak memory: index 1)."""
+def ratios(measured: dict[str, tuple[float, float]], directions: int = 1) -> dict[str, float]:
+    """Every ratio of measured figures (time: index 0, peak memory: index 1); ``dpzero_k``,
+    where measured, is the step with ``directions`` K directions."""
     forward_time, forward_memory = measured["forward"]
     found: dict[str, float] = {}
     for name in STEPS:
@@ -59,6 +65,10 @@ def ratios(measured: dict[str, tuple[float, float]]) -> dict[str, float]:
         found["sweep_over_per_tensor_sweep_time"] = sweep_time / per_tensor
     if "one_sweep_philox" in measured:
         found["philox_sweep_over_sweep_time"] = measured["one_sweep_philox"][0] / sweep_time
+    if "dpzero_k" in measured:
+        dpzero_time, dpzero_memory = measured["dpzero"]
+        found["dpzero_k_over_k_dpzero_time"] = measured["dpzero_k"][0] / (directions * dpzero_time)
+        found["dpzero_k_over_dpzero_memory"] = measured["dpzero_k"][1] / dpzero_memory
     return found
 
 
@@ -68,6 +78,7 @@ def report(
     parameters: int,
     repeats: int,
     estimated_bytes: int,
+    directions: int = 1,
 ) -> dict[str, Any]:
     """One JSON-ready record of every measured figure and ratio, and the printed table."""
     device = setup.device
@@ -88,10 +99,11 @@ def report(
         "sequence_length": setup.seq_len,
         "threads": torch.get_num_threads(),
         "repeats": repeats,
+        "directions": directions,
         "estimated_need_gib": estimated_bytes / _GIB,
         "seconds": {name: value[0] for name, value in measured.items()},
         "peak_memory_mb": {name: value[1] for name, value in measured.items()},
-        "ratios": ratios(measured),
+        "ratios": ratios(measured, directions),
         "targets": TARGETS,
     }
     result["table"] = table(result)
@@ -104,7 +116,8 @@ def table(result: dict[str, Any]) -> str:
         f"ZO step benchmark: {result['shape']} ({result['model']['parameters'] / 1e6:.2f}M "
         f"parameters), {result['device_name']}, {result['dtype']}, batch "
         f"{result['batch_size']} x {result['sequence_length']} tokens, {result['threads']} "
-        f"threads, median of {result['repeats']}",
+        f"threads, median of {result['repeats']}"
+        + (f", dpzero_k: K = {result['directions']}" if result["directions"] > 1 else ""),
         f"{'case':<18}{'seconds':>10}{'peak MiB':>11}{'t/(2 fwd)':>11}{'mem/fwd':>9}",
     ]
     ratios_found = result["ratios"]

@@ -8,6 +8,8 @@ interleaved and each is timed and its peak memory taken:
 * ``forward``: the inference forward the step makes twice (the same scoring forward);
 * ``dpzero`` and ``mezo``: privzo's steps (three sweeps; in half precision the virtual
   perturbation), through ``zo_step`` with the perturber a run would use on this device;
+* ``dpzero_k`` (with ``directions`` K > 1): DPZero's step with K directions (DP-AggZO: 2K
+  forwards and 4K − 1 sweeps), measured against K DPZero steps;
 * ``mezo_reference``: MeZO's step as its paper's code does it (``mezo_reference``);
 * ``one_sweep``: one update sweep of privzo's perturber over every weight;
 * ``one_sweep_per_tensor`` (fused kernels only): the same sweep launched once per parameter;
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.bench.checks import BenchSetup, checked_setup, needed_bytes
 from privzo.bench.mezo_reference import mezo_reference_step
 from privzo.bench.report import report
@@ -70,20 +73,23 @@ def zo_step_benchmark(
     seq_len: int = 128,
     repeats: int = 5,
     progress: bool = True,
+    directions: int = 1,
 ) -> dict[str, Any]:
     """Measure every case on ``shape``; refuses a request the machine cannot run first."""
     if repeats < 1:
         raise ValueError(f"--repeats={repeats}: allowed: 1 or more")
+    if not 1 <= directions <= MAX_DIRECTIONS:
+        raise ValueError(f"--directions={directions}: allowed: 1..{MAX_DIRECTIONS}")
     setup = checked_setup(shape, device, dtype, batch_size, seq_len)
     if progress:
         print(f"building {shape} ({dtype}) on {setup.device}", flush=True)
     model = random_model(setup.arch, dtype, device=setup.device)
     batch = _random_batch(setup)
     memory = PeakMemory(setup.device)
-    cases = _cases(setup, model, batch)
+    cases = _cases(setup, model, batch, directions)
     measured = _measure(cases, memory, repeats, progress, _synchronizer(setup.device))
     parameters = sum(p.numel() for p in model.parameters())
-    return report(setup, measured, parameters, repeats, needed_bytes(setup))
+    return report(setup, measured, parameters, repeats, needed_bytes(setup), directions)
 
 
 def _random_batch(setup: BenchSetup) -> Batch:
@@ -120,7 +126,7 @@ class PrivzoWeights:
         self.shards, self.perturber = [], None
 
 
-def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]:
+def _cases(setup: BenchSetup, model: nn.Module, batch: Batch, directions: int) -> dict[str, Case]:
     label_ids = torch.tensor(LABEL_IDS, device=setup.device)
 
     def loss(_batch: Batch = batch) -> torch.Tensor:
@@ -147,6 +153,9 @@ def _cases(setup: BenchSetup, model: nn.Module, batch: Batch) -> dict[str, Case]
         "read_write": Case(lambda: _read_write(parameters)),
         "host_batch": Case(_host_batch(setup)),
     }
+    if directions > 1:
+        step = _privzo_step(weights, batch, loss, "dpzero", setup.batch_size, directions)
+        cases["dpzero_k"] = Case(step)
     if weights.sampler.fused:
         cases["one_sweep_per_tensor"] = Case(lambda: _per_tensor_sweep(weights, 7, 1e-9))
     if setup.device.type == "cpu" and setup.dtype == "float32":
@@ -203,6 +212,7 @@ def _privzo_step(
     loss: Callable[..., torch.Tensor],
     algorithm: str,
     batch_size: int,
+    directions: int = 1,
 ) -> Callable[[], Any]:
     estimator = (
         make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=batch_size)
@@ -220,6 +230,7 @@ def _privzo_step(
         estimator=estimator,
         learning_rate=LEARNING_RATE,
         perturbation_scale=PERTURBATION_SCALE,
+        directions=directions,
     )
 
 

@@ -57,6 +57,13 @@ def _add_zo_step(benches: Commands) -> None:
     zo_step.add_argument("--seq-len", type=int, default=128, help="tokens per example")
     add_json(zo_step)
     zo_step.add_argument("--repeats", type=int, default=5, help="timed rounds (their median)")
+    zo_step.add_argument(
+        "--directions",
+        type=int,
+        default=1,
+        help="K > 1 adds dpzero_k, DPZero's step with K directions (DP-AggZO), measured "
+        "against K dpzero steps",
+    )
     finish_command(zo_step, _zo_step_command, cache_dir=False)
 
 
@@ -72,6 +79,7 @@ def _zo_step_command(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         repeats=args.repeats,
         progress=not args.json,
+        directions=args.directions,
     )
     return _print_result(result, args.json)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privzo.algorithms.registry import check_capabilities
+from privzo.algorithms.registry import check_capabilities, names
 from privzo.config.loading import load_config, with_values
 from privzo.config.run import RunConfig
 from privzo.models.architecture import count_parameters
@@ -28,13 +28,15 @@ class Cell:
     algorithm: str
     epsilon: float | None  # None: non-private
     seed: int
+    directions: int = 1  # optimizer.directions_per_step
 
     @property
     def name(self) -> str:
         model = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
         task = Path(self.task).stem if self.task else "task"
         budget = f"eps{self.epsilon:g}" if self.epsilon is not None else "nonprivate"
-        return f"{model.replace('/', '_')}-{task}-{self.algorithm}-{budget}-seed{self.seed}"
+        arm = self.algorithm if self.directions == 1 else f"{self.algorithm}-k{self.directions}"
+        return f"{model.replace('/', '_')}-{task}-{arm}-{budget}-seed{self.seed}"
 
 
 def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
@@ -46,11 +48,21 @@ def expand_cells(study: ScalingStudyConfig) -> list[Cell]:
         for task in study.tasks:
             for seed in study.seeds:
                 for algorithm in study.private_algorithms:
-                    cells += [Cell(model, task, algorithm, eps, seed) for eps in study.epsilons]
-                cells += [
-                    Cell(model, task, alg, None, seed) for alg in study.non_private_algorithms
-                ]
+                    for k in directions_of(study, algorithm):
+                        cells += [
+                            Cell(model, task, algorithm, eps, seed, k) for eps in study.epsilons
+                        ]
+                for algorithm in study.non_private_algorithms:
+                    cells += [
+                        Cell(model, task, algorithm, None, seed, k)
+                        for k in directions_of(study, algorithm)
+                    ]
     return cells
+
+
+def directions_of(study: ScalingStudyConfig, algorithm: str) -> list[int]:
+    """The study's ``directions`` for an algorithm whose step takes several, else [1]."""
+    return study.directions if algorithm in names(directions=True) else [1]
 
 
 def models_by_size(models: list[str]) -> list[str]:
@@ -89,8 +101,13 @@ def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
             "tracking.run_name": cell.name,
         }
     )
+    if cell.directions > 1:
+        values["optimizer.directions_per_step"] = cell.directions
     if cell.epsilon is not None:
         values["privacy.epsilon"] = cell.epsilon
+        if cell.directions > 1:
+            # the grid's accountants bound one rounded scalar, not a K-vector (check_directions)
+            values["privacy.noise_grid"] = None
     else:
         # A non-private baseline needs no secret Poisson batches, and with them its score moved
         # run to run (four runs of one study: MeZO 0.610 to 0.806); a seeded shuffle repeats.

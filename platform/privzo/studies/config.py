@@ -14,6 +14,7 @@ private_algorithms: [dpzero]
 epsilons: [2.0]
 non_private_algorithms: [mezo]
 seeds: [0]
+directions: [1]                                 # optional: K per step of zeroth-order cells
 audit:                                          # optional: audit cells (``privzo audit``)
   canaries: 1000
   algorithms: [dpzero, mezo]                    # null = every arm
@@ -28,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.algorithms.registry import names
 from privzo.audit.config import AuditConfig
 from privzo.config.loading import apply_overrides, dotted_items, read_yaml, validate_section
@@ -78,6 +80,13 @@ class ScalingStudyConfig(Section):
     seeds: list[int] = Field(
         default_factory=lambda: [0], min_length=1, description="Data and direction seeds."
     )
+    directions: list[int] = Field(
+        default_factory=lambda: [1],
+        min_length=1,
+        description="optimizer.directions_per_step of each zeroth-order algorithm's cells "
+        "(DP-AggZO for K > 1; its private cells set privacy.noise_grid: null, which K > 1 "
+        "needs); other algorithms' cells train once, with 1.",
+    )
     search: str | None = Field(
         None,
         description="A search config: each private cell runs this search (its base replaced "
@@ -120,12 +129,28 @@ class ScalingStudyConfig(Section):
             raise ValueError("private_algorithms need at least one value in epsilons")
         if not self.epsilons and not self.non_private_algorithms:
             raise ValueError("the study has no trained cells: give epsilons or a non-private one")
-        for name, values in (("models", self.models), ("seeds", self.seeds)):
+        self._check_directions()
+        for name, values in (
+            ("models", self.models),
+            ("seeds", self.seeds),
+            ("directions", self.directions),
+        ):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: repeated values {values}")
         if self.audit is not None:
             self._check_audit(self.audit)
         return self
+
+    def _check_directions(self) -> None:
+        wrong = [k for k in self.directions if not 1 <= k <= MAX_DIRECTIONS]
+        if wrong:
+            raise ValueError(f"directions: {wrong} out of range; allowed: 1..{MAX_DIRECTIONS}")
+        arms = [*self.private_algorithms, *self.non_private_algorithms]
+        if self.directions != [1] and not set(arms) & set(names(directions=True)):
+            raise ValueError(
+                f"directions: {self.directions} applies only to {names(directions=True)}, "
+                f"and the study trains none of them ({arms})"
+            )
 
     def _check_audit(self, audit: StudyAuditConfig) -> None:
         arms = [*self.private_algorithms, *self.non_private_algorithms]

@@ -39,6 +39,28 @@ def test_every_case_is_measured_and_every_ratio_is_formed_from_the_measurements(
         seconds["host_batch"] / seconds["dpzero"]
     )
     assert "dpzero / MeZO reference step (time)" in result["table"]
+    assert result["directions"] == 1
+    assert not any(name.startswith("dpzero_k") for name in ratios)  # one direction: no K-step
+
+
+def test_several_directions_are_measured_beside_dpzero_and_set_against_k_steps(capsys):
+    result = _bench_json(capsys, "--directions", "3")
+    assert result["directions"] == 3
+    assert set(result["seconds"]) == CASES | {"one_sweep_philox", "dpzero_k"}
+    seconds, peaks, ratios = result["seconds"], result["peak_memory_mb"], result["ratios"]
+    assert ratios["dpzero_k_over_k_dpzero_time"] == pytest.approx(
+        seconds["dpzero_k"] / (3 * seconds["dpzero"])
+    )
+    assert ratios["dpzero_k_over_dpzero_memory"] == pytest.approx(
+        peaks["dpzero_k"] / peaks["dpzero"]
+    )
+    table = result["table"]
+    assert "dpzero_k: K = 3" in table
+    time_row = next(line for line in table.splitlines() if "(K x dpzero) (time)" in line)
+    assert f"{ratios['dpzero_k_over_k_dpzero_time']:.3f}" in time_row and "<= 1.05" in time_row
+    memory_row = next(line for line in table.splitlines() if "dpzero_k / dpzero" in line)
+    assert f"{ratios['dpzero_k_over_dpzero_memory']:.3f}" in memory_row
+    assert "<= 1.01" in memory_row
 
 
 def test_half_precision_runs_the_virtual_step_and_the_reference(capsys):
@@ -55,6 +77,7 @@ def test_half_precision_runs_the_virtual_step_and_the_reference(capsys):
         (["--seq-len", "257"], "tiny has 256 positions"),
         (["--batch-size", "0"], "--batch-size=0"),
         (["--device", "tpu"], "--device='tpu'"),
+        (["--directions", "0"], "--directions=0: allowed: 1..1024"),
     ],
 )
 def test_requests_the_machine_cannot_run_are_refused(capsys, arguments, message):

@@ -254,6 +254,48 @@ def test_bad_study_configs_fail_at_load(tmp_path, sentiment_files, change, messa
         load_study_config(path)
 
 
+def test_directions_add_k_cells_to_zeroth_order_arms_only(tmp_path, sentiment_files):
+    path = _study_file(
+        tmp_path,
+        sentiment_files,
+        epsilons=[2.0],
+        non_private_algorithms=["mezo", "adamw"],
+        directions=[1, 16],
+    )
+    study = load_study_config(path)
+    cells = expand_cells(study)
+    assert [cell.name for cell in cells] == [
+        "tiny-opt-task-dpzero-eps2-seed0",
+        "tiny-opt-task-dpzero-k16-eps2-seed0",
+        "tiny-opt-task-mezo-nonprivate-seed0",
+        "tiny-opt-task-mezo-k16-nonprivate-seed0",
+        "tiny-opt-task-adamw-nonprivate-seed0",  # first-order: one cell, one direction
+    ]
+    configs = [cell_config(study, cell) for cell in cells]
+    assert [c.optimizer.directions_per_step for c in configs] == [1, 16, 1, 16, 1]
+    # K > 1 needs the continuous Gaussian: the private K-cell alone leaves the grid
+    assert configs[0].privacy.noise_grid is not None
+    assert configs[1].privacy.noise_grid is None
+    assert configs[1].privacy.epsilon == configs[0].privacy.epsilon == 2.0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"directions": [0]}, r"directions: \[0\] out of range; allowed: 1\.\.1024"),
+        ({"directions": [1, 16, 16]}, "directions: repeated values"),
+        ({"directions": []}, "at least 1"),
+        (
+            {"directions": [16], "private_algorithms": ["dpsgd"], "non_private_algorithms": []},
+            "applies only to",
+        ),
+    ],
+)
+def test_bad_directions_fail_at_load(tmp_path, sentiment_files, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_study_config(_study_file(tmp_path, sentiment_files, **change))
+
+
 def test_a_bad_cell_fails_before_any_cell_runs(tmp_path, sentiment_files, cache_dir):
     path = _study_file(tmp_path, sentiment_files, overrides={"optimizer.steps": 0})
     study = load_study_config(path)
