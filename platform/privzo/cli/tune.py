@@ -4,15 +4,16 @@ budget, and its best trial on its own."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from privzo.cli.arguments import (
     Commands,
+    add_address,
     add_cache_dir,
     add_command,
     add_config,
     add_verbose,
+    ray_target,
     tracking_uri,
 )
 from privzo.cli.process import process_cores, quiet_libraries
@@ -37,7 +38,7 @@ def add_tune(commands: Commands) -> None:
     tune.add_argument(
         "--output-dir", type=Path, required=True, help="the search's directory (its trials)"
     )
-    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    add_address(tune)
     tune.add_argument("--quiet", action="store_true", help="no Tune progress table")
     add_cache_dir(tune)
     add_verbose(tune)
@@ -49,14 +50,13 @@ def _tune_command(args: argparse.Namespace) -> int:
 
     quiet_libraries(args.verbose)
     search = load_search_config(args.config, args.overrides)
-    # a local Ray schedules trials on the cores this process may use, not the machine's
-    local = not (args.address or os.environ.get("RAY_ADDRESS"))
     summary = run_search(
         search,
         args.output_dir,
         cache_dir=args.cache_dir,
-        ray_address=args.address,
-        num_cpus=process_cores() if local else None,
+        cluster=ray_target(args.address),
+        # a local Ray schedules trials on the cores this process may use, not the machine's
+        num_cpus=process_cores(),
         tracking_uri=tracking_uri(),
         progress=not args.quiet,
     )

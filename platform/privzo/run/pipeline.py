@@ -19,6 +19,7 @@ from typing import Protocol
 from privzo.algorithms.registry import check_built, writes_trajectory
 from privzo.config.run import RunConfig
 from privzo.dirlock import locks_output_dir
+from privzo.distributed.cluster import RayTarget
 from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.layout import get_layout
 from privzo.layouts.train import train_and_evaluate
@@ -61,6 +62,7 @@ def run(
     tags: Mapping[str, str] | None = None,
     hooks: RunHooks | None = None,
     on_checked: Callable[[Preflight], None] | None = None,
+    cluster: RayTarget | None = None,
 ) -> RunSummary:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
@@ -68,7 +70,8 @@ def run(
     none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
-    rows the run trains on).
+    rows the run trains on). ``cluster`` says which Ray a distributed layout joins or starts
+    (``privzo.distributed.cluster``; default: a new local one).
     """
     output_dir = Path(output_dir).resolve()
     resume = None if overwrite else resume_point(config, output_dir)
@@ -90,6 +93,7 @@ def run(
         hooks,
         resume,
         (tracking_root, tracking_uri),
+        cluster,
     )
     tracker = connect_run_tracker(
         config, output_dir, tracking_root, tracking_uri, {**training.tags(), **(tags or {})}
@@ -182,9 +186,11 @@ class OnRayTrain:
         hooks: RunHooks | None,
         tracking: tuple[Path | None, str | None],
         ray_run: str | None,
+        cluster: RayTarget | None = None,
     ):
         """``tracking``: the run's tracking root and the caller's tracking URI; ``ray_run``:
-        the Ray Train run an unfinished run's earlier launch started (None: a new run)."""
+        the Ray Train run an unfinished run's earlier launch started (None: a new run);
+        ``cluster``: which Ray to join or start (``privzo.distributed.cluster``)."""
         from privzo.distributed.launch import ray_run_name, resumed_steps, start_cluster
 
         if hooks is not None and hooks.training_rows is not None:
@@ -192,7 +198,9 @@ class OnRayTrain:
                 f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
                 "training rows in this process; use strategy 'single'"
             )
-        start_cluster(config, output_dir, cache_dir, progress, tracking[1])
+        used = start_cluster(config, output_dir, cache_dir, progress, tracking[1], cluster)
+        if used is not None:
+            logger.warning(used.line())
         if ray_run is not None:  # refused here, before anything is written, if unreadable
             steps = resumed_steps(config, output_dir, ray_run)
             logger.warning("the distributed run goes on from step %d", steps)
@@ -236,12 +244,13 @@ def _training(
     hooks: RunHooks | None,
     resume: ResumePoint | None,
     tracking: tuple[Path | None, str | None] = (None, None),
+    cluster: RayTarget | None = None,
 ) -> Training:
     """Where the layout trains, built and checked; nothing written yet."""
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         ray_run = resume.ray_run if resume is not None else None
         return OnRayTrain(
-            config, checked, output_dir, cache_dir, progress, hooks, tracking, ray_run
+            config, checked, output_dir, cache_dir, progress, hooks, tracking, ray_run, cluster
         )
     planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
     context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
