@@ -219,7 +219,7 @@ def worker_settings(
             "uri": getattr(tracker, "uri", None),
             "experiment": tracking.experiment,
             "output_root": str((tracking_root or output_dir.parent).resolve()),
-            "run_name": tracking.run_name or output_dir.name,
+            "run_name": getattr(tracker, "run_name", None) or tracking.run_name,
             "run_id": tracker.run_id,
         },
     }

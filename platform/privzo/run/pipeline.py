@@ -44,7 +44,7 @@ from privzo.rundir import (
 )
 from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, make_tracker
-from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
+from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags, run_label
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ def run(
     hooks: RunHooks | None = None,
     on_checked: Callable[[Preflight], None] | None = None,
     cluster: RayTarget | None = None,
+    run_name: str | None = None,
 ) -> RunSummary:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
@@ -71,7 +72,8 @@ def run(
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
     rows the run trains on). ``cluster`` says which Ray a distributed layout joins or starts
-    (``privzo.distributed.cluster``; default: a new local one).
+    (``privzo.distributed.cluster``; default: a new local one). ``run_name`` names the
+    MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, task, seed).
     """
     output_dir = Path(output_dir).resolve()
     resume = None if overwrite else resume_point(config, output_dir)
@@ -96,7 +98,12 @@ def run(
         cluster,
     )
     tracker = connect_run_tracker(
-        config, output_dir, tracking_root, tracking_uri, {**training.tags(), **(tags or {})}
+        config,
+        output_dir,
+        tracking_root,
+        tracking_uri,
+        {**training.tags(), **(tags or {})},
+        run_name,
     )
     if resume is None:
         prepare_output_dir(output_dir)
@@ -281,15 +288,17 @@ def connect_run_tracker(
     tracking_root: Path | None,
     tracking_uri: str | None,
     tags: Mapping[str, str],
+    run_name: str | None = None,
 ) -> Tracker:
-    """Build the run's tracker and reach its store now, so a bad store fails before training."""
+    """Build the run's tracker and reach its store now, so a bad store fails before training.
+    Its name: the config's ``tracking.run_name``, else ``run_name``, else ``run_label``."""
     tracking = config.tracking
     tracker = make_tracker(
         tracking.backend,
         uri=tracking.uri or tracking_uri,
         experiment=tracking.experiment,
         output_root=(tracking_root or output_dir.parent).resolve(),
-        run_name=tracking.run_name or output_dir.name,
+        run_name=tracking.run_name or run_name or run_label(config),
         tags=dict(tags),
         release_timing=config.releases_diagnostics,
     )
