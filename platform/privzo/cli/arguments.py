@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -162,7 +163,9 @@ def ray_target(address: str | None) -> RayTarget:
     temp root)."""
     from privzo.distributed.cluster import RayTarget, address_file_under
 
-    temp_root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    temp_root = os.environ.get("RAY_TMPDIR") or "/tmp"
+    if "RAY_TMPDIR" not in os.environ and sys.platform.startswith("linux"):
+        temp_root = os.environ.get("TMPDIR") or temp_root
     return RayTarget(
         address=address,
         env_address=os.environ.get("RAY_ADDRESS") or None,

@@ -34,7 +34,7 @@ def start_cluster(
     progress: bool,
     tracking_uri: str | None,
     cluster: RayTarget | None = None,
-) -> RayCluster | None:
+) -> RayCluster:
     """Reach Ray (``cluster``: which one, ``privzo.distributed.cluster``) and check what
     preflight (``privzo.preflight``) could not, before the run pipeline (``privzo.run``) writes
     anything: a built-in model's fit on GPUs, the cluster's storage and its size. Returns the
@@ -188,7 +188,7 @@ def ray_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     return runtime_env
 
 
-def _init_ray(config: RunConfig, cluster: RayTarget | None) -> RayCluster | None:
+def _init_ray(config: RunConfig, cluster: RayTarget | None) -> RayCluster:
     """Join the cluster ``cluster`` points to (``ray job submit`` sets ``RAY_ADDRESS``, which
     the CLI passes on) or start a local one; a caller that already started Ray keeps its
     session (and its runtime env)."""

@@ -206,8 +206,7 @@ class OnRayTrain:
                 "training rows in this process; use strategy 'single'"
             )
         used = start_cluster(config, output_dir, cache_dir, progress, tracking[1], cluster)
-        if used is not None:
-            logger.warning(used.line())
+        logger.warning(used.line())
         if ray_run is not None:  # refused here, before anything is written, if unreadable
             steps = resumed_steps(config, output_dir, ray_run)
             logger.warning("the distributed run goes on from step %d", steps)

@@ -53,3 +53,14 @@ def test_the_line_names_the_cluster_used():
     assert started.line() == "ray: started a local cluster (2 CPUs)"
     kept = RayCluster(ClusterChoice(None, "none running"), 2.0, attached=True)
     assert kept.line() == "ray: using this process's Ray session (2 CPUs)"
+
+
+def test_the_cli_looks_where_ray_start_writes_and_reads_ray_address(tmp_path, monkeypatch):
+    from privzo.cli.arguments import ray_target
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    target = ray_target("10.0.0.9:6379")
+    assert target == RayTarget("10.0.0.9:6379", "10.0.0.7:6379", address_file_under(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert ray_target(None).env_address is None
