@@ -75,7 +75,7 @@ class RayCluster:
     attached: bool = False  # a caller of the library had already started Ray
 
     def line(self) -> str:
-        cpus = f"{self.cpus:g} CPUs"
+        cpus = f"{self.cpus:g} CPU" + ("" if self.cpus == 1 else "s")
         if self.attached:
             return f"ray: using this process's Ray session ({cpus})"
         if self.choice.joins:

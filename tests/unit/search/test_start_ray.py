@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import stop_ray_under
-from privzo.distributed.cluster import RayTarget, address_file_under
+from privzo.cli.arguments import ray_target
+from privzo.distributed.cluster import address_file_under
 from privzo.search.runner import start_ray
 
 
@@ -31,14 +32,13 @@ def test_a_search_joins_the_local_ray_already_running(monkeypatch):
     head = [command, "start", "--head", "--num-cpus=1", "--include-dashboard=false"]
     try:
         subprocess.run([*head, "--disable-usage-stats"], env=env, check=True, timeout=600)
-        # what `privzo tune` passes on a machine of 2 cores, its address file found as the CLI
-        # finds it (under RAY_TMPDIR)
-        target = RayTarget(address_file=address_file_under(temp_dir))
-        used = start_ray(target, num_cpus=2)
+        target = ray_target(None)  # what `privzo tune` finds: the address file under RAY_TMPDIR
+        assert target.address_file == address_file_under(temp_dir)
+        used = start_ray(target, num_cpus=2)  # and the cores of a machine of 2
         assert ray.cluster_resources()["CPU"] == 1.0  # the running cluster's, not ours
         assert used.choice.joins and used.choice.source == "ray start --head"
         assert used.line().startswith("ray: joined the running cluster at ")
-        assert used.line().endswith("(1 CPUs)")
+        assert used.line().endswith("(1 CPU)")
     finally:
         ray.shutdown()
         stop_ray_under(temp_dir)
