@@ -61,6 +61,12 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     record = read_run(uri, summary.tracking_run_id)
     assert record["status"] == "FINISHED"
+    # the run's name says, in full and algorithm first, what tells it apart; its tags filter
+    task, seed = config.task.name, config.seed
+    assert record["run_name"] == f"dpzero ε=3 tiny-opt {task} seed={seed}"
+    for key, value in {"algorithm": "dpzero", "epsilon": "3", "model": "tiny-opt"}.items():
+        assert record["tags"][f"privzo.{key}"] == value, key
+    assert record["tags"]["privzo.seed"] == str(seed)
     assert record["params"]["optimizer.algorithm"] == "dpzero"
     assert float(record["params"]["privacy.epsilon"]) == 3.0
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary.epsilon)

@@ -24,85 +24,129 @@ def _pyplot():
     return plt
 
 
+ONE_RUN = "one run"
+
+
 def plot_scaling(scaling: pa.Table) -> Figure:
-    """Task metric against model size: a line per budget, error bars = std over seeds."""
+    """Task metric against model size, a colour per budget: a line with error bars (std over
+    seeds) through the points with several seeds; a point of one run is a plain marker labelled
+    so, since one run has no spread to show and two such points make no trend."""
     plt = _pyplot()
     frame = scaling.to_pandas()
     tasks = list(dict.fromkeys(frame["task"])) or ["-"]
     figure, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for axis, task in zip(axes[0], tasks, strict=True):
         rows = frame[frame["task"] == task]
-        for budget, group in rows.groupby("budget", sort=False):
+        for index, (budget, group) in enumerate(rows.groupby("budget", sort=False)):
             group = group.sort_values("model_parameters")
-            axis.errorbar(
-                group["model_parameters"],
-                group["mean"],
-                yerr=group["std"].fillna(0.0),
-                marker="o",
-                capsize=3,
-                label=budget,
-            )
+            _seeded_points(axis, group["model_parameters"], group["mean"], group, budget, index)
+            several = group["seeds"] > 1
+            if several.any():
+                axis.errorbar(
+                    group["model_parameters"][several],
+                    group["mean"][several],
+                    yerr=group["std"][several],
+                    color=f"C{index}",
+                    marker="o",
+                    capsize=3,
+                    label=budget,
+                )
         axis.set_xscale("log")
         axis.set_xlabel("model parameters")
         axis.set_ylabel(rows["metric"].iloc[0] if len(rows) else "metric")
-        axis.set_title(f"{task}: test metric, mean ± std over seeds", fontsize="medium")
-        axis.legend(fontsize="small")
+        axis.set_title(f"{task}: test metric, {_over_seeds(rows['seeds'])}", fontsize="medium")
+        if len(rows):
+            axis.legend(fontsize="small")
     figure.tight_layout()
     return figure
 
 
+def _seeded_points(axis: Any, sizes: Any, values: Any, group: Any, label: str, index: int) -> None:
+    """The points of one run each (``group``'s ``seeds`` is 1): markers, no line, no bars."""
+    single = (group["seeds"] <= 1).to_numpy()
+    if single.any():
+        axis.plot(
+            sizes[single],
+            values[single],
+            color=f"C{index}",
+            marker="s",
+            linestyle="none",
+            label=f"{label} ({ONE_RUN})",
+        )
+
+
+def _over_seeds(seeds: Any, mean: str = "mean ± std over seeds") -> str:
+    """What a point is, for a title: a mean over seeds only where some point has several."""
+    if len(seeds) == 0 or (seeds <= 1).all():
+        return ONE_RUN + " per point"
+    if (seeds > 1).all():
+        return mean
+    return f"{mean}; markers: {ONE_RUN}"
+
+
 def plot_gap(gap: pa.Table) -> Figure:
-    """Non-private minus private metric against model size, a line per private budget."""
+    """Non-private minus private metric against model size, a colour per (budget, reference):
+    a line through the points whose means have several seeds on both sides, a plain marker
+    for a point of single runs."""
     plt = _pyplot()
     frame = gap.to_pandas()
     figure, axis = plt.subplots(figsize=(5.5, 4))
-    for (task, private, reference), group in frame.groupby(["task", "private", "non_private"]):
+    groups = frame.groupby(["task", "private", "non_private"])
+    for index, ((task, private, reference), group) in enumerate(groups):
         group = group.sort_values("model_parameters")
-        axis.plot(
-            group["model_parameters"],
-            group["gap"],
-            marker="o",
-            label=f"{task}: {reference} − {private}",
-        )
+        label = f"{task}: {reference} − {private}"
+        _seeded_points(axis, group["model_parameters"], group["gap"], group, label, index)
+        several = group["seeds"] > 1
+        if several.any():
+            axis.plot(
+                group["model_parameters"][several],
+                group["gap"][several],
+                color=f"C{index}",
+                marker="o",
+                label=label,
+            )
     axis.axhline(0.0, color="grey", linewidth=0.8)
     axis.set_xscale("log")
     axis.set_xlabel("model parameters")
     axis.set_ylabel("privacy gap (non-private − private)")
-    axis.set_title("Test metric lost to privacy (mean over seeds)", fontsize="medium")
+    what = _over_seeds(frame["seeds"], "mean over seeds")
+    axis.set_title(f"Test metric lost to privacy ({what})", fontsize="medium")
     if len(frame):
         axis.legend(fontsize="small")
     figure.tight_layout()
     return figure
 
 
+MEMORY_NOTE = (
+    "memory not plotted: a run records its process's peak (on CPU the resident memory, "
+    "interpreter and libraries included), not what the step adds above the model"
+)
+
+
 def plot_resources(resources: pa.Table) -> Figure:
-    """Peak memory and step time against model size, a line per algorithm. Private runs
-    withhold both: an algorithm with no figures gets no line and no legend entry, and the
-    figure's title names it."""
+    """Mean step time against model size, a line per algorithm. Memory is not drawn: the
+    records hold the process's peak, which on CPU is about the same for every model size
+    (``MEMORY_NOTE``). Private runs withhold their times: such an algorithm gets no line, and
+    the figure's title names it."""
     plt = _pyplot()
     shown, withheld = split_withheld(resources)
-    figure, (memory, time) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, time = plt.subplots(figsize=(6.5, 4.4))
     for algorithm, group in shown.items():
-        memory.plot(group["model_parameters"], group["peak_memory_mb"], marker="o", label=algorithm)
         time.plot(group["model_parameters"], group["mean_step_time_s"], marker="o", label=algorithm)
+    notes = [MEMORY_NOTE]
     if withheld:
-        figure.suptitle(
-            f"not shown: {', '.join(withheld)} (a private run withholds its time and memory: "
-            "they depend on which records were sampled)",
-            fontsize="small",
+        notes.append(
+            f"not shown: {', '.join(withheld)} (a private run withholds its time: "
+            "it depends on which records were sampled)"
         )
-    panels = (
-        (memory, "peak memory (MB)", "Peak memory of a run (measured, per process)"),
-        (time, "mean step time (s)", "Mean wall time of one step (measured, this machine)"),
-    )
-    for axis, label, title in panels:
-        axis.set_xscale("log")
-        axis.set_xlabel("model parameters")
-        axis.set_ylabel(label)
-        axis.set_title(title, fontsize="medium")
-        axis.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
-        if shown:
-            axis.legend(fontsize="small")
+    figure.suptitle("\n".join(notes), fontsize="x-small")
+    time.set_xscale("log")
+    time.set_xlabel("model parameters")
+    time.set_ylabel("mean step time (s)")
+    time.set_title("Mean wall time of one step (measured, this machine)", fontsize="medium")
+    time.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
+    if shown:
+        time.legend(fontsize="small")
     figure.tight_layout()
     return figure
 
@@ -140,12 +184,12 @@ def plot_cost(cost: pa.Table) -> Figure:
 
 
 def split_withheld(resources: pa.Table) -> tuple[dict[str, Any], list[str]]:
-    """The algorithms with measured figures (their rows, by model size) and those whose runs
+    """The algorithms with measured step times (their rows, by model size) and those whose runs
     all withheld them."""
     frame = resources.to_pandas()
     shown, withheld = {}, []
     for algorithm, group in frame.groupby("algorithm"):
-        if group[["peak_memory_mb", "mean_step_time_s"]].isna().all(axis=None):
+        if group["mean_step_time_s"].isna().all():
             withheld.append(str(algorithm))
         else:
             shown[str(algorithm)] = group.sort_values("model_parameters")

@@ -136,7 +136,7 @@ def _markdown(
             f"# {title}: scaling report",
             "",
             f"{runs.num_rows} finished runs from MLflow experiment `{experiment}`. Values are the "
-            "task metric on the test split, mean ± std over seeds; zero-shot is the base model "
+            f"task metric on the test split, {_values_are(scaling)}; zero-shot is the base model "
             "before training.",
             "",
             "## Task metric by model size and privacy budget",
@@ -155,6 +155,10 @@ def _markdown(
             "## Peak memory and step time",
             "",
             resources_markdown(resources),
+            "`peak_memory_mb` and `step_peak_memory_mb` are the process's peak (on CPU its "
+            "resident memory, interpreter and libraries included), not what a step adds above "
+            "the model: they are not plotted. The planner's figure is `privzo check`'s.",
+            "",
             "![resources](resources.png)",
             "",
             "## Task metric against steps and forward passes",
@@ -172,6 +176,16 @@ def _markdown(
             "",
         ]
     )
+
+
+def _values_are(scaling: pa.Table) -> str:
+    """Mean ± std over seeds only where a cell has several; one seed has no spread."""
+    seeds = scaling.column("seeds").to_pylist() if scaling.num_rows else []
+    if all(count > 1 for count in seeds) and seeds:
+        return "mean ± std over seeds"
+    if any(count > 1 for count in seeds):
+        return "mean ± std over seeds where a cell has several, else one run"
+    return "one run per cell (one seed: no spread to show)"
 
 
 def _audit_section(table: pa.Table) -> str:

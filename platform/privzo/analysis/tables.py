@@ -78,11 +78,12 @@ def _empty_scaling() -> pd.DataFrame:
 
 def privacy_gap_table(scaling: pa.Table) -> pa.Table:
     """Non-private mean minus private mean, for each model and each private budget (against
-    each non-private algorithm)."""
+    each non-private algorithm); ``seeds``: the fewer of the two means' seed counts."""
     frame = scaling.to_pandas()
     rows = []
     for (task, model, size), group in frame.groupby(["task", "model", "model_parameters"]):
         means = dict(zip(group["budget"], group["mean"], strict=True))
+        seeds = dict(zip(group["budget"], group["seeds"], strict=True))
         public = [b for b in means if b.endswith("(non-private)")]
         private = [b for b in means if "ε=" in b]
         for reference in public:
@@ -96,9 +97,10 @@ def privacy_gap_table(scaling: pa.Table) -> pa.Table:
                         "private": budget,
                         "non_private": reference,
                         "gap": gap,
+                        "seeds": int(min(seeds[reference], seeds[budget])),
                     }
                 )
-    columns = ["task", "model", "model_parameters", "private", "non_private", "gap"]
+    columns = ["task", "model", "model_parameters", "private", "non_private", "gap", "seeds"]
     table = pd.DataFrame(rows, columns=columns).sort_values(["task", "model_parameters"])
     return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from privzo.config.run import RunConfig
+    from privzo.distributed.cluster import RayTarget
 
 DEFAULT_CACHE = Path("~/.cache/privzo").expanduser()
 DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
@@ -173,3 +175,30 @@ def check_job_output_dir(output_dir: Path | None) -> None:
 def tracking_uri() -> str | None:
     """The MLflow server a command's runs go to: ``MLFLOW_TRACKING_URI``, else the config's."""
     return os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+ADDRESS_HELP = (
+    "the Ray cluster to join (host:port, or 'local' for a new local Ray); default: "
+    "RAY_ADDRESS, else the head of the latest `ray start --head` on this machine, else a new "
+    "local Ray"
+)
+
+
+def add_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help=ADDRESS_HELP)
+
+
+def ray_target(address: str | None) -> RayTarget:
+    """Which Ray to use, from ``--address``, ``RAY_ADDRESS`` and the file where ``ray start``
+    writes its address (under ``RAY_TMPDIR``, else ``TMPDIR`` on Linux, else /tmp: Ray's own
+    temp root)."""
+    from privzo.distributed.cluster import RayTarget, address_file_under
+
+    temp_root = os.environ.get("RAY_TMPDIR") or "/tmp"
+    if "RAY_TMPDIR" not in os.environ and sys.platform.startswith("linux"):
+        temp_root = os.environ.get("TMPDIR") or temp_root
+    return RayTarget(
+        address=address,
+        env_address=os.environ.get("RAY_ADDRESS") or None,
+        address_file=address_file_under(temp_root),
+    )

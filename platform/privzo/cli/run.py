@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     Commands,
+    add_address,
     add_command,
     add_config,
     finish_command,
     load_run_config,
     path_argument,
+    ray_target,
     tracking_uri,
 )
 from privzo.cli.process import (
@@ -24,6 +26,7 @@ from privzo.cli.process import (
     sigterm_as_interrupt,
     use_process_cores,
 )
+from privzo.section import ConfigError
 
 if TYPE_CHECKING:
     from privzo.preflight import Preflight
@@ -61,6 +64,7 @@ def add_run(commands: Commands) -> None:
         action="store_true",
         help='print the summary as one JSON line, {"privzo_summary": {...}}',
     )
+    add_address(run)
     finish_command(run, _run_command, quiet="no progress bar")
 
 
@@ -70,6 +74,11 @@ def _run_command(args: argparse.Namespace) -> int:
     from privzo.run import run
 
     if config.parallel.strategy == "single":  # Ray Train gives each worker its own CPUs
+        if args.address is not None:
+            raise ConfigError(
+                "--address: parallel.strategy='single' runs in this process, on no Ray; "
+                "choose a distributed layout (parallel.strategy 'replica' or 'zero3')"
+            )
         use_process_cores()
     try:
         with sigterm_as_interrupt():
@@ -81,6 +90,7 @@ def _run_command(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 tracking_uri=tracking_uri(),
                 on_checked=print_data_lines,
+                cluster=ray_target(args.address),
             )
     except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
         print(interrupted_line(args.output_dir), file=sys.stderr)

@@ -4,14 +4,15 @@ budget, and its best trial on its own."""
 from __future__ import annotations
 
 import argparse
-import os
 
 from privzo.cli.arguments import (
     Commands,
+    add_address,
     add_command,
     add_config,
     finish_command,
     path_argument,
+    ray_target,
     tracking_uri,
 )
 from privzo.cli.process import process_cores, quiet_libraries
@@ -39,7 +40,7 @@ def add_tune(commands: Commands) -> None:
         required=True,
         help="the search's directory (its trials)",
     )
-    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    add_address(tune)
     finish_command(tune, _tune_command, quiet="no Tune progress table")
 
 
@@ -48,14 +49,13 @@ def _tune_command(args: argparse.Namespace) -> int:
 
     quiet_libraries(args.verbose)
     search = load_search_config(args.config, args.overrides)
-    # a local Ray schedules trials on the cores this process may use, not the machine's
-    local = not (args.address or os.environ.get("RAY_ADDRESS"))
     summary = run_search(
         search,
         args.output_dir,
         cache_dir=args.cache_dir,
-        ray_address=args.address,
-        num_cpus=process_cores() if local else None,
+        cluster=ray_target(args.address),
+        # a local Ray schedules trials on the cores this process may use, not the machine's
+        num_cpus=process_cores(),
         tracking_uri=tracking_uri(),
         progress=not args.quiet,
     )

@@ -87,7 +87,7 @@ def _run_arms(output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool) 
     for arm, config_name in ARMS.items():
         arm_dir = output_dir / arm
         config_path = config_dir / config_name
-        config = load_config(config_path, [f"tracking.run_name=demo-{arm}", *overrides])
+        config = load_config(config_path, overrides)
         # exactly this config: a --quick run is not reused for the full demo
         reused = finished(arm_dir, config)
         if reused is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config.run import RunConfig
+from privzo.distributed.cluster import RayCluster, RayTarget, connect_ray
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
@@ -32,13 +33,15 @@ def start_cluster(
     cache_dir: Path,
     progress: bool,
     tracking_uri: str | None,
-) -> None:
-    """Reach Ray and check what preflight (``privzo.preflight``) could not, before the run
-    pipeline (``privzo.run``) writes anything: a built-in model's fit on GPUs, the cluster's
-    storage and its size."""
+    cluster: RayTarget | None = None,
+) -> RayCluster:
+    """Reach Ray (``cluster``: which one, ``privzo.distributed.cluster``) and check what
+    preflight (``privzo.preflight``) could not, before the run pipeline (``privzo.run``) writes
+    anything: a built-in model's fit on GPUs, the cluster's storage and its size. Returns the
+    Ray used, for the line that names it."""
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
     check_fit(config, source)
-    _init_ray(config)
+    used = _init_ray(config, cluster)
     check_cluster_storage(
         alive_nodes(),
         ray_storage(config, output_dir),
@@ -47,6 +50,7 @@ def start_cluster(
         tracking=config.tracking.backend != "none",
     )
     check_resources(config, _cluster_resources())
+    return used
 
 
 def train_on_ray(
@@ -184,13 +188,11 @@ def ray_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     return runtime_env
 
 
-def _init_ray(config: RunConfig) -> None:
-    """Connect to the cluster (``ray job submit`` sets its address) or start a local one;
-    a caller that already started Ray keeps its session (and its runtime env)."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(runtime_env=ray_runtime_env(config.parallel.env_vars))
+def _init_ray(config: RunConfig, cluster: RayTarget | None) -> RayCluster:
+    """Join the cluster ``cluster`` points to (``ray job submit`` sets ``RAY_ADDRESS``, which
+    the CLI passes on) or start a local one; a caller that already started Ray keeps its
+    session (and its runtime env)."""
+    return connect_ray(cluster, ray_runtime_env(config.parallel.env_vars))
 
 
 def _cluster_resources() -> dict[str, float]:
@@ -217,7 +219,7 @@ def worker_settings(
             "uri": getattr(tracker, "uri", None),
             "experiment": tracking.experiment,
             "output_root": str((tracking_root or output_dir.parent).resolve()),
-            "run_name": tracking.run_name or output_dir.name,
+            "run_name": getattr(tracker, "run_name", None) or tracking.run_name,
             "run_id": tracker.run_id,
         },
     }

@@ -19,6 +19,7 @@ from typing import Protocol
 from privzo.algorithms.registry import check_built, writes_trajectory
 from privzo.config.run import RunConfig
 from privzo.dirlock import locks_output_dir
+from privzo.distributed.cluster import RayTarget
 from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_context
 from privzo.layouts.layout import get_layout
 from privzo.layouts.train import train_and_evaluate
@@ -43,7 +44,7 @@ from privzo.rundir import (
 )
 from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, make_tracker
-from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags
+from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags, run_label
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ def run(
     tags: Mapping[str, str] | None = None,
     hooks: RunHooks | None = None,
     on_checked: Callable[[Preflight], None] | None = None,
+    cluster: RayTarget | None = None,
+    run_name: str | None = None,
 ) -> RunSummary:
     """Fine-tune, evaluate and record one run; returns the summary written to summary.json.
 
@@ -68,7 +71,9 @@ def run(
     none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
     ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
     ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
-    rows the run trains on).
+    rows the run trains on). ``cluster`` says which Ray a distributed layout joins or starts
+    (``privzo.distributed.cluster``; default: a new local one). ``run_name`` names the
+    MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, task, seed).
     """
     output_dir = Path(output_dir).resolve()
     resume = None if overwrite else resume_point(config, output_dir)
@@ -90,9 +95,15 @@ def run(
         hooks,
         resume,
         (tracking_root, tracking_uri),
+        cluster,
     )
     tracker = connect_run_tracker(
-        config, output_dir, tracking_root, tracking_uri, {**training.tags(), **(tags or {})}
+        config,
+        output_dir,
+        tracking_root,
+        tracking_uri,
+        {**training.tags(), **(tags or {})},
+        run_name,
     )
     if resume is None:
         prepare_output_dir(output_dir)
@@ -182,9 +193,11 @@ class OnRayTrain:
         hooks: RunHooks | None,
         tracking: tuple[Path | None, str | None],
         ray_run: str | None,
+        cluster: RayTarget | None = None,
     ):
         """``tracking``: the run's tracking root and the caller's tracking URI; ``ray_run``:
-        the Ray Train run an unfinished run's earlier launch started (None: a new run)."""
+        the Ray Train run an unfinished run's earlier launch started (None: a new run);
+        ``cluster``: which Ray to join or start (``privzo.distributed.cluster``)."""
         from privzo.distributed.launch import ray_run_name, resumed_steps, start_cluster
 
         if hooks is not None and hooks.training_rows is not None:
@@ -192,7 +205,8 @@ class OnRayTrain:
                 f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
                 "training rows in this process; use strategy 'single'"
             )
-        start_cluster(config, output_dir, cache_dir, progress, tracking[1])
+        used = start_cluster(config, output_dir, cache_dir, progress, tracking[1], cluster)
+        logger.warning(used.line())
         if ray_run is not None:  # refused here, before anything is written, if unreadable
             steps = resumed_steps(config, output_dir, ray_run)
             logger.warning("the distributed run goes on from step %d", steps)
@@ -236,12 +250,13 @@ def _training(
     hooks: RunHooks | None,
     resume: ResumePoint | None,
     tracking: tuple[Path | None, str | None] = (None, None),
+    cluster: RayTarget | None = None,
 ) -> Training:
     """Where the layout trains, built and checked; nothing written yet."""
     if config.parallel.strategy != "single":  # Ray Train workers (privzo.distributed)
         ray_run = resume.ray_run if resume is not None else None
         return OnRayTrain(
-            config, checked, output_dir, cache_dir, progress, hooks, tracking, ray_run
+            config, checked, output_dir, cache_dir, progress, hooks, tracking, ray_run, cluster
         )
     planned = PlannedData(checked.task_config, checked.splits, checked.privacy)
     context = build_context(config, cache_dir, progress, hooks or RunHooks(), planned)
@@ -272,15 +287,17 @@ def connect_run_tracker(
     tracking_root: Path | None,
     tracking_uri: str | None,
     tags: Mapping[str, str],
+    run_name: str | None = None,
 ) -> Tracker:
-    """Build the run's tracker and reach its store now, so a bad store fails before training."""
+    """Build the run's tracker and reach its store now, so a bad store fails before training.
+    Its name: the config's ``tracking.run_name``, else ``run_name``, else ``run_label``."""
     tracking = config.tracking
     tracker = make_tracker(
         tracking.backend,
         uri=tracking.uri or tracking_uri,
         experiment=tracking.experiment,
         output_root=(tracking_root or output_dir.parent).resolve(),
-        run_name=tracking.run_name or output_dir.name,
+        run_name=tracking.run_name or run_name or run_label(config),
         tags=dict(tags),
         release_timing=config.releases_diagnostics,
     )

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from privzo.algorithms.registry import writes_trajectory
+from privzo.distributed.cluster import RayCluster, RayTarget, choose_cluster, connect_ray
 from privzo.distributed.launch import ray_runtime_env
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
@@ -73,7 +74,7 @@ def run_search(
     output_dir: Path,
     *,
     cache_dir: Path,
-    ray_address: str | None = None,
+    cluster: RayTarget | None = None,
     num_cpus: int | None = None,
     tracking_uri: str | None = None,
     tracking_root: Path | None = None,
@@ -85,8 +86,8 @@ def run_search(
 
     Without a tracking URI the MLflow store is sqlite under ``tracking_root`` (default
     ``output_dir``), shared by the parent run and every trial. ``num_cpus`` is what a local Ray
-    (no ``ray_address``) may schedule: the cores this process may use, which Ray would otherwise
-    take from the machine.
+    (started when ``cluster`` points to no running one) may schedule: the cores this process
+    may use, which Ray would otherwise take from the machine; a joined cluster keeps its own.
     """
     output_dir = Path(output_dir).resolve()
     tracking_root = Path(tracking_root or output_dir).resolve()
@@ -99,10 +100,10 @@ def run_search(
             "directory (a search resumes only with exactly the same config)"
         )
     plan = plan_search(search, cache_dir, trial_count=state.trial_count if state else None)
-    local = _local_resources(ray_address, num_cpus)
+    local = _local_resources(cluster, num_cpus)
     if local is not None:  # a search the machine cannot run is refused before Ray starts
         check_trial_resources(search, plan.base, local)
-    start_ray(ray_address, num_cpus)
+    echo(start_ray(cluster, num_cpus).line())
     _check_cluster(plan, output_dir, tracking_uri)  # before the tracker writes a local store
     resources = _check_resources(plan)
     tracker = _parent_tracker(plan, output_dir, tracking_root, tracking_uri, tags or {})
@@ -163,34 +164,10 @@ def _parent_tracker(
     return connect_tracker(tracker, tracking.uri or tracking_uri)
 
 
-def start_ray(address: str | None, num_cpus: int | None) -> None:
-    """Connect to ``address``, or to the local Ray already running (``ray start --head``), or
-    start one with ``num_cpus``: a running Ray has its own CPU count, which Ray refuses to be
-    told again."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    runtime_env = ray_runtime_env({})  # trials import this privzo, not a node's
-
-    def init(cpus: int | None) -> None:
-        ray.init(
-            address=address,
-            num_cpus=cpus,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env=runtime_env,
-        )
-
-    if address is not None or not num_cpus:
-        init(None)
-        return
-    try:
-        init(num_cpus)
-    except ValueError as error:
-        if "existing cluster" not in str(error):
-            raise
-        init(None)  # Ray found a local cluster to join before starting its own
+def start_ray(cluster: RayTarget | None, num_cpus: int | None) -> RayCluster:
+    """Join the cluster ``cluster`` points to (keeping its own CPU count) or start a local Ray with
+    ``num_cpus``; trials import this privzo, not a node's."""
+    return connect_ray(cluster, ray_runtime_env({}), num_cpus)
 
 
 def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None) -> None:
@@ -207,12 +184,14 @@ def _check_cluster(plan: SearchPlan, output_dir: Path, tracking_uri: str | None)
     )
 
 
-def _local_resources(address: str | None, num_cpus: int | None) -> dict[str, float] | None:
+def _local_resources(ray_target: RayTarget | None, num_cpus: int | None) -> dict[str, float] | None:
     """What a local Ray not yet started will schedule (``num_cpus`` CPUs, the GPUs torch sees);
-    None when connecting to a cluster or when Ray already runs (its own counts are checked)."""
+    None when joining a cluster or when Ray already runs (its own counts are checked)."""
     import ray
 
-    if address is not None or num_cpus is None or ray.is_initialized():
+    target = ray_target or RayTarget()
+    choice = choose_cluster(target.address, target.env_address, target.file_text())
+    if choice.joins or num_cpus is None or ray.is_initialized():
         return None
     import torch
 

@@ -24,6 +24,7 @@ from privzo.search.config import SearchConfig, base_run_config
 from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
+from privzo.tracking.tags import run_label
 
 TRIALS_DIR = "trials"
 
@@ -131,6 +132,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         overwrite=not resumes,
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
+        run_name=f"{run_label(config)} {trial_id}",  # trials differ in their hyperparameters
         tags={
             "mlflow.parentRunId": setup["parent_run_id"],
             "privzo.search": setup["search_name"],

@@ -98,7 +98,6 @@ def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
             "seed": cell.seed,
             "task.data_seed": cell.seed,
             "tracking.experiment": study.experiment or study.name,
-            "tracking.run_name": cell.name,
         }
     )
     if cell.directions > 1:

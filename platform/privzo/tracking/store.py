@@ -208,19 +208,29 @@ def open_client(uri: str) -> MlflowClient:
         return MlflowClient(tracking_uri=uri)
 
 
+# MLflow 3's UI opens an experiment in the view its kind tag names; without the tag it guesses
+# (GenAI traces or classic runs). privzo's runs are compared by metrics and tags: the classic view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_EXPERIMENT_KIND = "custom_model_development"
+
+
 def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
-    """Id of experiment ``name``, creating it if missing.
+    """Id of experiment ``name``, creating it (in MLflow's classic view) if missing.
 
     Handles the race where another process creates the same experiment between our lookup and
     our create (the store answers ``RESOURCE_ALREADY_EXISTS``): we then use theirs. An existing
-    experiment keeps its own artifact location.
+    experiment keeps its own artifact location and view.
     """
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(
+                name,
+                artifact_location=artifact_location,
+                tags={EXPERIMENT_KIND_TAG: CLASSIC_EXPERIMENT_KIND},
+            )
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise

@@ -38,10 +38,22 @@ def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
         TASK: config.task.name,
         ALGORITHM: config.optimizer.algorithm,
         PRIVATE: str(private).lower(),
+        SEED: str(config.seed),
     }
     if private:
         tags[EPSILON] = f"{config.privacy.epsilon:g}"
     return tags
+
+
+def run_label(config: RunConfig) -> str:
+    """The run's default MLflow name, in full: algorithm and ε first (what runs are told apart
+    by, and what a narrow name column keeps), then the model, the task and the seed."""
+    optimizer = config.optimizer
+    budget = f"ε={config.privacy.epsilon:g}" if optimizer.is_private else "non-private"
+    return (
+        f"{optimizer.algorithm} {budget} {config.model.name_or_path} {config.task.name} "
+        f"seed={config.seed}"
+    )
 
 
 def model_tags(

@@ -251,7 +251,9 @@ def test_a_distributed_run_on_two_nodes_with_local_files_is_refused_before_it_st
     from privzo.distributed import launch, storage
     from privzo.run import run
 
-    monkeypatch.setattr(launch, "_init_ray", lambda config: None)  # no Ray needed to refuse
+    monkeypatch.setattr(
+        launch, "_init_ray", lambda config, cluster: None
+    )  # no Ray needed to refuse
     monkeypatch.setattr(launch, "alive_nodes", lambda: 2)
     monkeypatch.setattr(storage, "read_mounts", lambda: MOUNTS)
     config = load_config(

@@ -1,5 +1,5 @@
 """``privzo tune`` after ``ray start --head``: the search joins the running local Ray (with its
-CPU count) instead of failing on Ray's "num_cpus must not be provided"."""
+CPU count), found through the address file ``ray start`` writes, and passes Ray no CPU count."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import stop_ray_under
+from privzo.cli.arguments import ray_target
+from privzo.distributed.cluster import address_file_under
 from privzo.search.runner import start_ray
 
 
@@ -30,8 +32,13 @@ def test_a_search_joins_the_local_ray_already_running(monkeypatch):
     head = [command, "start", "--head", "--num-cpus=1", "--include-dashboard=false"]
     try:
         subprocess.run([*head, "--disable-usage-stats"], env=env, check=True, timeout=600)
-        start_ray(None, num_cpus=2)  # what `privzo tune` passes on a machine of 2 cores
+        target = ray_target(None)  # what `privzo tune` finds: the address file under RAY_TMPDIR
+        assert target.address_file == address_file_under(temp_dir)
+        used = start_ray(target, num_cpus=2)  # and the cores of a machine of 2
         assert ray.cluster_resources()["CPU"] == 1.0  # the running cluster's, not ours
+        assert used.choice.joins and used.choice.source == "ray start --head"
+        assert used.line().startswith("ray: joined the running cluster at ")
+        assert used.line().endswith("(1 CPU)")
     finally:
         ray.shutdown()
         stop_ray_under(temp_dir)

@@ -194,6 +194,23 @@ def test_experiment_creation_race_uses_existing(
     assert lookups == [EXPERIMENT, EXPERIMENT]
 
 
+def test_a_new_experiment_opens_in_mlflows_classic_view_and_a_chosen_view_stays(
+    root: Path,
+) -> None:
+    """MLflow 3's UI reads ``mlflow.experimentKind``: privzo's experiments are runs compared by
+    metrics and tags (the classic view), not GenAI traces; a kind set on an existing
+    experiment (by its owner, in the UI) is left alone."""
+    client = open_client(default_tracking_uri(root))
+    created = get_or_create_experiment(client, "classic-view", None)
+    tags = client.get_experiment(created).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    chosen = client.create_experiment(
+        "chosen-view", tags={"mlflow.experimentKind": "genai_development"}
+    )
+    assert get_or_create_experiment(client, "chosen-view", None) == chosen
+    assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
+
+
 def test_misuse_is_reported(root: Path) -> None:
     tracker = _tracker(root, "misuse")
     with pytest.raises(RuntimeError, match="start"):
