@@ -14,11 +14,6 @@ from privzo import demo_data
 from privzo.models import builtin
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("builtin-cache")
-
-
 def test_tokenizer_round_trip_and_single_token_label_words(tmp_path: Path) -> None:
     builtin.build_word_tokenizer(demo_data.vocabulary()).save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
