@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,8 @@ SHRINK = {
         "steps=50",
     ],
     "privzo bench zo-step": ["--repeats", "1"],
-    "privzo bench memory": ["--repeats", "1"],
-    "privzo bench distributed": ["--steps", "3"],
+    "privzo bench memory": ["--repeats", "1", "--json"],
+    "privzo bench distributed": ["--steps", "4", "--model", "tiny-opt", "--json"],
 }
 # commands that build or cache models take the test's own cache
 CACHED = (
@@ -100,6 +101,38 @@ def _run_record(words: list[str], cwd: Path, stdout: str) -> None:
     assert summary["steps"] == 20 and 0 <= summary["metric_after"] <= 1
 
 
+def _bench_memory(words: list[str], cwd: Path, stdout: str) -> None:
+    """Every algorithm's step and forward measured; what each one holds beyond inference."""
+    from privzo.bench.memory import CASES
+
+    result = json.loads(stdout)  # the children print nothing to stdout
+    cases = result["cases"]
+    assert list(cases) == [label for label, _, _ in CASES]
+    for case in cases.values():
+        assert case["step_seconds"] > 0 and case["forward_seconds"] > 0
+        assert case["step_peak_mb"] > 0 and case["forward_peak_mb"] > 0
+    full = result["model"]["parameters"]
+    assert cases["dpgd-0th"]["trainable_parameters"] == full
+    # DPGD-0th holds a d-dimensional fp32 noise vector; DPZero noises one scalar
+    assert cases["dpgd-0th"]["step_extra_mb"] >= 0.8 * full * 4 / 2**20
+    assert cases["dpsgd-full"]["step_extra_mb"] > cases["dpzero"]["step_extra_mb"]
+    assert cases["dpsgd-lora"]["trainable_parameters"] < full
+    assert "dpzero" in result["table"] and "dpsgd-bitfit" in result["table"]
+
+
+def _bench_distributed(words: list[str], cwd: Path, stdout: str) -> None:
+    """The layouts' figures for tiny-opt: the all-reduced payload, zero3's partition."""
+    result = json.loads(stdout)
+    assert result["allreduce_bytes_per_step"] == 16  # [noisy clipped sum, count] in fp64
+    assert all(t > 0 for t in result["replica_step_time_s"].values())
+    full = result["zero3_parameter_bytes_full"]
+    assert full == 28256 * 4  # tiny-opt's float32 weights
+    # two ranks hold about half each (the last rank's partition may be short of padding)
+    assert sum(result["zero3_parameter_bytes_per_rank"]) == full
+    assert all(0.45 < fraction <= 0.55 for fraction in result["zero3_fraction_per_rank"])
+    assert "replica step time, 2 workers" in result["table"]
+
+
 CHECKS = {
     "privzo check": _printed("privzo check: the run can start", "σ = ", "ε target 4"),
     "privzo run": _run_record,
@@ -114,8 +147,8 @@ CHECKS = {
     "privzo study configs/studies/synthetic-quadratic.yaml": _wrote("synthetic_summary.json"),
     "privzo report": _wrote("report.md"),
     "privzo bench zo-step": _printed("ZO step benchmark", "dpzero"),
-    "privzo bench memory": _printed("dpzero"),
-    "privzo bench distributed": _printed("replica"),
+    "privzo bench memory": _bench_memory,
+    "privzo bench distributed": _bench_distributed,
     "privzo plan": _printed("opt-66b"),
 }
 
@@ -148,26 +181,53 @@ def _words(command: str, cwd: Path, cache_dir: Path) -> list[str]:
     return words
 
 
+@dataclass(frozen=True)
+class Tour:
+    """The directory the tour's commands share (a checkout's ``configs/``, and what earlier
+    commands wrote, which later ones read), a user's environment and the session's cache."""
+
+    cwd: Path
+    env: dict[str, str]
+    cache_dir: Path
+
+
+@pytest.fixture(scope="module")
+def tour(tmp_path_factory, cache_dir) -> Tour:
+    cwd = tmp_path_factory.mktemp("tour")
+    shutil.copytree(REPO / "configs", cwd / "configs")
+    # a user's shell: no tracking server or Ray cluster of this machine's other work
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    return Tour(cwd, env, cache_dir)
+
+
+# offline here: tests/unit/tasks/test_prepare.py runs `privzo data prepare` on a local copy
+RUNNABLE = [command for command, comment in readme_commands() if NEEDS_HUB not in comment]
+
+
+def _tour_id(command: str) -> str:
+    """``07-run-tiny-dpsgd``: the line's place, its command and its config's (or path's) stem."""
+    words = [word for word in shlex.split(command)[1:] if not word.startswith("-")][:2]
+    names = [Path(word.split(":///")[-1]).stem for word in words]
+    return f"{RUNNABLE.index(command):02d}-{'-'.join(names)}"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.ray
-def test_readme_running_commands_work_as_written(tmp_path, cache_dir):
-    shutil.copytree(REPO / "configs", tmp_path / "configs")
-    # a user's shell: no tracking server or Ray cluster of this machine's other work
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
-    for command, comment in readme_commands():
-        if NEEDS_HUB in comment:
-            continue  # offline here; tests/unit/tasks/test_prepare.py runs it on a local copy
-        words = _words(command, tmp_path, cache_dir)
-        done = subprocess.run(
-            [sys.executable, "-m", "privzo.cli", *words[1:]],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1800,  # a margin for a loaded machine, not a timing
-        )
-        assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        check = _matching(CHECKS, command)
-        assert callable(check)
-        check(words, tmp_path, done.stdout)
+@pytest.mark.parametrize("command", RUNNABLE, ids=_tour_id)
+def test_readme_command_works_as_written(tour, command):
+    """One line of the tour, in the tour's order (a later line reads what an earlier wrote), so
+    each command's cost shows in the suite's slowest tests."""
+    words = _words(command, tour.cwd, tour.cache_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", "privzo.cli", *words[1:]],
+        cwd=tour.cwd,
+        env=tour.env,
+        capture_output=True,
+        text=True,
+        timeout=1800,  # a margin for a loaded machine, not a timing
+    )
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    check = _matching(CHECKS, command)
+    assert callable(check)
+    check(words, tour.cwd, done.stdout)
