@@ -29,7 +29,7 @@ from privzo.planner import plan
 from privzo.search.config import SearchConfig, base_run_config, load_search_config
 from privzo.search.runner import tune_param_space
 from privzo.studies import ScalingStudyConfig, load_study_config
-from privzo.studies.cells import cell_config, expand_cells
+from privzo.studies.cells import cell_config, directions_of, expand_cells
 
 CONFIG_ROOT = REPO / "configs"
 SEARCHES = sorted((CONFIG_ROOT / "searches").glob("*.yaml"))
@@ -189,8 +189,12 @@ def test_every_shipped_study_config_loads(path, tmp_path):
     if not isinstance(study, ScalingStudyConfig):
         return
     cells = expand_cells(study)
+    # a zeroth-order arm trains once per entry of the study's directions (K), the others once
+    arms = [*study.private_algorithms, *study.non_private_algorithms]
+    k = {algorithm: len(directions_of(study, algorithm)) for algorithm in arms}
     assert len(cells) == len(study.models) * len(study.tasks) * len(study.seeds) * (
-        len(study.private_algorithms) * len(study.epsilons) + len(study.non_private_algorithms)
+        sum(k[a] for a in study.private_algorithms) * len(study.epsilons)
+        + sum(k[a] for a in study.non_private_algorithms)
     )
     for cell in cells:  # every cell's run config is valid, fits its GPU, and so is its search
         config = cell_config(study, cell)
