@@ -97,6 +97,26 @@ def stop_ray_under(temp_dir: Path) -> None:
     psutil.wait_procs(list(family.values()), timeout=20)
 
 
+def autograd_per_example(context, indices: list[int]):
+    """(the context's trainable parameters, each example's own autograd gradient of them) for
+    the rows ``indices`` of its training split: what Opacus' per-example gradients must equal."""
+    import torch
+
+    from privzo.baselines.first_order import trainable_parameters
+    from privzo.tasks.classification import differentiable_scoring
+
+    parameters = trainable_parameters(context)
+    batch = context.task.collate(context.train, indices)
+    for parameter in parameters:
+        parameter.requires_grad_(True)
+    with differentiable_scoring():
+        losses = context.task.per_example_loss(context.scoring_model, batch)
+    expected = [torch.autograd.grad(loss, parameters, retain_graph=True) for loss in losses]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    return parameters, expected
+
+
 # LMO's parameters in the privacy tests: a mixture with weight on every part
 LMO_PARAMETERS = {
     "weights": [0.4, 0.3, 0.3],

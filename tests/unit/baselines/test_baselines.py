@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import autograd_per_example
 from privzo.algorithms.stepper import StepMeter
 from privzo.baselines.dpgd import clip_coefficients, direction_norm
 from privzo.baselines.first_order import (
@@ -21,7 +22,6 @@ from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import load_model
 from privzo.run import build_context, plan_privacy, run
-from privzo.tasks.classification import differentiable_scoring
 from privzo.tracking import read_run
 from privzo.zo.directions import step_seed
 from privzo.zo.step import estimate_differences
@@ -143,16 +143,8 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
         monkeypatch.setattr(first_order, "example_major_mlp_rows", lambda model: nullcontext())
     config = tiny_run_config(*BASELINE_RUN, "optimizer.algorithm=dpsgd", "tracking.backend=none")
     context = build_context(config, cache_dir, progress=False)
-    parameters = trainable_parameters(context)
     indices = [0, 5, 9]
-    batch = context.task.collate(context.train, indices)
-    for parameter in parameters:
-        parameter.requires_grad_(True)
-    with differentiable_scoring():
-        losses = context.task.per_example_loss(context.scoring_model, batch)
-    expected = [torch.autograd.grad(loss, parameters, retain_graph=True) for loss in losses]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
+    parameters, expected = autograd_per_example(context, indices)
 
     loop = FirstOrderStepper(context, StepMeter(PeakMemory()))
     loop.start()

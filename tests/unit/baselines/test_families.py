@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import autograd_per_example
 from privzo.algorithms.stepper import StepMeter
-from privzo.baselines.first_order import FirstOrderStepper, trainable_parameters
+from privzo.baselines.first_order import FirstOrderStepper
 from privzo.config import ConfigError, ModelConfig, load_config
 from privzo.memory import PeakMemory
 from privzo.models.loading import check_model
 from privzo.run import build_context, run
-from privzo.tasks.classification import differentiable_scoring
 from tiny_families import save_tiny_family
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -111,16 +111,8 @@ def test_opacus_per_example_gradients_equal_autograd_per_example(
     hooks) are each example's own gradient, so clipping bounds what every example adds."""
     config = _config(family_dirs[family], sentiment_files, "optimizer.algorithm=dpsgd")
     context = build_context(config, cache_dir, progress=False)
-    parameters = trainable_parameters(context)
     indices = [0, 5, 9]
-    batch = context.task.collate(context.train, indices)
-    for parameter in parameters:
-        parameter.requires_grad_(True)
-    with differentiable_scoring():
-        losses = context.task.per_example_loss(context.scoring_model, batch)
-    expected = [torch.autograd.grad(loss, parameters, retain_graph=True) for loss in losses]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
+    parameters, expected = autograd_per_example(context, indices)
     stepper = FirstOrderStepper(context, StepMeter(PeakMemory()))
     stepper.start()
     try:
