@@ -89,11 +89,21 @@ class VirtualPerturber(Perturber):
         self._seed = 0
         self._coefficient = 0.0
         self._handles = []
-        for module in model.modules():
-            owned = _match_owned(module, shards)
-            if owned:
-                self._handles.append(module.register_forward_pre_hook(self._swap_in(owned)))
-                self._handles.append(module.register_forward_hook(self._swap_out(owned)))
+        owners = [
+            (module, owned) for module in model.modules() if (owned := _match_owned(module, shards))
+        ]
+        # each module's shards: the fused copies' launch tables are built once, keyed for a seed
+        # at its first forward
+        self._groups = [[shard for _parameter, shard in owned.values()] for _m, owned in owners]
+        self._copies = (
+            kernels.GroupedCopies([[shard.tensor for shard in group] for group in self._groups])
+            if sampler.fused
+            else None
+        )
+        self._keyed_seed: int | None = None
+        for group, (module, owned) in enumerate(owners):
+            self._handles.append(module.register_forward_pre_hook(self._swap_in(owned, group)))
+            self._handles.append(module.register_forward_hook(self._swap_out(owned)))
 
     def perturb(self, seed: int, coefficient: float) -> None:
         self._seed, self._coefficient = seed, coefficient
@@ -106,12 +116,11 @@ class VirtualPerturber(Perturber):
         for handle in self._handles:
             handle.remove()
 
-    def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
+    def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]], group: int) -> Any:
         def hook(module: nn.Module, _inputs: Any) -> None:
             if self._coefficient == 0.0:
                 return
-            shards = [shard for _parameter, shard in owned.values()]
-            copies = _perturbed_copies(shards, self.sampler, self._seed, self._coefficient)
+            copies = self._perturbed_copies(group)
             for (attribute, (parameter, _shard)), perturbed in zip(
                 owned.items(), copies, strict=True
             ):
@@ -120,6 +129,19 @@ class VirtualPerturber(Perturber):
                 )
 
         return hook
+
+    def _perturbed_copies(self, group: int) -> list[torch.Tensor]:
+        """θ + c·z of one module's weights: from the prebuilt tables where fused."""
+        if self._copies is None:
+            shards = self._groups[group]
+            return _perturbed_copies(shards, self.sampler, self._seed, self._coefficient)
+        if self._keyed_seed != self._seed:
+            self._copies.set_keys(self._keys(self._seed))
+            self._keyed_seed = self._seed
+        return self._copies.copies(group, self._coefficient, self.sampler.philox_transform)
+
+    def _keys(self, seed: int) -> list[list[tuple[int, int]]]:
+        return [[philox_key(seed, shard.name) for shard in group] for group in self._groups]
 
     def _swap_out(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
         def hook(module: nn.Module, _inputs: Any, _output: Any) -> None:

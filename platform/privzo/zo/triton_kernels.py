@@ -134,19 +134,11 @@ def _stochastic_round(values, uniforms, half_dtype: tl.constexpr):
 
 
 @triton.jit
-def _apply_lane(source_ptr, target_ptr, local, count, z, uniform, coefficient, PASS: tl.constexpr):
-    """One lane's elements of the block: load θ, apply the pass, store."""
-    inside = (local >= 0) & (local < count)
-    theta = tl.load(source_ptr + local, mask=inside, other=0.0)
-    moved = tl.fma(z, coefficient, theta.to(tl.float32))
-    if PASS == 0:
-        tl.store(target_ptr + local, moved, mask=inside)
-    elif PASS == 1:
-        rounded = _round_nearest(moved, target_ptr.dtype.element_ty)
-        tl.store(target_ptr + local, rounded, mask=inside)
-    else:
-        rounded = _stochastic_round(moved, uniform, target_ptr.dtype.element_ty)
-        tl.store(target_ptr + local, rounded, mask=inside)
+def _lanes_in_order(v0, v1, v2, v3):
+    """The four lanes of a block of counters as one vector in element order: counter c's lane j
+    is element 4c + j, so the block's loads and stores are contiguous (four strided accesses per
+    element are what the layout avoids)."""
+    return tl.interleave(tl.interleave(v0, v2), tl.interleave(v1, v3))
 
 
 @triton.jit
@@ -163,24 +155,62 @@ def _pass_block(
     PASS: tl.constexpr,
     TRANSFORM: tl.constexpr,
     COUNTERS: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """The pass over counters [first_counter + block, + COUNTERS) of elements [offset, offset +
     count) of a parameter, held locally at [0, count): element e is lane e % 4 of counter e // 4.
-    Shared by the per-parameter and the multi-tensor kernels, so both compute the same bits."""
+    Shared by the per-parameter and the multi-tensor kernels, so both compute the same bits.
+    ``ALIGNED`` (the host checked it) says the block's first element is 16 bytes aligned, so a
+    block wholly inside the tensor is read and written with unmasked vector accesses."""
     counters = first_counter + block + tl.arange(0, COUNTERS).to(tl.int64)
+    start = (first_counter + block) * 4 - offset
+    if ALIGNED:
+        start = tl.multiple_of(start, 8)
     k0 = key0.to(tl.uint32)
     k1 = key1.to(tl.uint32)
     w0, w1, w2, w3 = _counter_words(counters, 0, k0, k1)
     z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
-    u0, u1, u2, u3 = z0, z1, z2, z3  # unused unless PASS_UPDATE
+    z = _lanes_in_order(z0, z1, z2, z3)
+    uniforms = z  # unused unless PASS_UPDATE
     if PASS == 2:
         r0, r1, r2, r3 = _counter_words(counters, 1, k0, k1)
-        u0, u1, u2, u3 = _uniform(r0), _uniform(r1), _uniform(r2), _uniform(r3)
-    local = counters * 4 - offset
-    _apply_lane(source_ptr, target_ptr, local, count, z0, u0, coefficient, PASS)
-    _apply_lane(source_ptr, target_ptr, local + 1, count, z1, u1, coefficient, PASS)
-    _apply_lane(source_ptr, target_ptr, local + 2, count, z2, u2, coefficient, PASS)
-    _apply_lane(source_ptr, target_ptr, local + 3, count, z3, u3, coefficient, PASS)
+        uniforms = _lanes_in_order(_uniform(r0), _uniform(r1), _uniform(r2), _uniform(r3))
+    local = start + tl.arange(0, 4 * COUNTERS).to(tl.int64)
+    if (start >= 0) & (start + 4 * COUNTERS <= count):
+        _apply(source_ptr, target_ptr, local, local >= 0, z, uniforms, coefficient, PASS, False)
+    else:
+        inside = (local >= 0) & (local < count)
+        _apply(source_ptr, target_ptr, local, inside, z, uniforms, coefficient, PASS, True)
+
+
+@triton.jit
+def _apply(
+    source_ptr,
+    target_ptr,
+    local,
+    inside,
+    z,
+    uniforms,
+    coefficient,
+    PASS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Load θ at ``local``, apply the pass, store; masked by ``inside`` at a tensor's edges."""
+    if MASKED:
+        theta = tl.load(source_ptr + local, mask=inside, other=0.0)
+    else:
+        theta = tl.load(source_ptr + local)
+    moved = tl.fma(z, coefficient, theta.to(tl.float32))
+    if PASS == 0:
+        result = moved
+    elif PASS == 1:
+        result = _round_nearest(moved, target_ptr.dtype.element_ty)
+    else:
+        result = _stochastic_round(moved, uniforms, target_ptr.dtype.element_ty)
+    if MASKED:
+        tl.store(target_ptr + local, result, mask=inside)
+    else:
+        tl.store(target_ptr + local, result)
 
 
 @triton.jit(do_not_specialize=["count", "offset", "first_counter", "key0", "key1", "coefficient"])
@@ -196,6 +226,7 @@ def direction_pass_kernel(
     PASS: tl.constexpr,
     TRANSFORM: tl.constexpr,
     COUNTERS: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """One pass over elements [offset, offset + count) of one parameter."""
     block = tl.program_id(0).to(tl.int64) * COUNTERS
@@ -212,6 +243,7 @@ def direction_pass_kernel(
         PASS,
         TRANSFORM,
         COUNTERS,
+        ALIGNED,
     )
 
 
@@ -264,15 +296,21 @@ def multi_tensor_pass_kernel(
     PASS: tl.constexpr,
     TRANSFORM: tl.constexpr,
     COUNTERS: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """One pass over every segment of a table (same dtype, one device) in one launch: each
     program finds its segment's row and runs the per-parameter kernel's block on it."""
     program = tl.program_id(0).to(tl.int64)
     row = _find_segment(table_ptr, segments, program)
     block = (program - tl.load(row + FIRST_PROGRAM)) * COUNTERS
+    source = tl.load(row + SOURCE)
+    target = tl.load(row + TARGET)
+    if ALIGNED:  # every segment starts 16 bytes aligned
+        source = tl.multiple_of(source, 8)
+        target = tl.multiple_of(target, 8)
     _pass_block(
-        source_base + tl.load(row + SOURCE),
-        target_base + tl.load(row + TARGET),
+        source_base + source,
+        target_base + target,
         block,
         tl.load(row + COUNT),
         tl.load(row + OFFSET),
@@ -283,6 +321,7 @@ def multi_tensor_pass_kernel(
         PASS,
         TRANSFORM,
         COUNTERS,
+        ALIGNED,
     )
 
 

@@ -204,17 +204,18 @@ _COMPILE = textwrap.dedent(
         triton.compile(source, target=GPUTarget("cuda", 90, 32))
 
     scalars = {name: "i64" for name in ["count", "offset", "first_counter", "key0", "key1"]}
-    compile(
-        K.direction_pass_kernel,
-        {"source_ptr": "*bf16", "target_ptr": "*bf16", **scalars, "coefficient": "fp32"},
-        {"PASS": 2},
-    )
-    compile(
-        K.multi_tensor_pass_kernel,
-        {"source_base": "*bf16", "target_base": "*bf16", "table_ptr": "*i64", "segments": "i32",
-         "coefficient": "fp32"},
-        {"PASS": 2},
-    )
+    for aligned in (False, True):
+        compile(
+            K.direction_pass_kernel,
+            {"source_ptr": "*bf16", "target_ptr": "*bf16", **scalars, "coefficient": "fp32"},
+            {"PASS": 2, "ALIGNED": aligned},
+        )
+        compile(
+            K.multi_tensor_pass_kernel,
+            {"source_base": "*bf16", "target_base": "*bf16", "table_ptr": "*i64",
+             "segments": "i32", "coefficient": "fp32"},
+            {"PASS": 2, "ALIGNED": aligned},
+        )
     compile(K.direction_squares_kernel, {"partial_ptr": "*fp64", **scalars}, {})
     compile(
         K.multi_tensor_squares_kernel,

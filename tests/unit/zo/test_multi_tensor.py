@@ -199,3 +199,25 @@ def test_large_shards_get_launches_of_their_own_with_the_same_bits(dtype, launch
     for copy, segment in zip(copies, segments, strict=True):
         want = kernels.perturbed_copy(segment.tensor, segment.key, segment.offset, 0.01, "normal")
         assert torch.equal(copy, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_grouped_copies_are_the_per_parameter_copies_bit_for_bit(dtype, launches):
+    """The virtual perturber's prebuilt tables: one launch per group, large tensors included,
+    an empty tensor kept empty, and each copy the per-parameter kernel's."""
+    whole = [shard for shard in _shards(dtype)[0] if shard.offset == 0]
+    groups = [whole[:3], [whole[3].tensor.new_empty(0), *(s.tensor for s in whole[3:])]]
+    groups[0] = [shard.tensor for shard in groups[0]]
+    names = [[s.name for s in whole[:3]], ["empty", *(s.name for s in whole[3:])]]
+    copies = kernels.GroupedCopies(groups)
+    for seed in (SEED, SEED + 1):
+        copies.set_keys([[philox_key(seed, name) for name in group] for group in names])
+        for index, (tensors, group_names) in enumerate(zip(groups, names, strict=True)):
+            got = copies.copies(index, -0.01, "normal")
+            assert [t.numel() for t in got] == [t.numel() for t in tensors]
+            for copy, tensor, name in zip(got, tensors, group_names, strict=True):
+                if tensor.numel():
+                    key = philox_key(seed, name)
+                    want = kernels.perturbed_copy(tensor, key, 0, -0.01, "normal")
+                    assert torch.equal(copy, want), (seed, name)
+    assert launches["multi_tensor_pass_kernel"].launches == 2 * len(groups)
