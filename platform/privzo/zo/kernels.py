@@ -5,7 +5,8 @@ small kernel per block from Python: on OPT-13B about 600,000 launches per step. 
 reads θ once and writes it once, in one Triton launch per parameter or, in the multi-tensor
 forms (``add_directions_``, ``rounded_updates_``, ``perturbed_copies``,
 ``direction_squares_total``), per group of same-dtype tensors (each large tensor still in a
-launch of its own, ``OWN_LAUNCH_ELEMENTS``), computing z (and the rounding
+launch of its own, ``OWN_LAUNCH_ELEMENTS``; ``GroupedCopies`` makes a module's perturbed copies in
+one launch from a table built once), computing z (and the rounding
 uniforms) in registers from the same counter-based function as ``privzo.zo.philox``, so the two
 paths compute the same values: integer words bit for bit, the normals to a few fp32 ulps (the
 devices' log/sin/cos differ in the last bits). Both forms give the same bits.
