@@ -27,7 +27,7 @@ from privzo.config import (
 from privzo.models.shapes import resolve_named_shape
 from privzo.planner import plan
 from privzo.search.config import SearchConfig, base_run_config, load_search_config
-from privzo.search.runner import tune_param_space
+from privzo.search.tuner import tune_param_space
 from privzo.studies import ScalingStudyConfig, load_study_config
 from privzo.studies.cells import cell_config, directions_of, expand_cells
 

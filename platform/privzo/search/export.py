@@ -18,7 +18,7 @@ from typing import Any
 
 from privzo.rundir import CONFIG_FILE, MODEL_DIR, TRAJECTORY_FILE, write_json_atomically
 from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
-from privzo.search.runner import SUMMARY_FILE
+from privzo.search.record import SUMMARY_FILE
 from privzo.search.trial import TRIALS_DIR
 from privzo.section import ConfigError
 from privzo.tracking.clock import stamp_public_time

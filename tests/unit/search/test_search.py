@@ -27,8 +27,9 @@ from privzo.search.privacy import (
     repeat_and_select_epsilon,
     worst_curve,
 )
-from privzo.search.runner import TRIALS_TABLE_ARTIFACT, log_search_parent, point_seed
+from privzo.search.record import TRIALS_TABLE_ARTIFACT, log_search_parent
 from privzo.search.summary import format_table
+from privzo.search.tuner import point_seed
 from privzo.tracking import make_tracker, read_run, read_table
 from privzo.tracking.clock import PUBLIC_TIME_MS
 
