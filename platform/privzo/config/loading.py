@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 
 from privzo.config.run import RunConfig
 from privzo.config.tasks import DATA_SOURCES, given_data_sources, replace_data_source
-from privzo.section import ConfigError
+from privzo.section import ConfigError, Section
 
 __all__ = [
     "apply_overrides",
@@ -275,3 +275,21 @@ def with_values(
             node = child
         node[leaf] = value
     return build_config(data, source)
+
+
+class OverBase(Section):
+    """A config that starts from run config files (``base``: one path or several) with
+    ``overrides`` (searches and studies): the two fields are declared by each subclass, where
+    they sit in its own order; their parsing is shared here."""
+
+    @field_validator("base", mode="before", check_fields=False)
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("overrides", check_fields=False)
+    @classmethod
+    def _dotted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # `overrides.optimizer.steps=40` on the command line nests {optimizer: {steps: 40}};
+        # as dotted keys it merges into the base's optimizer section instead of replacing it
+        return dotted_items(overrides)

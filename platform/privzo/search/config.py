@@ -21,12 +21,12 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from privzo.algorithms.registry import check_capabilities
 from privzo.config.loading import (
+    OverBase,
     apply_overrides,
-    dotted_items,
     load_config,
     read_yaml,
     validate_section,
@@ -156,7 +156,7 @@ class ResourcesConfig(Section):
     concurrency: int = Field(1, ge=1)
 
 
-class SearchConfig(Section):
+class SearchConfig(OverBase):
     base: list[str] = Field(description="Run config file(s) the trials start from.")
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, list[Any] | RangeSpec]
@@ -175,18 +175,6 @@ class SearchConfig(Section):
         ),
     )
     experiment: str | None = Field(None, description="MLflow experiment; null = the base's.")
-
-    @field_validator("base", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("overrides")
-    @classmethod
-    def _dotted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
-        # `overrides.optimizer.steps=40` on the command line nests {optimizer: {steps: 40}};
-        # as dotted keys it merges into the base's optimizer section instead of replacing it
-        return dotted_items(overrides)
 
     @model_validator(mode="after")
     def _consistent(self) -> SearchConfig:

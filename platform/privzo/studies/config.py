@@ -27,12 +27,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.algorithms.registry import names
 from privzo.audit.config import AuditConfig
-from privzo.config.loading import apply_overrides, dotted_items, read_yaml, validate_section
+from privzo.config.loading import (
+    OverBase,
+    apply_overrides,
+    read_yaml,
+    validate_section,
+)
 from privzo.section import ConfigError, Section
 from privzo.synthetic.config import SyntheticStudyConfig
 
@@ -61,7 +66,7 @@ class StudyAuditConfig(AuditConfig):
         )
 
 
-class ScalingStudyConfig(Section):
+class ScalingStudyConfig(OverBase):
     """Models × tasks × (ε per private algorithm, and non-private algorithms) × seeds."""
 
     type: Literal["scaling"] = "scaling"
@@ -96,17 +101,6 @@ class ScalingStudyConfig(Section):
     audit: StudyAuditConfig | None = Field(
         None, description="Audit cells: selected cells trained again with canaries and audited."
     )
-
-    @field_validator("base", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("overrides")
-    @classmethod
-    def _dotted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
-        # nested sections (`overrides.optimizer.steps=40` on the command line) merge key by key
-        return dotted_items(overrides)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudyConfig:
