@@ -21,7 +21,7 @@ from privzo.models.loading import (
     save_weights,
 )
 from privzo.zo.directions import DirectionSampler
-from privzo.zo.integrity import check_fingerprint, weights_fingerprint
+from privzo.zo.integrity import check_fingerprint, rounding_rtol, weights_fingerprint
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import full_shards
 from privzo.zo.trajectory import TrajectoryMeta, read_trajectory, replay_steps
@@ -89,7 +89,8 @@ def prepare_replay(
     loaded = load_model(model_config, cache_dir, progress=progress)
     if meta.base_fingerprint is not None:
         actual = weights_fingerprint(loaded.model.named_parameters())
-        check_fingerprint(meta.base_fingerprint, actual, base)
+        rtol = rounding_rtol(meta.dtype, model_config.dtype)
+        check_fingerprint(meta.base_fingerprint, actual, base, rtol=rtol)
     model, pairs = apply_view(loaded.model, model_config, seed=meta.view_seed)
     directions = DirectionSampler(meta.direction, loaded.device, meta.generator)
     perturber = make_perturber(model, full_shards(pairs), directions)

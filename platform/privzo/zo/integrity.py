@@ -22,6 +22,7 @@ __all__ = [
     "check_finite_weights",
     "check_rows",
     "columns_checksum",
+    "rounding_rtol",
     "weights_fingerprint",
 ]
 
@@ -30,6 +31,11 @@ __all__ = [
 MAX_UPDATE_COEFFICIENT = 1e3
 FINGERPRINT_SAMPLES = 1024  # strided elements per tensor
 FINGERPRINT_RTOL = 1e-2  # of a tensor's mean |x|: far above dtype rounding, far below a new model
+# values kept exactly per tensor: a base with noise on every weight keeps its statistics within
+# FINGERPRINT_RTOL, but not these values
+KEPT_VALUES = 16
+# of a tensor's mean |x|, beside the dtypes' rounding: what a kept value may differ by
+KEPT_VALUES_ATOL = 1e-4
 
 
 def columns_checksum(columns: Mapping[str, Sequence[Any]]) -> str:
@@ -93,11 +99,13 @@ def _check_direction(values: Mapping[str, Any], source: str, row: int) -> None:
 
 @torch.no_grad()
 def weights_fingerprint(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list]:
-    """name → [element count, mean |x|, signed mean] over a strided sample of each tensor.
+    """name → [element count, mean |x|, signed mean, kept values] over a strided sample of each
+    tensor.
 
     The statistics are taken in fp64 of the sampled values, so the same weights loaded in
     another dtype or on another device match within ``FINGERPRINT_RTOL``; another model (other
-    names, shapes, or values) does not. A lightly fine-tuned copy of the base may still match.
+    names, shapes, or values) does not. The ``KEPT_VALUES`` values spread over the sample must
+    match within the dtypes' rounding, so a copy of the base with every weight moved does not.
     """
     fingerprint = {}
     for name, tensor in named_parameters:
@@ -107,12 +115,30 @@ def weights_fingerprint(named_parameters: Iterable[tuple[str, torch.Tensor]]) ->
         signs = 1.0 - 2.0 * ((torch.arange(sample.numel()) * 2654435761 >> 16) & 1)
         mean_abs = float(sample.abs().mean()) if sample.numel() else 0.0
         signed = float((sample * signs).mean()) if sample.numel() else 0.0
-        fingerprint[name] = [flat.numel(), mean_abs, signed]
+        keep = max(1, sample.numel() // KEPT_VALUES)
+        kept = sample[::keep][:KEPT_VALUES].tolist()
+        fingerprint[name] = [flat.numel(), mean_abs, signed, kept]
     return fingerprint
 
 
-def check_fingerprint(expected: Mapping[str, list], actual: Mapping[str, list], base: str) -> None:
-    """Refuse a base model whose tensors or values differ from the training run's."""
+def rounding_rtol(first: str, second: str) -> float:
+    """How far the same weight may differ, relative to itself, between copies loaded in dtypes
+    ``first`` and ``second`` (torch names): none for one dtype, else the coarser one's epsilon."""
+    if first == second:
+        return 0.0
+    epsilons = []
+    for name in (first, second):
+        dtype = getattr(torch, name, None)
+        epsilons.append(torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else 2.0**-7)
+    return max(epsilons)
+
+
+def check_fingerprint(
+    expected: Mapping[str, list], actual: Mapping[str, list], base: str, *, rtol: float = 0.0
+) -> None:
+    """Refuse a base model whose tensors or values differ from the training run's; ``rtol`` is
+    ``rounding_rtol`` of the run's dtype and the one the base was loaded in. A fingerprint taken
+    before kept values existed (three entries per tensor) is checked on its statistics."""
     if set(expected) != set(actual):
         missing = sorted(set(expected) - set(actual))[:3]
         extra = sorted(set(actual) - set(expected))[:3]
@@ -120,8 +146,8 @@ def check_fingerprint(expected: Mapping[str, list], actual: Mapping[str, list], 
             f"--base {base!r} is not the model this trajectory was trained from: its tensors "
             f"differ (missing {missing}, unexpected {extra})"
         )
-    for name, (count, mean_abs, signed) in expected.items():
-        got_count, got_abs, got_signed = actual[name]
+    for name, (count, mean_abs, signed, *kept) in expected.items():
+        got_count, got_abs, got_signed, *got_kept = actual[name]
         tolerance = FINGERPRINT_RTOL * max(mean_abs, 1e-12)
         if (
             got_count != count
@@ -132,6 +158,21 @@ def check_fingerprint(expected: Mapping[str, list], actual: Mapping[str, list], 
                 f"--base {base!r} is not the model this trajectory was trained from: tensor "
                 f"{name!r} differs ({got_count} elements, mean |x| {got_abs:.6g}; the run's base "
                 f"had {count}, {mean_abs:.6g})"
+            )
+        if kept and got_kept:
+            _check_kept(name, kept[0], got_kept[0], mean_abs, rtol, base)
+
+
+def _check_kept(
+    name: str, kept: list[float], got: list[float], mean_abs: float, rtol: float, base: str
+) -> None:
+    atol = KEPT_VALUES_ATOL * max(mean_abs, 1e-12)
+    for want, value in zip(kept, got, strict=False):
+        if abs(value - want) > rtol * max(abs(want), abs(value)) + atol:
+            raise ValueError(
+                f"--base {base!r} is not the model this trajectory was trained from: tensor "
+                f"{name!r} has the run's shape and statistics but other values ({value:.6g} "
+                f"where the run's base had {want:.6g}); replay needs the exact base weights"
             )
 
 

@@ -10,6 +10,7 @@ Format 2 adds the columns of directions 2..K (``optimizer.directions_per_step``)
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -41,6 +42,9 @@ FORMAT_VERSION = 2
 """The trajectory's format: 2 added ``EXTRA_COLUMNS`` and ``TrajectoryMeta.directions``."""
 _METADATA_KEY = b"privzo"
 _CHECKSUM_KEY = b"privzo.checksum"  # of the rows (privzo.zo.integrity); absent before it existed
+# of the metadata's bytes and the rows' checksum: replay reads the metadata too (the perturbation
+# scale moves every weight); absent before it existed
+_META_CHECKSUM_KEY = b"privzo.checksum.meta"
 
 
 @dataclass(frozen=True)
@@ -128,12 +132,13 @@ class TrajectoryRecorder:
 
     def to_table(self) -> pa.Table:
         table = pa.table(self._columns, schema=SCHEMA)
+        # the rows are written in this format whatever meta was read from
+        raw = json.dumps({**self.meta.__dict__, "format_version": FORMAT_VERSION}).encode()
+        checksum = columns_checksum(self._columns).encode()
         meta = {
-            # the rows are written in this format whatever meta was read from
-            _METADATA_KEY: json.dumps(
-                {**self.meta.__dict__, "format_version": FORMAT_VERSION}
-            ).encode(),
-            _CHECKSUM_KEY: columns_checksum(self._columns).encode(),
+            _METADATA_KEY: raw,
+            _CHECKSUM_KEY: checksum,
+            _META_CHECKSUM_KEY: _meta_checksum(raw, checksum),
         }
         return table.replace_schema_metadata(meta)
 
@@ -148,13 +153,36 @@ class TrajectoryRecorder:
         pq.write_table(self.to_table(), Path(path))
 
 
+def _meta_checksum(raw_meta: bytes, rows_checksum: bytes) -> bytes:
+    return hashlib.sha256(raw_meta + b"\0" + rows_checksum).hexdigest().encode()
+
+
 def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
     """The rows and metadata of a trajectory file of any format (format 1 gets the empty extra
-    columns of its one direction per step), checked (``privzo.zo.integrity``)."""
+    columns of its one direction per step), checked (``privzo.zo.integrity``). A file Parquet
+    or the metadata's JSON cannot read is refused as damaged, with privzo's message."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"trajectory file {str(path)!r} does not exist")
+    try:
+        return _read_checked(Path(path))
+    # Arrow raises OSError for a footer or page header it cannot deserialize
+    except (
+        pa.ArrowException,
+        OSError,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        TypeError,
+    ) as error:
+        raise ValueError(
+            f"trajectory {str(path)!r} cannot be read ({type(error).__name__}: "
+            f"{str(error)[:200]}): a damaged file; replay needs the file the run wrote"
+        ) from None
+
+
+def _read_checked(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
     table = pq.read_table(path)
-    raw = (table.schema.metadata or {}).get(_METADATA_KEY)
+    stored = table.schema.metadata or {}
+    raw = stored.get(_METADATA_KEY)
     if raw is None:
         raise ValueError(f"{str(path)!r} is not a privzo trajectory (no privzo metadata)")
     meta = TrajectoryMeta(**{"format_version": 1, **json.loads(raw)})
@@ -163,12 +191,24 @@ def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
             f"trajectory {str(path)!r} has format {meta.format_version}; this privzo reads up to "
             f"format {FORMAT_VERSION}: replay it with a newer privzo"
         )
+    meta_checksum = stored.get(_META_CHECKSUM_KEY)
+    rows_checksum = stored.get(_CHECKSUM_KEY, b"")
+    if meta_checksum is not None and meta_checksum != _meta_checksum(raw, rows_checksum):
+        raise ValueError(
+            f"trajectory {str(path)!r} fails its checksum: its metadata changed after the run "
+            "wrote it (a damaged or edited file); replay would build wrong weights"
+        )
     names = format_columns(meta.format_version)
     missing = set(names) - set(table.column_names)
     if missing:
         raise ValueError(f"trajectory {str(path)!r} lacks columns {sorted(missing)}")
     columns = {name: table.column(name).to_pylist() for name in names}
-    checksum = (table.schema.metadata or {}).get(_CHECKSUM_KEY)
+    checksum = stored.get(_CHECKSUM_KEY)
+    if checksum is None and meta.format_version >= 2:  # every format-2 writer wrote one
+        raise ValueError(
+            f"trajectory {str(path)!r} has no checksum, which every run writes: an edited "
+            "file; replay would build weights nobody can vouch for"
+        )
     if checksum is not None and checksum.decode() != columns_checksum(columns):
         raise ValueError(
             f"trajectory {str(path)!r} fails its checksum: its rows changed after the run wrote "

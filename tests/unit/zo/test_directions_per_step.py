@@ -170,6 +170,11 @@ def test_replay_refuses_rows_with_the_wrong_number_of_directions(tmp_path):
     meta["directions"] = 3
     metadata = {**table.schema.metadata, b"privzo": json.dumps(meta).encode()}
     pq.write_table(table.replace_schema_metadata(metadata), tmp_path / "edited.parquet")
+    with pytest.raises(ValueError, match="its metadata changed"):
+        read_trajectory(tmp_path / "edited.parquet")
+    # a file from before the metadata's checksum existed: the rows' own check still refuses it
+    del metadata[b"privzo.checksum.meta"]
+    pq.write_table(table.replace_schema_metadata(metadata), tmp_path / "edited.parquet")
     with pytest.raises(ValueError, match=r"2 projected gradients .* for 3 directions"):
         read_trajectory(tmp_path / "edited.parquet")
 

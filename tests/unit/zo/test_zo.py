@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 import math
 
 import pyarrow as pa
@@ -20,7 +22,7 @@ from privzo.zo.directions import (
     step_seed,
 )
 from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
-from privzo.zo.integrity import check_fingerprint, weights_fingerprint
+from privzo.zo.integrity import check_fingerprint, rounding_rtol, weights_fingerprint
 from privzo.zo.perturbation import InPlacePerturber, VirtualPerturber, make_perturber
 from privzo.zo.philox import LANES, STREAM_DIRECTION, element_values, philox4x32, philox_key
 from privzo.zo.step import StepRecord, zo_step
@@ -470,9 +472,10 @@ def test_a_base_fingerprint_matches_across_dtypes_but_not_other_weights():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
     fingerprint = weights_fingerprint(model.named_parameters())
-    check_fingerprint(
-        fingerprint, weights_fingerprint(model.to(torch.bfloat16).named_parameters()), "b"
-    )
+    as_bf16 = weights_fingerprint(copy.deepcopy(model).to(torch.bfloat16).named_parameters())
+    check_fingerprint(fingerprint, as_bf16, "b", rtol=rounding_rtol("float32", "bfloat16"))
+    with pytest.raises(ValueError, match="other values"):  # rounded, but called the same dtype
+        check_fingerprint(fingerprint, as_bf16, "b", rtol=0.0)
     other = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
     with pytest.raises(ValueError, match=r"tensor '0\.weight' differs"):
         check_fingerprint(fingerprint, weights_fingerprint(other.named_parameters()), "other")
@@ -481,3 +484,73 @@ def test_a_base_fingerprint_matches_across_dtypes_but_not_other_weights():
         check_fingerprint(fingerprint, weights_fingerprint(wider.named_parameters()), "wider")
     with pytest.raises(ValueError, match="its tensors differ"):
         check_fingerprint(fingerprint, weights_fingerprint(model[:1].named_parameters()), "part")
+
+
+def test_a_base_with_every_weight_moved_is_refused_by_its_kept_values():
+    """0.3 % noise on every weight keeps each tensor's statistics within their tolerance; the
+    kept values see it. A fingerprint from before kept values existed is checked as it was."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    fingerprint = weights_fingerprint(model.named_parameters())
+    check_fingerprint(fingerprint, weights_fingerprint(model.named_parameters()), "same")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1 + 3e-3 * torch.randn_like(parameter))
+    moved = weights_fingerprint(model.named_parameters())
+    statistics_only = {name: entry[:3] for name, entry in fingerprint.items()}
+    check_fingerprint(statistics_only, moved, "moved")  # the statistics alone pass
+    with pytest.raises(ValueError, match=r"'0\.weight' has the run's shape and statistics"):
+        check_fingerprint(fingerprint, moved, "moved")
+
+
+def test_replay_refuses_a_trajectory_whose_metadata_changed(tmp_path):
+    path = _recorded(tmp_path, [(0, 0.1, 0.01), (1, 0.2, 0.01)])
+    table = pq.read_table(path)
+    stored = dict(table.schema.metadata)
+    meta = json.loads(stored[b"privzo"])
+    meta["perturbation_scale"] = 1.001e-3  # moves every replayed weight a little
+    stored[b"privzo"] = json.dumps(meta).encode()
+    pq.write_table(table.replace_schema_metadata(stored), path)
+    with pytest.raises(ValueError, match="its metadata changed"):
+        read_trajectory(path)
+
+
+def test_replay_refuses_a_trajectory_whose_checksum_was_removed(tmp_path):
+    path = _recorded(tmp_path, [(0, 0.1, 0.01), (1, 0.2, 0.01)])
+    table = pq.read_table(path)
+    gradients = table.column("projected_gradient").to_pylist()
+    gradients[1] = 0.25
+    index = table.schema.get_field_index("projected_gradient")
+    edited = table.set_column(index, "projected_gradient", pa.array(gradients, pa.float64()))
+    stored = {k: v for k, v in table.schema.metadata.items() if not k.startswith(b"privzo.")}
+    pq.write_table(edited.replace_schema_metadata(stored), path)
+    with pytest.raises(ValueError, match="has no checksum"):
+        read_trajectory(path)
+
+
+def test_every_single_byte_flip_reads_or_gets_privzos_message(tmp_path):
+    """A damaged file never reaches the user as Arrow's (or JSON's) exception."""
+    rows = [(step, 0.1 * (step + 1), 0.01) for step in range(4)]
+    path = _recorded(tmp_path, rows)
+    original = path.read_bytes()
+    damaged = tmp_path / "damaged.parquet"
+    refused = 0
+    for position in range(len(original)):
+        flipped = bytearray(original)
+        flipped[position] ^= 0x5A
+        damaged.write_bytes(bytes(flipped))
+        try:
+            table, _meta = read_trajectory(damaged)
+        except ValueError as error:
+            assert not isinstance(error, pa.ArrowException), (position, error)
+            assert "trajectory" in str(error) or "privzo" in str(error), (position, error)
+            refused += 1
+            continue
+        # a flip the checks let through left what replay reads unchanged
+        assert table.column("projected_gradient").to_pylist() == [
+            0.1,
+            0.2,
+            0.30000000000000004,
+            0.4,
+        ]
+    assert refused > len(original) // 2
