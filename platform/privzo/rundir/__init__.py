@@ -16,6 +16,7 @@ from privzo.rundir.files import (
     check_output_dir,
     prepare_output_dir,
     read_json_object,
+    write_atomically,
     write_json_atomically,
     write_text_atomically,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "read_summary",
     "resume_point",
     "unfinished_steps",
+    "write_atomically",
     "write_config",
     "write_json_atomically",
     "write_records",

@@ -9,7 +9,7 @@ from typing import Any
 
 from privzo.algorithms.registry import writes_trajectory
 from privzo.rundir import SUMMARY_FILE as RUN_SUMMARY_FILE
-from privzo.rundir import read_json_object, write_json_atomically
+from privzo.rundir import read_json_object, write_atomically, write_json_atomically
 from privzo.search.plan import SearchPlan
 from privzo.search.ray_adapter import result_grid_trials
 from privzo.search.summary import SCORE, SearchBounds, SearchSummary, TrialRow
@@ -39,7 +39,8 @@ def record_search(
         for trial, result in zip(trials, results, strict=True)
     ]
     rows.sort(key=lambda row: row["trial_id"])
-    pd.DataFrame(rows).to_parquet(output_dir / TRIALS_FILE, index=False)
+    # written whole or not at all: a search killed while writing keeps the last complete table
+    write_atomically(output_dir / TRIALS_FILE, pd.DataFrame(rows).to_parquet(index=False))
     stopped = {row["trial_id"] for row in rows if row["status"] == "stopped"}
     _close_stopped_children(tracker, plan, stopped)
     trials_run = sum(row["status"] != "pending" for row in rows)
