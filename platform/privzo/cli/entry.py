@@ -14,7 +14,7 @@ from privzo.cli.arguments import (
     all_overrides,
     check_job_output_dir,
 )
-from privzo.cli.process import passive_openmp_waits
+from privzo.cli.process import Terminated, passive_openmp_waits
 
 DESCRIPTION = (
     "Private fine-tuning of language models without backpropagation (DPZero / DP-ZO, MeZO and "
@@ -86,3 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         print(f"privzo: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # one line, not a traceback (`privzo run` says its own)
+        print(f"privzo {args.command}: interrupted", file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130

@@ -449,3 +449,26 @@ def test_study_overrides_merge_into_the_base_section(tmp_path, sentiment_files):
     config = cell_config(study, expand_cells(study)[0])
     assert config.optimizer.steps == 9
     assert (config.optimizer.batch_size, config.optimizer.learning_rate) == (8, 1e-3)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_study_prints_one_line_and_exits_130(tmp_path, cache_dir):
+    """Interrupted inside its first cell, ``privzo study`` says so in one line, no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    command = [sys.executable, "-u", "-m", "privzo", "study"]
+    command += [str(REPO / "configs" / "studies" / "tiny-scaling.yaml")]
+    command += ["--output-dir", str(tmp_path / "study"), "--cache-dir", str(cache_dir)]
+    command += ["overrides.optimizer.steps=100000", "overrides.tracking.backend=none"]
+    study = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = study.stdout.readline()  # the handler runs: the interrupt lands inside privzo
+    assert "cell 1/6" in first, first
+    study.send_signal(signal.SIGINT)
+    _out, err = study.communicate(timeout=120)
+    assert study.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "privzo study: interrupted"
