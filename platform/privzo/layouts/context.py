@@ -35,6 +35,7 @@ from privzo.tasks import (
     data_lineage,
     load_splits,
     resolve_task_config,
+    warn_unknown_tokens,
 )
 from privzo.tasks.data import Row
 from privzo.tracking import DatasetLineage
@@ -165,6 +166,7 @@ def build_context(
     shards = loader.shards(pairs)
     perturber = make_perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
+    warn_unknown_tokens(train, loaded.tokenizer.unk_token_id, config.model.name_or_path)
     return RunContext(
         config,
         plan,

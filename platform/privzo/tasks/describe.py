@@ -4,14 +4,23 @@ so a user sees which rows a run trains on before it starts."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Sequence
 
 from privzo.config.tasks import TaskConfig
+from privzo.tasks.classification import EncodedExamples
+from privzo.tasks.generation import GenerationExamples
 from privzo.tasks.resolve import is_generation
 from privzo.tasks.sources import describe_source
 from privzo.tasks.splits import TaskSplits
 
-__all__ = ["data_lines"]
+__all__ = ["data_lines", "unknown_token_share", "warn_unknown_tokens"]
+
+logger = logging.getLogger(__name__)
+# the share of a task's tokens unknown to the tokenizer above which a run warns: each of them
+# reads as one symbol, so the model sees little of the text
+UNKNOWN_TOKEN_WARNING = 0.02
 
 
 def data_lines(config: TaskConfig, splits: TaskSplits) -> list[str]:
@@ -37,3 +46,36 @@ def data_lines(config: TaskConfig, splits: TaskSplits) -> list[str]:
     )
     lines.append(f"labels      field {label_field!r}: {mapping}")
     return lines
+
+
+def unknown_token_share(
+    examples: EncodedExamples | GenerationExamples, unknown_id: int | None
+) -> float:
+    """The share of the examples' tokens (template included) that are the unknown token."""
+    if unknown_id is None:
+        return 0.0
+    sequences: Sequence[Sequence[int]]
+    if isinstance(examples, EncodedExamples):
+        sequences = examples.input_ids
+    else:
+        sequences = [*examples.prompt_ids, *examples.target_ids]
+    total = sum(len(ids) for ids in sequences)
+    unknown = sum(sum(1 for token in ids if token == unknown_id) for ids in sequences)
+    return unknown / total if total else 0.0
+
+
+def warn_unknown_tokens(
+    examples: EncodedExamples | GenerationExamples, unknown_id: int | None, model: str
+) -> None:
+    """Warn on the console (the operator's, not a release) when the tokenizer of ``model``
+    does not know more than ``UNKNOWN_TOKEN_WARNING`` of the training tokens."""
+    share = unknown_token_share(examples, unknown_id)
+    if share > UNKNOWN_TOKEN_WARNING:
+        logger.warning(
+            "%.0f %% of the training prompts' tokens are unknown to %s's tokenizer (each reads "
+            "as one <unk> symbol): the model sees little of the text; use a model whose "
+            "tokenizer covers the data's words (the built-in models know the demo task's words "
+            "only)",
+            100 * share,
+            model,
+        )

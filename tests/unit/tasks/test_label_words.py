@@ -83,3 +83,26 @@ def test_a_masked_lm_label_word_of_several_tokens_is_refused_naming_them_and_a_f
     message = str(error.value)
     assert "' terrible' is 2 tokens for this tokenizer (['▁', '▁terrible'])" in message
     assert "one token: 'terrible' with task.label_word_prefix=' '" in message
+
+
+def test_a_run_warns_when_the_tokenizer_does_not_know_the_data(caplog):
+    """Words the vocabulary lacks become <unk>; above 2 % of the tokens the run says so (a
+    byte-level tokenizer has no unknown token and never warns)."""
+    from privzo.tasks import warn_unknown_tokens
+    from privzo.tasks.describe import unknown_token_share
+
+    tokenizer = sentencepiece_tokenizer()
+    task = _task(tokenizer)
+    known = task.encode(ROWS)
+    assert unknown_token_share(known, tokenizer.unk_token_id) == 0.0
+    strange = task.encode([{"sentence": "zyzzyva quixotic .", "label": 1}, *ROWS])
+    share = unknown_token_share(strange, tokenizer.unk_token_id)
+    ids = [token for row in strange.input_ids for token in row]
+    assert share == ids.count(tokenizer.unk_token_id) / len(ids) > 0.02
+    with caplog.at_level("WARNING", logger="privzo.tasks.describe"):
+        warn_unknown_tokens(known, tokenizer.unk_token_id, "m")
+        assert not caplog.records
+        warn_unknown_tokens(strange, tokenizer.unk_token_id, "m")
+    assert f"{100 * share:.0f} % of the training prompts' tokens are unknown to m" in caplog.text
+    byte_level = _task(byte_level_tokenizer()).encode(ROWS)
+    assert unknown_token_share(byte_level, byte_level_tokenizer().unk_token_id) == 0.0
