@@ -135,7 +135,10 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
 # rank 0; a trial's hooks are the search's own, so a Ray worker setup hook (the test's, given to
 # ``ray.init``) wraps the trial's ``after_window`` with the same wait.
 
-RAY_STEPS = 30  # one window per step (log_every=1): any step can be the one killed at
+# one window per step (log_every=1): any step can be the one killed at. Twelve steps put a kill
+# before or after the first score (every 5 steps) and end off that grid (final score at 12);
+# a window costs a checkpoint, so more steps only add time
+RAY_STEPS = 12
 PAUSE_LIMIT_S = 900  # a paused victim nobody kills fails its run instead of hanging
 RUN_LIMIT_S = 2400  # a margin for a loaded 2-core machine (a search's first trial), not a timing
 TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"

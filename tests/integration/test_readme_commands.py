@@ -33,7 +33,10 @@ SHRINK = {
     "privzo run": ["optimizer.steps=20"],
     "privzo audit": ["optimizer.steps=20", "--canaries", "100"],
     "privzo tune": ["trials.count=1"],
-    "privzo study configs/studies/tiny-scaling.yaml": ["models=[demo-opt-s]"],
+    "privzo study configs/studies/tiny-scaling.yaml": [
+        "models=[demo-opt-s]",
+        "overrides.optimizer.steps=20",
+    ],
     "privzo study configs/studies/synthetic-quadratic.yaml": [
         "dimensions=[20]",
         "patterns=[rank-d]",
