@@ -87,12 +87,6 @@ def check_layout(config: RunConfig) -> None:
     """Options a strategy cannot honour, before anything is loaded."""
     parallel = config.parallel
     if parallel.strategy == "zero3":
-        if config.model.dtype != "float32":
-            raise ConfigError(
-                f"model.dtype={config.model.dtype!r} with parallel.strategy='zero3': each rank "
-                "perturbs its partition in place, which needs float32; allowed: 'float32' (or "
-                "strategy 'replica' for half precision)"
-            )
         if config.model.trainable != "full":
             raise ConfigError(
                 f"model.trainable={config.model.trainable!r} with parallel.strategy='zero3'; "
