@@ -79,6 +79,7 @@ class LayoutRuns:
     summaries: dict[str, Any]
     trajectories: dict[str, Any]
     weights: dict[str, dict[str, torch.Tensor]]
+    base: str  # the model the runs start from, as replay takes it
 
 
 # tiny-opt, and a tiny Llama (grouped key/value heads, gated MLP, RMSNorm, rotary positions,
@@ -100,10 +101,10 @@ def layout_runs(request, ray_session, tmp_path_factory, cache_dir) -> LayoutRuns
         "zero3-half": ("zero3", 2, half),
     }
     root = tmp_path_factory.mktemp(f"layouts-{request.param}")
-    model = []
+    model, base = [], "tiny-opt"
     if request.param != "opt":
-        directory = save_tiny_family(request.param, root / request.param)
-        model = [f"model.name_or_path={directory}"]
+        base = str(save_tiny_family(request.param, root / request.param))
+        model = [f"model.name_or_path={base}"]
     summaries, trajectories, weights = {}, {}, {}
     for name, (strategy, workers, dtype) in layouts.items():
         backend = "mlflow" if name == "replica" else "none"
@@ -121,7 +122,7 @@ def layout_runs(request, ray_session, tmp_path_factory, cache_dir) -> LayoutRuns
         )
         trajectories[name] = pq.read_table(output / "trajectory.parquet").to_pandas()
         weights[name] = load_file(output / "model" / "model.safetensors")
-    return LayoutRuns(root, summaries, trajectories, weights)
+    return LayoutRuns(root, summaries, trajectories, weights, base)
 
 
 @pytest.mark.ray
@@ -182,7 +183,7 @@ def test_mezo_is_the_same_on_every_layout(layout_runs):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_zero3_in_half_precision_is_the_single_device_run(layout_runs):
+def test_zero3_in_half_precision_is_the_single_device_run(layout_runs, cache_dir):
     """zero3 x2 in bf16 (opt) / fp16 (llama) against replica x2 in the same dtype: the same
     forwards on the same halves of each batch, so every step's projected gradient agrees within
     1e-4 relative and the final weights are the same. zero3's perturbed weights and updates are
@@ -201,9 +202,19 @@ def test_zero3_in_half_precision_is_the_single_device_run(layout_runs):
     assert relative.max() <= 1e-4
     summary = layout_runs.summaries["zero3-half"]
     assert summary["strategy"] == "zero3" and summary["workers"] == 2
+    saved = layout_runs.weights["zero3-half"]
     for key, tensor in layout_runs.weights["replica-half"].items():
-        assert layout_runs.weights["zero3-half"][key].dtype == tensor.dtype, key
-        torch.testing.assert_close(layout_runs.weights["zero3-half"][key], tensor, rtol=0, atol=0)
+        assert saved[key].dtype == tensor.dtype, key
+        torch.testing.assert_close(saved[key], tensor, rtol=0, atol=0)
+    # replay onto one device rebuilds the gathered weights zero3 saved, bit for bit
+    from privzo.replay import replay
+
+    path = layout_runs.root / "runs" / "zero3-half" / "trajectory.parquet"
+    loaded, _model, steps = replay(layout_runs.base, path, cache_dir=cache_dir, progress=False)
+    assert steps == 12
+    replayed = loaded.model.state_dict()
+    for key, tensor in saved.items():
+        assert torch.equal(replayed[key], tensor), key
 
 
 @pytest.mark.ray
