@@ -86,18 +86,11 @@ def resumed_steps(config: RunConfig, output_dir: Path, ray_run: str) -> int:
 def check_layout(config: RunConfig) -> None:
     """Options a strategy cannot honour, before anything is loaded."""
     parallel = config.parallel
-    if parallel.strategy == "zero3":
-        if config.model.dtype != "float32":
-            raise ConfigError(
-                f"model.dtype={config.model.dtype!r} with parallel.strategy='zero3': each rank "
-                "perturbs its partition in place, which needs float32; allowed: 'float32' (or "
-                "strategy 'replica' for half precision)"
-            )
-        if config.model.trainable != "full":
-            raise ConfigError(
-                f"model.trainable={config.model.trainable!r} with parallel.strategy='zero3'; "
-                "allowed: 'full' (adapters are small: use strategy 'replica')"
-            )
+    if parallel.strategy == "zero3" and config.model.trainable != "full":
+        raise ConfigError(
+            f"model.trainable={config.model.trainable!r} with parallel.strategy='zero3'; "
+            "allowed: 'full' (adapters are small: use strategy 'replica')"
+        )
     if parallel.use_gpu and config.model.device == "cpu":
         raise ConfigError(
             "parallel.use_gpu=true with model.device='cpu'; set model.device='auto' or 'cuda'"

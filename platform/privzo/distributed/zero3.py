@@ -4,10 +4,14 @@ The model loads partitioned through transformers' DeepSpeed integration (an ``Hf
 kept alive while ``from_pretrained`` runs makes it build under ``deepspeed.zero.Init``), so no
 rank ever holds the whole model. Each parameter's local partition is ``param.ds_tensor``: a flat,
 contiguous slice ``[rank·P, rank·P + P)`` of the flattened parameter, P = ceil(numel / world),
-with the last rank's slice padded past ``numel``. Every rank perturbs its partition in place with
-the directions of exactly those element indices, so z stays a pure function of (seed, name,
-element index) and the padding is never touched. Forward passes gather each layer's weights
-from the partitions just before use (a collective: every rank must run the same forwards).
+with the last rank's slice padded past ``numel``. In float32 every rank perturbs its partition in
+place with the directions of exactly those element indices, so z stays a pure function of (seed,
+name, element index) and the padding is never touched. In bf16 / fp16 the weights are never
+perturbed in place (``privzo.zo.perturbation.GatheredPerturber``): each module's forward sees
+θ + c·z computed from its gathered weights, exactly the single-device values, and the
+stochastically rounded update lands on each partition at its element indices. Forward passes
+gather each layer's weights from the partitions just before use (a collective: every rank must
+run the same forwards).
 """
 
 from __future__ import annotations
@@ -21,21 +25,39 @@ from privzo.config.run import RunConfig
 from privzo.distributed.collectives import WorkerGroup
 from privzo.layouts.context import RunContext, build_context
 from privzo.models.loading import LoadedModel, SavesPretrained, load_model
+from privzo.zo.directions import DirectionSampler
+from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard
 
 
 def deepspeed_config() -> dict[str, Any]:
     """Stage 3 for inference. No parameter stays resident after a forward (persistence
     thresholds 0): a persistent parameter would keep a full copy in ``param.data`` that an
-    edit of ``ds_tensor`` does not reach."""
+    edit of ``ds_tensor`` does not reach. ``memory_efficient_linear`` off: it replaces
+    ``torch.nn.functional.linear`` process-wide by a matmul and a separate bias add, which saves
+    backward memory only and rounds half-precision outputs differently from one device."""
     return {
         "train_micro_batch_size_per_gpu": 1,
         "zero_optimization": {
             "stage": 3,
             "stage3_param_persistence_threshold": 0,
             "stage3_model_persistence_threshold": 0,
+            "memory_efficient_linear": False,
         },
     }
+
+
+# DeepSpeed's section that makes ``zero.Init`` partition the weights in the model's dtype
+PRECISION_SECTIONS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def init_config(dtype: str) -> dict[str, Any]:
+    """``deepspeed_config`` for loading under ``zero.Init``: half precision enabled where the
+    model's dtype is, or the partitions would be created in float32. The engine is given
+    ``deepspeed_config`` alone: forward-only, it needs no mixed-precision setup (which DeepSpeed
+    refuses for fp16 where the accelerator does not report it, e.g. CPUs, that compute it)."""
+    section = PRECISION_SECTIONS.get(dtype)
+    return {**deepspeed_config(), **({section: {"enabled": True}} if section else {})}
 
 
 def partition_shards(
@@ -67,10 +89,11 @@ class PartitionedModel:
         from transformers.integrations import HfDeepSpeedConfig
 
         deepspeed.init_distributed(dist_backend="gloo" if not config.parallel.use_gpu else "nccl")
-        ds_config = deepspeed_config()
-        hf_deepspeed = HfDeepSpeedConfig(ds_config)  # while alive, from_pretrained partitions
+        # while alive, from_pretrained partitions (in the model's dtype)
+        hf_deepspeed = HfDeepSpeedConfig(init_config(config.model.dtype))
         loaded = load_model(config.model, cache_dir, progress=False)
-        engine, *_ = deepspeed.initialize(model=loaded.model, config=ds_config)
+        # registers the gather / release hooks, before the perturber registers its own
+        engine, *_ = deepspeed.initialize(model=loaded.model, config=deepspeed_config())
         self.alive = (hf_deepspeed, engine)
         return loaded
 
@@ -79,6 +102,11 @@ class PartitionedModel:
 
     def fingerprint(self, loaded: LoadedModel) -> None:
         return None  # a rank holds partitions, not the weights a fingerprint reads
+
+    def perturber(
+        self, model: torch.nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> Perturber:
+        return make_perturber(model, shards, sampler, gathered=True)
 
 
 def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:

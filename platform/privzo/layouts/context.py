@@ -120,6 +120,11 @@ class ModelLoader(Protocol):
     def fingerprint(self, loaded: LoadedModel) -> dict[str, list] | None:
         """The base weights' fingerprint (``privzo.zo.integrity``), where they are whole."""
 
+    def perturber(
+        self, model: torch.nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> Perturber:
+        """How the shards are evaluated at θ + c·z and updated (``privzo.zo.perturbation``)."""
+
 
 class WholeModel:
     """The whole model in this process (the single and replica layouts)."""
@@ -132,6 +137,11 @@ class WholeModel:
 
     def fingerprint(self, loaded: LoadedModel) -> dict[str, list] | None:
         return weights_fingerprint(loaded.model.named_parameters())  # the base, for replay
+
+    def perturber(
+        self, model: torch.nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> Perturber:
+        return make_perturber(model, shards, sampler)
 
 
 def build_context(
@@ -164,7 +174,7 @@ def build_context(
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
     model, pairs = apply_view(loaded.model, config.model, seed=config.seed)
     shards = loader.shards(pairs)
-    perturber = make_perturber(model, shards, directions)
+    perturber = loader.perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     warn_unknown_tokens(train, loaded.tokenizer.unk_token_id, config.model.name_or_path)
     return RunContext(

@@ -11,6 +11,11 @@ Two ways, chosen by the weights' dtype:
   once) for that module's forward only, and the update is one fp32 sweep rounded once,
   stochastically (``privzo.zo.rounding``), so updates below half an ulp still land in
   expectation. Extra memory: one module's weights at a time.
+- ``GatheredPerturber`` (bf16 / fp16, partitioned weights): the virtual perturber where this
+  process holds a slice of each weight and the whole weight exists only during its module's
+  forward, gathered by hooks registered before this one (ZeRO-3). θ + c·z is computed from the
+  gathered weight at offset 0, so the forward sees the single-device bits, and the update lands
+  on this process's slice, at its element indices.
 
 Both expose the same three calls, used identically by training and by replay.
 """
@@ -103,7 +108,7 @@ class VirtualPerturber(Perturber):
         self._keyed_seed: int | None = None
         for group, (module, owned) in enumerate(owners):
             self._handles.append(module.register_forward_pre_hook(self._swap_in(owned, group)))
-            self._handles.append(module.register_forward_hook(self._swap_out(owned)))
+            self._handles.append(module.register_forward_hook(_swap_back(owned)))
 
     def perturb(self, seed: int, coefficient: float) -> None:
         self._seed, self._coefficient = seed, coefficient
@@ -143,12 +148,91 @@ class VirtualPerturber(Perturber):
     def _keys(self, seed: int) -> list[list[tuple[int, int]]]:
         return [[philox_key(seed, shard.name) for shard in group] for group in self._groups]
 
-    def _swap_out(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
-        def hook(module: nn.Module, _inputs: Any, _output: Any) -> None:
-            for attribute, (parameter, _shard) in owned.items():
-                module._parameters[attribute] = parameter
+
+class GatheredPerturber(Perturber):
+    """Virtual perturbation of weights gathered just before each module's forward.
+
+    The pre-hook must run after the hook that gathers (hooks run in registration order) and the
+    swap-back before the one that releases (``prepend=True``), so the gathering code never sees
+    the temporary copy. ``shards`` are this process's slices (the update's); modules are matched
+    to them through ``model``'s parameter names.
+    """
+
+    mode = "virtual"  # the same evaluation points and updates as ``VirtualPerturber``
+
+    def __init__(
+        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> None:
+        super().__init__(shards, sampler)
+        self._seed = 0
+        self._coefficient = 0.0
+        self._handles = []
+        for module, owned in _owners_by_name(model, shards):
+            self._handles.append(module.register_forward_pre_hook(self._swap_in(owned)))
+            self._handles.append(module.register_forward_hook(_swap_back(owned), prepend=True))
+
+    def perturb(self, seed: int, coefficient: float) -> None:
+        self._seed, self._coefficient = seed, coefficient
+
+    def update(self, seed: int, coefficient: float) -> None:
+        self._coefficient = 0.0
+        rounded_updates(self.shards, self.sampler, seed, coefficient)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
+        def hook(module: nn.Module, _inputs: Any) -> None:
+            if self._coefficient == 0.0:
+                return
+            whole = [_whole_shard(parameter, shard) for parameter, shard in owned.values()]
+            copies = _perturbed_copies(whole, self.sampler, self._seed, self._coefficient)
+            for (attribute, (parameter, _shard)), perturbed in zip(
+                owned.items(), copies, strict=True
+            ):
+                module._parameters[attribute] = nn.Parameter(
+                    perturbed.view(parameter.data.shape), requires_grad=False
+                )
 
         return hook
+
+
+def _whole_shard(parameter: nn.Parameter, shard: ParameterShard) -> ParameterShard:
+    """The gathered weight as a shard at offset 0; anything else means nothing gathered it."""
+    if parameter.data.numel() != shard.size:
+        raise RuntimeError(
+            f"parameter {shard.name!r} holds {parameter.data.numel()} of its {shard.size} "
+            "elements in its module's forward: its gather hook must run before the perturber's"
+        )
+    return ParameterShard(shard.name, parameter.data.view(-1), shard.size, 0)
+
+
+def _swap_back(owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
+    def hook(module: nn.Module, _inputs: Any, _output: Any) -> None:
+        for attribute, (parameter, _shard) in owned.items():
+            module._parameters[attribute] = parameter
+
+    return hook
+
+
+def _owners_by_name(
+    model: nn.Module, shards: list[ParameterShard]
+) -> list[tuple[nn.Module, dict[str, tuple[nn.Parameter, ParameterShard]]]]:
+    """Each module owning trainable parameters, with them and their shards: matched by the
+    parameter object named as the shard is, so a tied weight is found in every module using it."""
+    by_name = dict(model.named_parameters())
+    by_identity = {id(by_name[shard.name]): shard for shard in shards}
+    owners = []
+    for module in model.modules():
+        owned = {
+            attribute: (parameter, by_identity[id(parameter)])
+            for attribute, parameter in module.named_parameters(recurse=False)
+            if id(parameter) in by_identity
+        }
+        if owned:
+            owners.append((module, owned))
+    return owners
 
 
 def _match_owned(
@@ -233,12 +317,19 @@ def rounded_updates(
 
 
 def make_perturber(
-    model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    model: nn.Module,
+    shards: list[ParameterShard],
+    sampler: DirectionSampler,
+    gathered: bool = False,
 ) -> Perturber:
-    """In-place sweeps for fp32 weights, virtual perturbation for half precision."""
+    """In-place sweeps for fp32 weights (whole or sliced), virtual perturbation for half
+    precision; ``gathered``: the shards are slices whose whole weights are gathered for each
+    module's forward (``GatheredPerturber``)."""
     dtypes = {shard.tensor.dtype for shard in shards}
     if dtypes == {torch.float32}:
         return InPlacePerturber(shards, sampler)
     if len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16}:
+        if gathered:
+            return GatheredPerturber(model, shards, sampler)
         return VirtualPerturber(model, shards, sampler)
     raise ValueError(f"trainable weights mix dtypes {sorted(map(str, dtypes))}; use one dtype")

@@ -41,10 +41,11 @@ def test_expected_batch_smaller_than_workers_is_refused(tmp_path, cache_dir):
     assert not (tmp_path / "out").exists()
 
 
-def test_zero3_needs_float32_weights(tmp_path, cache_dir):
-    config = _config(TINY_MEZO, *_layout("zero3", 2), "model.dtype=bfloat16")
-    with pytest.raises(ConfigError, match=r"model.dtype='bfloat16' with parallel.strategy='zero3'"):
+def test_zero3_needs_the_full_view(tmp_path, cache_dir):
+    config = _config(TINY_MEZO, *_layout("zero3", 2), "model.trainable=lora")
+    with pytest.raises(ConfigError, match=r"model.trainable='lora' with parallel.strategy='zero3'"):
         _run(config, tmp_path / "out", cache_dir)
+    assert not (tmp_path / "out").exists()
 
 
 def test_single_strategy_takes_one_worker():
