@@ -5,8 +5,8 @@ small kernel per block from Python: on OPT-13B about 600,000 launches per step. 
 reads θ once and writes it once, in one Triton launch per parameter or, in the multi-tensor
 forms (``add_directions_``, ``rounded_updates_``, ``perturbed_copies``,
 ``direction_squares_total``), per group of same-dtype tensors (each large tensor still in a
-launch of its own, ``OWN_LAUNCH_ELEMENTS``; ``GroupedCopies`` makes a module's perturbed copies in
-one launch from a table built once), computing z (and the rounding
+launch of its own, ``OWN_LAUNCH_ELEMENTS``; ``privzo.zo.grouped_copies`` makes a module's
+perturbed copies in one launch from a table built once), computing z (and the rounding
 uniforms) in registers from the same counter-based function as ``privzo.zo.philox``, so the two
 paths compute the same values: integer words bit for bit, the normals to a few fp32 ulps (the
 devices' log/sin/cos differ in the last bits). Both forms give the same bits.
@@ -34,7 +34,8 @@ TRANSFORMS = {"normal": 0, "sign": 1}
 # table for its segment, which slows large matrices, while hundreds of small tensors each with a
 # launch of its own are launch-bound (docs/measurements.md, "The ZO step against inference").
 OWN_LAUNCH_ELEMENTS = 1 << 20
-# Elements of one vector load where a launch is aligned (``_aligned``): 16 bytes of half precision.
+# Elements of one vector load where a launch is aligned (``aligned_block``): 16 bytes of half
+# precision.
 VECTOR_ELEMENTS = 8
 
 
@@ -53,7 +54,7 @@ def require_triton() -> None:
 
 
 @lru_cache(maxsize=1)
-def _compiled() -> ModuleType:
+def compiled() -> ModuleType:
     require_triton()
     return importlib.import_module("privzo.zo.triton_kernels")
 
@@ -67,10 +68,10 @@ def _launch(
     transform: str,
     mode: int,
 ) -> None:
-    kernels = _compiled()
+    kernels = compiled()
     count = source.numel()
-    grid = (_programs(offset, count),)
-    aligned = _aligned(offset, count) and _aligned_pointer(source) and _aligned_pointer(target)
+    grid = (program_count(offset, count),)
+    aligned = aligned_block(offset, count) and aligned_pointer(source) and aligned_pointer(target)
     kernels.direction_pass_kernel[grid](
         source,
         target,
@@ -87,18 +88,18 @@ def _launch(
     )
 
 
-def _aligned(offset: int, count: int) -> bool:
+def aligned_block(offset: int, count: int) -> bool:
     """Whether a program's elements start at a multiple of 8 (the parameter offset a multiple of
     a counter's 4 lanes, the programs' blocks multiples of 1024) and the count is one too: with
     16-byte-aligned tensors, the condition for the kernels' vector loads and stores."""
     return offset % LANES == 0 and count % VECTOR_ELEMENTS == 0
 
 
-def _aligned_pointer(tensor: torch.Tensor) -> bool:
+def aligned_pointer(tensor: torch.Tensor) -> bool:
     return tensor.data_ptr() % 16 == 0
 
 
-def _check_flat(tensor: torch.Tensor) -> None:
+def check_flat(tensor: torch.Tensor) -> None:
     assert tensor.dim() == 1 and tensor.is_contiguous() and tensor.numel() > 0
 
 
@@ -107,9 +108,9 @@ def add_direction_(
     tensor: torch.Tensor, key: tuple[int, int], offset: int, coefficient: float, transform: str
 ) -> None:
     """θ ← θ + c·z in place (fp32): ``tensor`` holds elements [offset, offset + numel)."""
-    _check_flat(tensor)
+    check_flat(tensor)
     assert tensor.dtype == torch.float32
-    kernels = _compiled()
+    kernels = compiled()
     _launch(tensor, tensor, key, offset, coefficient, transform, kernels.PASS_ADD)
 
 
@@ -118,9 +119,9 @@ def perturbed_copy(
     tensor: torch.Tensor, key: tuple[int, int], offset: int, coefficient: float, transform: str
 ) -> torch.Tensor:
     """θ + c·z computed in fp32 and rounded once (to nearest) to θ's dtype, in a new tensor."""
-    _check_flat(tensor)
+    check_flat(tensor)
     result = torch.empty_like(tensor)
-    _launch(tensor, result, key, offset, coefficient, transform, _compiled().PASS_COPY)
+    _launch(tensor, result, key, offset, coefficient, transform, compiled().PASS_COPY)
     return result
 
 
@@ -130,9 +131,9 @@ def rounded_update_(
 ) -> None:
     """θ ← stochastic-round(θ + c·z) in place (bf16 / fp16), uniforms from stream 1 of the same
     key: the fused form of ``privzo.zo.perturbation.rounded_update``."""
-    _check_flat(tensor)
+    check_flat(tensor)
     assert tensor.dtype in (torch.bfloat16, torch.float16)
-    _launch(tensor, tensor, key, offset, coefficient, transform, _compiled().PASS_UPDATE)
+    _launch(tensor, tensor, key, offset, coefficient, transform, compiled().PASS_UPDATE)
 
 
 class Segment(NamedTuple):
@@ -143,14 +144,14 @@ class Segment(NamedTuple):
     offset: int
 
 
-def _programs(offset: int, count: int) -> int:
+def program_count(offset: int, count: int) -> int:
     """Programs of ``COUNTERS_PER_PROGRAM`` counters covering elements [offset, offset + count)."""
     first = offset // LANES
     last = (offset + count - 1) // LANES + 1
     return math.ceil((last - first) / COUNTERS_PER_PROGRAM)
 
 
-def _address(tensor: torch.Tensor, base: torch.Tensor) -> int:
+def element_address(tensor: torch.Tensor, base: torch.Tensor) -> int:
     """Where ``tensor`` starts, in elements from ``base``'s first element (same dtype)."""
     distance = tensor.data_ptr() - base.data_ptr()
     assert distance % tensor.element_size() == 0
@@ -163,7 +164,7 @@ def _table(
     """The int64 table of a multi-tensor launch (``triton_kernels.COLUMNS`` wide) from rows of
     (source address, target address, count, offset, key), and the launch's program count: each
     row's programs follow the previous row's."""
-    kernels = _compiled()
+    kernels = compiled()
     table = []
     programs = 0
     for source, target, count, offset, key in rows:
@@ -178,7 +179,7 @@ def _table(
             "KEY1": key[1],
         }
         table.append([values[name] for name in kernels.TABLE_COLUMNS])
-        programs += _programs(offset, count)
+        programs += program_count(offset, count)
     host = torch.tensor(table, dtype=torch.int64)
     if device.type != "cuda":
         return host.to(device), programs
@@ -229,13 +230,13 @@ def _launch_grouped(
     lowest-addressed tensor (one for the sources, one for the targets), so the tensors need not
     be contiguous with each other: Triton adds an int64 offset to a pointer alike when compiled
     and when interpreted (on CPU tensors, whose memory the interpreter uses in place)."""
-    kernels = _compiled()
+    kernels = compiled()
     source_base = min((source.tensor for source in sources), key=torch.Tensor.data_ptr)
     target_base = min(targets, key=torch.Tensor.data_ptr)
     rows = [
         (
-            _address(source.tensor, source_base),
-            _address(target, target_base),
+            element_address(source.tensor, source_base),
+            element_address(target, target_base),
             source.tensor.numel(),
             source.offset,
             source.key,
@@ -244,12 +245,12 @@ def _launch_grouped(
     ]
     table, programs = _table(rows, source_base.device)
     aligned = (
-        _aligned_pointer(source_base)
-        and _aligned_pointer(target_base)
+        aligned_pointer(source_base)
+        and aligned_pointer(target_base)
         and all(
             source % VECTOR_ELEMENTS == 0
             and target % VECTOR_ELEMENTS == 0
-            and _aligned(offset, count)
+            and aligned_block(offset, count)
             for source, target, count, offset, _key in rows
         )
     )
@@ -284,14 +285,14 @@ def _in_place(
 def add_directions_(segments: Sequence[Segment], coefficient: float, transform: str) -> None:
     """``add_direction_`` on every segment, the small ones of a (device, dtype) group in one
     launch: with one launch per tensor, a sweep over hundreds of small tensors is launch-bound."""
-    _in_place(segments, coefficient, transform, _compiled().PASS_ADD, (torch.float32,))
+    _in_place(segments, coefficient, transform, compiled().PASS_ADD, (torch.float32,))
 
 
 @torch.no_grad()
 def rounded_updates_(segments: Sequence[Segment], coefficient: float, transform: str) -> None:
     """``rounded_update_`` on every segment, grouped as ``add_directions_``."""
     halves = (torch.bfloat16, torch.float16)
-    _in_place(segments, coefficient, transform, _compiled().PASS_UPDATE, halves)
+    _in_place(segments, coefficient, transform, compiled().PASS_UPDATE, halves)
 
 
 @torch.no_grad()
@@ -306,101 +307,10 @@ def perturbed_copies(
         sizes = [source.tensor.numel() for source in sources]
         buffer = sources[0].tensor.new_empty(sum(sizes))
         targets = buffer.split(sizes)
-        _launch_group(sources, targets, coefficient, transform, _compiled().PASS_COPY)
+        _launch_group(sources, targets, coefficient, transform, compiled().PASS_COPY)
         for index, target in zip(group, targets, strict=True):
             copies[index] = target
     return copies
-
-
-class _CopyGroup(NamedTuple):
-    """One group of ``GroupedCopies``: its rows of the table and what a launch needs."""
-
-    base: torch.Tensor  # the lowest-addressed tensor, whose address the table counts from
-    first_row: int
-    present: list[int]  # indices (in the group) of the non-empty tensors, one row each
-    sizes: list[int]  # element counts of all the group's tensors
-    programs: int
-    aligned: bool  # every row's source and target start 16 bytes aligned from the bases
-
-
-class GroupedCopies:
-    """``perturbed_copies`` of fixed groups of whole tensors (each module's weights), one launch
-    per group whatever its tensors' sizes. Every group's table is built once and uploaded once
-    per direction (``set_keys``), so a half-precision forward costs one launch per module and
-    no host work beside it: rebuilding tables and launching large tensors apart bounds the step
-    by the host on models of hundreds of small modules."""
-
-    def __init__(self, groups: Sequence[Sequence[torch.Tensor]]) -> None:
-        columns = _compiled().TABLE_COLUMNS
-        rows: list[list[int]] = []
-        self._groups: list[_CopyGroup] = []
-        for tensors in groups:
-            present = [index for index, tensor in enumerate(tensors) if tensor.numel()]
-            if not present:
-                self._groups.append(
-                    _CopyGroup(tensors[0], len(rows), [], [0] * len(tensors), 0, False)
-                )
-                continue
-            base = min((tensors[index] for index in present), key=torch.Tensor.data_ptr)
-            assert len({(tensors[i].device, tensors[i].dtype) for i in present}) == 1
-            first_row, programs, target, aligned = len(rows), 0, 0, _aligned_pointer(base)
-            for index in present:
-                tensor = tensors[index]
-                _check_flat(tensor)
-                values = {name: 0 for name in columns}
-                values.update(
-                    SOURCE=_address(tensor, base),
-                    TARGET=target,
-                    COUNT=tensor.numel(),
-                    FIRST_PROGRAM=programs,
-                )
-                rows.append([values[name] for name in columns])
-                aligned = aligned and values["SOURCE"] % VECTOR_ELEMENTS == 0
-                aligned = aligned and target % VECTOR_ELEMENTS == 0 and _aligned(0, tensor.numel())
-                programs += _programs(0, tensor.numel())
-                target += tensor.numel()
-            sizes = [tensor.numel() for tensor in tensors]
-            self._groups.append(_CopyGroup(base, first_row, present, sizes, programs, aligned))
-        self._host = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), len(columns))
-        self._key_columns = [columns.index("KEY0"), columns.index("KEY1")]
-        self._table: torch.Tensor | None = None
-
-    def set_keys(self, keys: Sequence[Sequence[tuple[int, int]]]) -> None:
-        """The Philox keys of the next direction, one per tensor of each group (as given)."""
-        host = self._host.clone()
-        for group, group_keys in zip(self._groups, keys, strict=True):
-            for row, index in enumerate(group.present, start=group.first_row):
-                host[row, self._key_columns] = torch.tensor(group_keys[index])
-        device = next((group.base.device for group in self._groups if group.present), None)
-        if device is None:
-            return
-        if device.type == "cuda":  # pinned and non-blocking: no wait for the stream
-            self._table = host.pin_memory().to(device, non_blocking=True)
-        else:
-            self._table = host.to(device)
-
-    @torch.no_grad()
-    def copies(self, group_index: int, coefficient: float, transform: str) -> list[torch.Tensor]:
-        """θ + c·z of each of the group's tensors (rounded to nearest), views of one new buffer,
-        with the keys last set: ``perturbed_copies``' values bit for bit."""
-        group = self._groups[group_index]
-        if not group.present:
-            return [group.base.new_empty(0) for _size in group.sizes]
-        assert self._table is not None, "set_keys before copies"
-        buffer = group.base.new_empty(sum(group.sizes))
-        kernels = _compiled()
-        kernels.multi_tensor_pass_kernel[(group.programs,)](
-            group.base,
-            buffer,
-            self._table[group.first_row :],
-            len(group.present),
-            coefficient,
-            PASS=kernels.PASS_COPY,
-            TRANSFORM=TRANSFORMS[transform],
-            COUNTERS=COUNTERS_PER_PROGRAM,
-            ALIGNED=group.aligned and _aligned_pointer(buffer),
-        )
-        return list(buffer.split(group.sizes))
 
 
 def direction_squares_total(
@@ -409,7 +319,7 @@ def direction_squares_total(
     """Σ z² over the whole of every (key, size) parameter in one launch, as a 0-dim fp64 tensor
     left on ``device``: the per-program sums are summed in a fixed order, so replay computes the
     same bits (not those of summing ``direction_squares`` per parameter: the order differs)."""
-    kernels = _compiled()
+    kernels = compiled()
     rows = [(0, 0, size, 0, key) for key, size in keyed_sizes if size]
     if not rows:
         return torch.zeros((), dtype=torch.float64, device=device)
@@ -431,7 +341,7 @@ def direction_squares(
     """Σ z² over a parameter's ``size`` elements (the sphere's norm) as a 0-dim fp64 tensor on
     ``device``, summed in a fixed order; left on the device so a step syncs once, not once per
     parameter."""
-    kernels = _compiled()
+    kernels = compiled()
     counters = (size - 1) // LANES + 1
     programs = math.ceil(counters / COUNTERS_PER_PROGRAM)
     partial = torch.empty(programs, dtype=torch.float64, device=device)

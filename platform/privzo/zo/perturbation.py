@@ -30,6 +30,7 @@ from torch import nn
 
 from privzo.zo import kernels
 from privzo.zo.directions import DirectionSampler
+from privzo.zo.grouped_copies import GroupedCopies
 from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
 from privzo.zo.rounding import stochastic_round
 from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, segments, sweep
@@ -101,7 +102,7 @@ class VirtualPerturber(Perturber):
         # at its first forward
         self._groups = [[shard for _parameter, shard in owned.values()] for _m, owned in owners]
         self._copies = (
-            kernels.GroupedCopies([[shard.tensor for shard in group] for group in self._groups])
+            GroupedCopies([[shard.tensor for shard in group] for group in self._groups])
             if sampler.fused
             else None
         )

@@ -16,6 +16,7 @@ pytest.importorskip("triton", reason="the kernel tests need triton (the test ext
 
 from privzo.zo import kernels, triton_kernels
 from privzo.zo.directions import DirectionSampler
+from privzo.zo.grouped_copies import GroupedCopies
 from privzo.zo.kernels import Segment
 from privzo.zo.perturbation import make_perturber
 from privzo.zo.philox import philox_key
@@ -209,7 +210,7 @@ def test_grouped_copies_are_the_per_parameter_copies_bit_for_bit(dtype, launches
     groups = [whole[:3], [whole[3].tensor.new_empty(0), *(s.tensor for s in whole[3:])]]
     groups[0] = [shard.tensor for shard in groups[0]]
     names = [[s.name for s in whole[:3]], ["empty", *(s.name for s in whole[3:])]]
-    copies = kernels.GroupedCopies(groups)
+    copies = GroupedCopies(groups)
     for seed in (SEED, SEED + 1):
         copies.set_keys([[philox_key(seed, name) for name in group] for group in names])
         for index, (tensors, group_names) in enumerate(zip(groups, names, strict=True)):
