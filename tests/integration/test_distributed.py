@@ -85,21 +85,22 @@ class LayoutRuns:
 # tiny-opt, and a tiny Llama (grouped key/value heads, gated MLP, RMSNorm, rotary positions,
 # a SentencePiece-style tokenizer with BOS) for the decoders beside OPT
 FAMILIES = ("opt", "llama")
-# each family's half-precision pair of runs (replica x2 and zero3 x2); the other dtype of each
-# family is compared bit for bit without Ray in tests/unit/distributed/test_zero3_half.py
-HALF = {"opt": "bfloat16", "llama": "float16"}
+# the half-precision pair of runs (replica x2 and zero3 x2) taken through Ray, for opt; the other
+# family / dtype pairs are compared bit for bit without Ray in
+# tests/unit/distributed/test_zero3_half.py (the layouts' orchestration is the family's own)
+HALF = {"opt": "bfloat16"}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def layout_runs(request, ray_session, tmp_path_factory, cache_dir) -> LayoutRuns:
-    half = HALF[request.param]
     layouts = {
         "single": ("single", 1, "float32"),
         "replica": ("replica", 2, "float32"),
         "zero3": ("zero3", 2, "float32"),
-        "replica-half": ("replica", 2, half),
-        "zero3-half": ("zero3", 2, half),
     }
+    if request.param in HALF:
+        half = HALF[request.param]
+        layouts.update({"replica-half": ("replica", 2, half), "zero3-half": ("zero3", 2, half)})
     root = tmp_path_factory.mktemp(f"layouts-{request.param}")
     model, base = [], "tiny-opt"
     if request.param != "opt":
@@ -184,13 +185,15 @@ def test_mezo_is_the_same_on_every_layout(layout_runs):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_zero3_in_half_precision_is_the_single_device_run(layout_runs, cache_dir):
-    """zero3 x2 in bf16 (opt) / fp16 (llama) against replica x2 in the same dtype: the same
+    """zero3 x2 in bf16 (opt; the other pairs without Ray) against replica x2 in bf16: the same
     forwards on the same halves of each batch, so every step's projected gradient agrees within
     1e-4 relative and the final weights are the same. zero3's perturbed weights and updates are
     the single-device bits (tests/unit/distributed/test_zero3_half.py); what a split batch
     changes is each half's forward: on one device, tiny-opt's g over the same batch whole and as
     the two strided halves differed by up to 3.4e-2 relative in bf16 and 3.1e-3 in fp16
     (2.0e-5 in fp32) over 12 steps, which later steps compound."""
+    if "zero3-half" not in layout_runs.trajectories:
+        pytest.skip("this family's half precision is checked without Ray (test_zero3_half.py)")
     reference = layout_runs.trajectories["replica-half"]
     trajectory = layout_runs.trajectories["zero3-half"]
     assert list(trajectory["seed"]) == list(reference["seed"])

@@ -22,8 +22,9 @@ from tiny_families import save_tiny_family
 
 SEED, SCALE, STEP = 11, 1e-2, -3e-2  # large enough to move most bf16 / fp16 weights
 TOKENS = torch.tensor([[5, 9, 12, 7, 3], [8, 2, 14, 6, 4]])
-# the family / dtype pairs the integration runs (tests/integration/test_distributed.py) do not
-CASES = [("opt", "float16"), ("llama", "bfloat16")]
+# every family / dtype pair but the one the integration runs take through Ray
+# (tests/integration/test_distributed.py: opt in bf16)
+CASES = [("opt", "float16"), ("llama", "bfloat16"), ("llama", "float16")]
 MODELS = {"opt": "tiny-opt"}  # llama: saved by the fixture
 
 
