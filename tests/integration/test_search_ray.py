@@ -97,6 +97,11 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     assert returncode == 130, log[-3000:]
     done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(output)}
     assert 1 <= len(done_before) < 4
+    # what the interrupted search states covers every trial that started (released anything)
+    early = json.loads((output / "search_summary.json").read_text())
+    started = [path for path in (output / "trials").iterdir() if path.is_dir()]
+    assert early["interrupted"] is True and early["trials_run"] >= len(started) >= 1
+    assert early["end_to_end_epsilon"] >= early["per_trial_epsilon"] == 2.0
     with pytest.raises(ConfigError, match="was interrupted"):  # its best is not the best of all
         export_best(output, tmp_path / "early-export")
 

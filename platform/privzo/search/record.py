@@ -43,7 +43,7 @@ def record_search(
     write_atomically(output_dir / TRIALS_FILE, pd.DataFrame(rows).to_parquet(index=False))
     stopped = {row["trial_id"] for row in rows if row["status"] == "stopped"}
     _close_stopped_children(tracker, plan, stopped)
-    trials_run = sum(row["status"] != "pending" for row in rows)
+    trials_run = sum(_started(row, output_dir) for row in rows)
     best = best_trial(rows, plan.search.selection.mode)
     summary = SearchSummary(
         interrupted=any(row["status"] in UNFINISHED for row in rows),
@@ -81,6 +81,13 @@ _RUN_KEYS = (
     "tracking_run_id",
     "selection_releases",
 )
+
+
+def _started(row: TrialRow, output_dir: Path) -> bool:
+    """Whether a trial counts in the search's composition: it ran, or Tune lists it as pending
+    again after an interrupt while an attempt's records are on disk (what it released composes
+    whether or not it finished)."""
+    return row["status"] != "pending" or (output_dir / TRIALS_DIR / row["trial_id"]).exists()
 
 
 def _saved_statuses(experiment_path: str) -> dict[str, str]:
