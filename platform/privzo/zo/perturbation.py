@@ -1,6 +1,6 @@
 """How the model is evaluated at θ + c·z, and how the step's update lands on θ.
 
-Two ways, chosen by the weights' dtype:
+Three ways, chosen by the weights' dtype and whether this process holds them whole:
 
 - ``InPlacePerturber`` (fp32): the three fused sweeps. θ is moved to +εz, then to −εz, and the
   last sweep restores and updates at once, +(ε − ηg)z. In fp32 the round trip leaves only a few
@@ -17,7 +17,7 @@ Two ways, chosen by the weights' dtype:
   gathered weight at offset 0, so the forward sees the single-device bits, and the update lands
   on this process's slice, at its element indices.
 
-Both expose the same three calls, used identically by training and by replay.
+All three expose the same calls, used identically by training and by replay.
 """
 
 from __future__ import annotations
@@ -82,34 +82,32 @@ class InPlacePerturber(Perturber):
         self._offset = 0.0
 
 
-class VirtualPerturber(Perturber):
-    """Half-precision weights stay untouched during evaluation (see the module docstring)."""
+class _SwappingPerturber(Perturber):
+    """The virtual perturbers' common part: θ stays untouched; a pre-hook on each module owning
+    trainable weights swaps in the copies ``_copies(group)`` returns for that module's forward,
+    and a forward hook swaps the originals back. The update is one stochastically rounded sweep
+    of ``shards``."""
 
     mode = "virtual"
 
     def __init__(
-        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+        self,
+        shards: list[ParameterShard],
+        sampler: DirectionSampler,
+        owners: list[tuple[nn.Module, dict[str, tuple[nn.Parameter, ParameterShard]]]],
+        *,
+        swap_back_first: bool = False,
     ) -> None:
+        """``swap_back_first``: register the swap-back before the module's other forward hooks."""
         super().__init__(shards, sampler)
-        assert all(shard.offset == 0 and shard.tensor.numel() == shard.size for shard in shards)
         self._seed = 0
         self._coefficient = 0.0
         self._handles = []
-        owners = [
-            (module, owned) for module in model.modules() if (owned := _match_owned(module, shards))
-        ]
-        # each module's shards: the fused copies' launch tables are built once, keyed for a seed
-        # at its first forward
-        self._groups = [[shard for _parameter, shard in owned.values()] for _m, owned in owners]
-        self._copies = (
-            GroupedCopies([[shard.tensor for shard in group] for group in self._groups])
-            if sampler.fused
-            else None
-        )
-        self._keyed_seed: int | None = None
         for group, (module, owned) in enumerate(owners):
             self._handles.append(module.register_forward_pre_hook(self._swap_in(owned, group)))
-            self._handles.append(module.register_forward_hook(_swap_back(owned)))
+            self._handles.append(
+                module.register_forward_hook(_swap_back(owned), prepend=swap_back_first)
+            )
 
     def perturb(self, seed: int, coefficient: float) -> None:
         self._seed, self._coefficient = seed, coefficient
@@ -121,74 +119,16 @@ class VirtualPerturber(Perturber):
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+    @abstractmethod
+    def _copies(self, group: int) -> list[torch.Tensor]:
+        """θ + c·z of the weights of the ``group``-th owning module, in its ``owned`` order."""
 
     def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]], group: int) -> Any:
         def hook(module: nn.Module, _inputs: Any) -> None:
             if self._coefficient == 0.0:
                 return
-            copies = self._perturbed_copies(group)
-            for (attribute, (parameter, _shard)), perturbed in zip(
-                owned.items(), copies, strict=True
-            ):
-                module._parameters[attribute] = nn.Parameter(
-                    perturbed.view_as(parameter), requires_grad=False
-                )
-
-        return hook
-
-    def _perturbed_copies(self, group: int) -> list[torch.Tensor]:
-        """θ + c·z of one module's weights: from the prebuilt tables where fused."""
-        if self._copies is None:
-            shards = self._groups[group]
-            return _perturbed_copies(shards, self.sampler, self._seed, self._coefficient)
-        if self._keyed_seed != self._seed:
-            self._copies.set_keys(self._keys(self._seed))
-            self._keyed_seed = self._seed
-        return self._copies.copies(group, self._coefficient, self.sampler.philox_transform)
-
-    def _keys(self, seed: int) -> list[list[tuple[int, int]]]:
-        return [[philox_key(seed, shard.name) for shard in group] for group in self._groups]
-
-
-class GatheredPerturber(Perturber):
-    """Virtual perturbation of weights gathered just before each module's forward.
-
-    The pre-hook must run after the hook that gathers (hooks run in registration order) and the
-    swap-back before the one that releases (``prepend=True``), so the gathering code never sees
-    the temporary copy. ``shards`` are this process's slices (the update's); modules are matched
-    to them through ``model``'s parameter names.
-    """
-
-    mode = "virtual"  # the same evaluation points and updates as ``VirtualPerturber``
-
-    def __init__(
-        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
-    ) -> None:
-        super().__init__(shards, sampler)
-        self._seed = 0
-        self._coefficient = 0.0
-        self._handles = []
-        for module, owned in _owners_by_name(model, shards):
-            self._handles.append(module.register_forward_pre_hook(self._swap_in(owned)))
-            self._handles.append(module.register_forward_hook(_swap_back(owned), prepend=True))
-
-    def perturb(self, seed: int, coefficient: float) -> None:
-        self._seed, self._coefficient = seed, coefficient
-
-    def update(self, seed: int, coefficient: float) -> None:
-        self._coefficient = 0.0
-        rounded_updates(self.shards, self.sampler, seed, coefficient)
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-    def _swap_in(self, owned: dict[str, tuple[nn.Parameter, ParameterShard]]) -> Any:
-        def hook(module: nn.Module, _inputs: Any) -> None:
-            if self._coefficient == 0.0:
-                return
-            whole = [_whole_shard(parameter, shard) for parameter, shard in owned.values()]
-            copies = _perturbed_copies(whole, self.sampler, self._seed, self._coefficient)
+            copies = self._copies(group)
             for (attribute, (parameter, _shard)), perturbed in zip(
                 owned.items(), copies, strict=True
             ):
@@ -197,6 +137,64 @@ class GatheredPerturber(Perturber):
                 )
 
         return hook
+
+
+class VirtualPerturber(_SwappingPerturber):
+    """Half-precision weights stay untouched during evaluation (see the module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> None:
+        assert all(shard.offset == 0 and shard.tensor.numel() == shard.size for shard in shards)
+        owners = [
+            (module, owned) for module in model.modules() if (owned := _match_owned(module, shards))
+        ]
+        super().__init__(shards, sampler, owners)
+        # each module's shards: the fused copies' launch tables are built once, keyed for a seed
+        # at its first forward
+        self._groups = [[shard for _parameter, shard in owned.values()] for _m, owned in owners]
+        self._fused = (
+            GroupedCopies([[shard.tensor for shard in group] for group in self._groups])
+            if sampler.fused
+            else None
+        )
+        self._keyed_seed: int | None = None
+
+    def _copies(self, group: int) -> list[torch.Tensor]:
+        """From the prebuilt tables where fused."""
+        if self._fused is None:
+            shards = self._groups[group]
+            return _perturbed_copies(shards, self.sampler, self._seed, self._coefficient)
+        if self._keyed_seed != self._seed:
+            self._fused.set_keys(self._keys(self._seed))
+            self._keyed_seed = self._seed
+        return self._fused.copies(group, self._coefficient, self.sampler.philox_transform)
+
+    def _keys(self, seed: int) -> list[list[tuple[int, int]]]:
+        return [[philox_key(seed, shard.name) for shard in group] for group in self._groups]
+
+
+class GatheredPerturber(_SwappingPerturber):
+    """Virtual perturbation of weights gathered just before each module's forward.
+
+    The pre-hook must run after the hook that gathers (hooks run in registration order) and the
+    swap-back before the one that releases (``swap_back_first``), so the gathering code never
+    sees the temporary copy. ``shards`` are this process's slices (the update's); modules are
+    matched to them through ``model``'s parameter names.
+    """
+
+    def __init__(
+        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+    ) -> None:
+        owners = _owners_by_name(model, shards)
+        super().__init__(shards, sampler, owners, swap_back_first=True)
+        self._owned = [owned for _module, owned in owners]
+
+    def _copies(self, group: int) -> list[torch.Tensor]:
+        """From the gathered weights, whole, at offset 0."""
+        owned = self._owned[group].values()
+        whole = [_whole_shard(parameter, shard) for parameter, shard in owned]
+        return _perturbed_copies(whole, self.sampler, self._seed, self._coefficient)
 
 
 def _whole_shard(parameter: nn.Parameter, shard: ParameterShard) -> ParameterShard:
