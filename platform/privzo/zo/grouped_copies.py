@@ -17,13 +17,14 @@ import torch
 from privzo.zo.kernels import (
     COUNTERS_PER_PROGRAM,
     TRANSFORMS,
-    VECTOR_ELEMENTS,
-    aligned_block,
+    TableRow,
     aligned_pointer,
+    aligned_rows,
     check_flat,
     compiled,
     element_address,
-    program_count,
+    host_table,
+    upload_table,
 )
 
 __all__ = ["GroupedCopies"]
@@ -40,6 +41,32 @@ class _CopyGroup(NamedTuple):
     aligned: bool  # every row's source and target start 16 bytes aligned from the bases
 
 
+class _BuiltGroup(NamedTuple):
+    group: _CopyGroup
+    host: torch.Tensor  # its rows of the table, keys 0
+
+
+def _copy_group(tensors: Sequence[torch.Tensor], first_row: int) -> _BuiltGroup:
+    """One group's rows (a row per non-empty tensor, the copies laid out in order in one
+    buffer) and what its launch needs."""
+    present = [index for index, tensor in enumerate(tensors) if tensor.numel()]
+    sizes = [tensor.numel() for tensor in tensors]
+    if not present:
+        empty = torch.zeros(0, len(compiled().TABLE_COLUMNS), dtype=torch.int64)
+        return _BuiltGroup(_CopyGroup(tensors[0], first_row, [], sizes, 0, False), empty)
+    base = min((tensors[index] for index in present), key=torch.Tensor.data_ptr)
+    assert len({(tensors[i].device, tensors[i].dtype) for i in present}) == 1
+    rows: list[TableRow] = []
+    target = 0
+    for index in present:
+        check_flat(tensors[index])
+        rows.append((element_address(tensors[index], base), target, sizes[index], 0, (0, 0)))
+        target += sizes[index]
+    host, programs = host_table(rows)
+    aligned = aligned_pointer(base) and aligned_rows(rows)
+    return _BuiltGroup(_CopyGroup(base, first_row, present, sizes, programs, aligned), host)
+
+
 class GroupedCopies:
     """``perturbed_copies`` of fixed groups of whole tensors (each module's weights), one launch
     per group whatever its tensors' sizes. Every group's table is built once and uploaded once
@@ -49,54 +76,31 @@ class GroupedCopies:
 
     def __init__(self, groups: Sequence[Sequence[torch.Tensor]]) -> None:
         columns = compiled().TABLE_COLUMNS
-        rows: list[list[int]] = []
+        hosts: list[torch.Tensor] = []
+        rows = 0
         self._groups: list[_CopyGroup] = []
         for tensors in groups:
-            present = [index for index, tensor in enumerate(tensors) if tensor.numel()]
-            if not present:
-                self._groups.append(
-                    _CopyGroup(tensors[0], len(rows), [], [0] * len(tensors), 0, False)
-                )
-                continue
-            base = min((tensors[index] for index in present), key=torch.Tensor.data_ptr)
-            assert len({(tensors[i].device, tensors[i].dtype) for i in present}) == 1
-            first_row, programs, target, aligned = len(rows), 0, 0, aligned_pointer(base)
-            for index in present:
-                tensor = tensors[index]
-                check_flat(tensor)
-                values = {name: 0 for name in columns}
-                values.update(
-                    SOURCE=element_address(tensor, base),
-                    TARGET=target,
-                    COUNT=tensor.numel(),
-                    FIRST_PROGRAM=programs,
-                )
-                rows.append([values[name] for name in columns])
-                aligned = aligned and values["SOURCE"] % VECTOR_ELEMENTS == 0
-                aligned = (
-                    aligned and target % VECTOR_ELEMENTS == 0 and aligned_block(0, tensor.numel())
-                )
-                programs += program_count(0, tensor.numel())
-                target += tensor.numel()
-            sizes = [tensor.numel() for tensor in tensors]
-            self._groups.append(_CopyGroup(base, first_row, present, sizes, programs, aligned))
-        self._host = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), len(columns))
+            group = _copy_group(tensors, rows)
+            self._groups.append(group.group)
+            hosts.append(group.host)
+            rows += len(group.group.present)
+        self._host = torch.cat(hosts) if hosts else torch.zeros(0, len(columns), dtype=torch.int64)
         self._key_columns = [columns.index("KEY0"), columns.index("KEY1")]
+        self._device = next((g.base.device for g in self._groups if g.present), None)
         self._table: torch.Tensor | None = None
 
     def set_keys(self, keys: Sequence[Sequence[tuple[int, int]]]) -> None:
         """The Philox keys of the next direction, one per tensor of each group (as given)."""
-        host = self._host.clone()
-        for group, group_keys in zip(self._groups, keys, strict=True):
-            for row, index in enumerate(group.present, start=group.first_row):
-                host[row, self._key_columns] = torch.tensor(group_keys[index])
-        device = next((group.base.device for group in self._groups if group.present), None)
-        if device is None:
+        if self._device is None:
             return
-        if device.type == "cuda":  # pinned and non-blocking: no wait for the stream
-            self._table = host.pin_memory().to(device, non_blocking=True)
-        else:
-            self._table = host.to(device)
+        present = [
+            group_keys[index]
+            for group, group_keys in zip(self._groups, keys, strict=True)
+            for index in group.present
+        ]
+        host = self._host.clone()
+        host[:, self._key_columns] = torch.tensor(present, dtype=torch.int64)
+        self._table = upload_table(host, self._device)
 
     @torch.no_grad()
     def copies(self, group_index: int, coefficient: float, transform: str) -> list[torch.Tensor]:

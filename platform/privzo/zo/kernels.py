@@ -158,13 +158,14 @@ def element_address(tensor: torch.Tensor, base: torch.Tensor) -> int:
     return distance // tensor.element_size()
 
 
-def _table(
-    rows: Sequence[tuple[int, int, int, int, tuple[int, int]]], device: torch.device
-) -> tuple[torch.Tensor, int]:
-    """The int64 table of a multi-tensor launch (``triton_kernels.COLUMNS`` wide) from rows of
-    (source address, target address, count, offset, key), and the launch's program count: each
-    row's programs follow the previous row's."""
-    kernels = compiled()
+# (source address, target address, count, offset, key) of a multi-tensor launch's segment
+TableRow = tuple[int, int, int, int, tuple[int, int]]
+
+
+def host_table(rows: Sequence[TableRow]) -> tuple[torch.Tensor, int]:
+    """The int64 table of a multi-tensor launch (``triton_kernels.COLUMNS`` wide), on the host,
+    and the launch's program count: each row's programs follow the previous row's."""
+    columns = compiled().TABLE_COLUMNS
     table = []
     programs = 0
     for source, target, count, offset, key in rows:
@@ -178,13 +179,32 @@ def _table(
             "KEY0": key[0],
             "KEY1": key[1],
         }
-        table.append([values[name] for name in kernels.TABLE_COLUMNS])
+        table.append([values[name] for name in columns])
         programs += program_count(offset, count)
-    host = torch.tensor(table, dtype=torch.int64)
+    return torch.tensor(table, dtype=torch.int64).reshape(len(rows), len(columns)), programs
+
+
+def aligned_rows(rows: Sequence[TableRow]) -> bool:
+    """Whether every segment starts 16 bytes aligned from its bases (``aligned_block``)."""
+    return all(
+        source % VECTOR_ELEMENTS == 0
+        and target % VECTOR_ELEMENTS == 0
+        and aligned_block(offset, count)
+        for source, target, count, offset, _key in rows
+    )
+
+
+def upload_table(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A launch table on ``device``: on CUDA pinned and non-blocking, since a plain copy from
+    pageable memory would wait for the stream."""
     if device.type != "cuda":
-        return host.to(device), programs
-    # pinned and non-blocking: a plain copy from pageable memory would wait for the stream
-    return host.pin_memory().to(device, non_blocking=True), programs
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _table(rows: Sequence[TableRow], device: torch.device) -> tuple[torch.Tensor, int]:
+    host, programs = host_table(rows)
+    return upload_table(host, device), programs
 
 
 def _groups(segments: Sequence[Segment]) -> list[list[int]]:
@@ -244,16 +264,7 @@ def _launch_grouped(
         for source, target in zip(sources, targets, strict=True)
     ]
     table, programs = _table(rows, source_base.device)
-    aligned = (
-        aligned_pointer(source_base)
-        and aligned_pointer(target_base)
-        and all(
-            source % VECTOR_ELEMENTS == 0
-            and target % VECTOR_ELEMENTS == 0
-            and aligned_block(offset, count)
-            for source, target, count, offset, _key in rows
-        )
-    )
+    aligned = aligned_pointer(source_base) and aligned_pointer(target_base) and aligned_rows(rows)
     kernels.multi_tensor_pass_kernel[(programs,)](
         source_base,
         target_base,
