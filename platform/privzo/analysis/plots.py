@@ -39,18 +39,8 @@ def plot_scaling(scaling: pa.Table) -> Figure:
         rows = frame[frame["task"] == task]
         for index, (budget, group) in enumerate(rows.groupby("budget", sort=False)):
             group = group.sort_values("model_parameters")
-            _seeded_points(axis, group["model_parameters"], group["mean"], group, budget, index)
-            several = group["seeds"] > 1
-            if several.any():
-                axis.errorbar(
-                    group["model_parameters"][several],
-                    group["mean"][several],
-                    yerr=group["std"][several],
-                    color=f"C{index}",
-                    marker="o",
-                    capsize=3,
-                    label=budget,
-                )
+            sizes, means = group["model_parameters"], group["mean"]
+            _seeded_series(axis, sizes, means, group, budget, index, errors=group["std"])
         axis.set_xscale("log")
         axis.set_xlabel("model parameters")
         axis.set_ylabel(rows["metric"].iloc[0] if len(rows) else "metric")
@@ -59,6 +49,22 @@ def plot_scaling(scaling: pa.Table) -> Figure:
             axis.legend(fontsize="small")
     figure.tight_layout()
     return figure
+
+
+def _seeded_series(
+    axis: Any, sizes: Any, values: Any, group: Any, label: str, index: int, errors: Any = None
+) -> None:
+    """One series: a plain marker per point of single runs, and a line through the points with
+    several seeds (with ``errors`` as error bars where given)."""
+    _seeded_points(axis, sizes, values, group, label, index)
+    several = group["seeds"] > 1
+    if not several.any():
+        return
+    style = {"color": f"C{index}", "marker": "o", "label": label}
+    if errors is None:
+        axis.plot(sizes[several], values[several], **style)
+    else:
+        axis.errorbar(sizes[several], values[several], yerr=errors[several], capsize=3, **style)
 
 
 def _seeded_points(axis: Any, sizes: Any, values: Any, group: Any, label: str, index: int) -> None:
@@ -95,16 +101,7 @@ def plot_gap(gap: pa.Table) -> Figure:
     for index, ((task, private, reference), group) in enumerate(groups):
         group = group.sort_values("model_parameters")
         label = f"{task}: {reference} − {private}"
-        _seeded_points(axis, group["model_parameters"], group["gap"], group, label, index)
-        several = group["seeds"] > 1
-        if several.any():
-            axis.plot(
-                group["model_parameters"][several],
-                group["gap"][several],
-                color=f"C{index}",
-                marker="o",
-                label=label,
-            )
+        _seeded_series(axis, group["model_parameters"], group["gap"], group, label, index)
     axis.axhline(0.0, color="grey", linewidth=0.8)
     axis.set_xscale("log")
     axis.set_xlabel("model parameters")
