@@ -203,7 +203,8 @@ def tour(tmp_path_factory, cache_dir) -> Tour:
     return Tour(cwd, env, cache_dir)
 
 
-# offline here: tests/unit/tasks/test_prepare.py runs `privzo data prepare` on a local copy
+# lines that need the Hugging Face Hub stay out (the tests run offline);
+# tests/unit/tasks/test_prepare.py runs `privzo data prepare` on a local copy
 RUNNABLE = [command for command, comment in readme_commands() if NEEDS_HUB not in comment]
 
 
