@@ -28,6 +28,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # or `ray start`) inherits this environment, so its workers compete as equals.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+# OpenMP threads that wait by spinning (libgomp's default) starve each other when the suite's
+# processes share a few cores: a tiny model's pretraining step measured 30 times slower with two
+# spinning threads beside other work than with sleeping ones (docs/measurements.md). The commands
+# set this for themselves; the tests' own processes and the Rays they start take it from here,
+# before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
 # different depths under tests/, so none computes it from its own __file__).
 REPO = Path(__file__).resolve().parents[1]
