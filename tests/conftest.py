@@ -29,10 +29,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 # OpenMP threads that wait by spinning (libgomp's default) starve each other when the suite's
-# processes share a few cores: a tiny model's pretraining step measured 30 times slower with two
-# spinning threads beside other work than with sleeping ones (docs/measurements.md). The commands
-# set this for themselves; the tests' own processes and the Rays they start take it from here,
-# before torch loads OpenMP.
+# processes share a few cores: beside other work the million-weight rounding tests ran 15 times
+# slower with spinning threads than with sleeping ones (docs/measurements.md, "OpenMP threads
+# waiting passively"). The commands set this for themselves; the tests' own processes and the
+# Rays they start take it from here, before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The checkout's root, for tests that read its configs/, README.md or platform/ (tests sit at
