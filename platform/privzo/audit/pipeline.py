@@ -20,7 +20,8 @@ import numpy as np
 from privzo.algorithms.registry import get_algorithm
 from privzo.audit.canaries import CanaryInjection, tokenizer_words
 from privzo.audit.config import (
-    ALL_SCORES,
+    DEFAULT_SCORE,
+    DEFAULT_WHITE_BOX_SCORE,
     WHITE_BOX_SCORES,
     AuditConfig,
     ScoreName,
@@ -31,6 +32,7 @@ from privzo.audit.scores import (
     canary_losses,
     centre_by_label,
     correlation_scores,
+    directional_scores,
     likelihood_scores,
     match_scores,
     replay_differences,
@@ -75,20 +77,20 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
             )
         return list(dict.fromkeys(audit.scores)), None
     if white_box and directions == 1:
-        return list(ALL_SCORES), None
+        return [DEFAULT_WHITE_BOX_SCORE], None
     if white_box:
         note = (
             f"optimizer.directions_per_step={directions}: the white-box scores read one "
             "released scalar per step, so it is audited black-box only"
         )
-        return ["black-box"], note
+        return [DEFAULT_SCORE], note
     kind = "first-order" if algorithm.family == "first-order" else "vector"
     note = (
         f"{config.optimizer.algorithm} is a {kind} algorithm: no trajectory of seeds and "
         "scalars to replay, so it is audited black-box only (loss under the base model minus "
         "under the fine-tuned one)"
     )
-    return ["black-box"], note
+    return [DEFAULT_SCORE], note
 
 
 def check_audit(config: RunConfig, audit: AuditConfig, output_dir: Path, overwrite: bool) -> None:
@@ -254,6 +256,7 @@ def score_canaries(
             cache_dir=cache_dir,
         )
         batch = config.optimizer.batch_size
+        values["white-box-directional"] = directional_scores(trace, tuned.injection.labels)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
         values["white-box-match"] = match_scores(trace, batch)
