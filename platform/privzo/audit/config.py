@@ -48,6 +48,13 @@ class AuditConfig(Section):
         "white-box-directional where the algorithm writes a trajectory of one scalar per step, "
         "else black-box. Every (score, k) pair is one test of the correction.",
     )
+    fpr: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="The false-positive rate at which the TPR estimate (with Clopper–Pearson "
+        "intervals) is read.",
+    )
     canary_words: int = Field(
         12, ge=1, le=256, description="Words in each canary's random text field(s)."
     )

@@ -26,7 +26,13 @@ from privzo.audit.config import (
     AuditConfig,
     ScoreName,
 )
-from privzo.audit.record import VIOLATED, AuditRecord, BestGuess
+from privzo.audit.record import (
+    ESTIMATOR_KINDS,
+    VIOLATED,
+    AuditRecord,
+    BestGuess,
+    EstimatorResult,
+)
 from privzo.audit.report import plot_scores, record_child_run, score_distribution
 from privzo.audit.scores import (
     canary_losses,
@@ -40,7 +46,7 @@ from privzo.audit.scores import (
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
-from privzo.privacy.audit import GuessResult, audit_guesses
+from privzo.privacy.audit import BOUNDS, GuessResult, TprAtFpr, audit_guesses, tpr_at_fpr
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
@@ -289,7 +295,14 @@ def audit_record(
         key=lambda pair: pair[1].epsilon_lower_bound,
     )
     claimed = summary.epsilon if summary.private else None
-    tests = len(results) * len(audit.k_values())
+    tests = len(results) * len(audit.k_values()) * len(BOUNDS)
+    rates: dict[str, TprAtFpr] = {
+        key: tpr_at_fpr(
+            value, injection.included, audit.fpr, delta=_audit_delta(config), alpha=audit.alpha
+        )
+        for key, value in values.items()
+    }
+    estimators = estimator_results(results, rates)
     return AuditRecord(
         verdict=verdict(claimed, best.epsilon_lower_bound),
         epsilon_claimed=claimed,
@@ -315,5 +328,27 @@ def audit_record(
         noise_multiplier=summary.noise_multiplier,
         sample_rate=summary.sample_rate,
         audited_run_id=summary.tracking_run_id,
+        estimators=estimators,
+        tightest=max(estimators, key=lambda row: row.epsilon).estimator,
+        tpr_at_fpr=rates,
         run_dir=RUN_DIR,
     )
+
+
+def estimator_results(
+    results: dict[ScoreName, list[GuessResult]], rates: dict[str, TprAtFpr]
+) -> list[EstimatorResult]:
+    """Each estimator's largest ε over the scores (and k), in ``ESTIMATOR_KINDS`` order."""
+    tests = [(name, row) for name, rows in results.items() for row in rows]
+    one_run = max(tests, key=lambda pair: pair[1].epsilon_lower_bound)
+    fdp = max(tests, key=lambda pair: pair[1].fdp_epsilon_lower_bound)
+    rate = max(rates.items(), key=lambda pair: pair[1].epsilon_estimate)
+    found = {
+        "one-run": (one_run[1].epsilon_lower_bound, one_run[0], one_run[1].k),
+        "one-run-f-dp-gaussian": (fdp[1].fdp_epsilon_lower_bound, fdp[0], fdp[1].k),
+        "tpr-at-fpr": (rate[1].epsilon_estimate, rate[0], None),
+    }
+    return [
+        EstimatorResult(estimator, epsilon, ESTIMATOR_KINDS[estimator], score, k)
+        for estimator, (epsilon, score, k) in found.items()
+    ]

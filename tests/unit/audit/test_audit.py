@@ -43,7 +43,16 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert record.canaries == 40 and record.training_rows == 64
     assert record.white_box is True and record.note is None
     assert list(record.results) == ["white-box-directional"]  # the default, fixed beforehand
-    assert record.tests == len(audit.k_values())
+    assert record.tests == 2 * len(audit.k_values())  # two bounds from each (score, k)
+    assert [row.estimator for row in record.estimators] == [
+        "one-run",
+        "one-run-f-dp-gaussian",
+        "tpr-at-fpr",
+    ]
+    assert record.estimators[0].epsilon == record.epsilon_lower_bound  # the verdict's bound
+    assert record.tightest in {row.estimator for row in record.estimators}
+    rate = record.tpr_at_fpr["white-box-directional"]
+    assert rate.canaries_in == record.canaries_in and 0 <= rate.tpr_low <= rate.tpr <= 1
     best = record.best
     assert best.guesses == 2 * best.k and 0 <= best.correct <= best.guesses
     distribution = record.score_distributions["white-box-directional"]
@@ -62,6 +71,8 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert child["tags"]["privzo.audit.verdict"] == "consistent"
     assert child["metrics"]["epsilon_lower_bound"] == pytest.approx(record.epsilon_lower_bound)
     assert child["metrics"]["epsilon_claimed"] == pytest.approx(record.epsilon_claimed)
+    fdp = record.estimators[1].epsilon
+    assert child["metrics"]["epsilon_one_run_f_dp_gaussian"] == pytest.approx(fdp)
     artifacts = {item.path for item in open_client(uri).list_artifacts(record.tracking_run_id)}
     assert {AUDIT_FILE, "audit_scores.png"} <= artifacts
     parent = read_run(uri, record.audited_run_id)
@@ -95,7 +106,7 @@ def test_a_run_without_noise_is_flagged_violated(
     assert record["epsilon_lower_bound"] > record["epsilon_claimed"]
     assert record["best"]["score"] == "white-box-match"
     assert list(record["results"]) == ["white-box-match", "black-box"]
-    assert record["tests"] == 2  # two scores, one k
+    assert record["tests"] == 4  # two scores, one k, two bounds
     assert code == 4
     assert "PRIVACY VIOLATED" in capsys.readouterr().err
 
