@@ -42,6 +42,7 @@ from privzo.audit.scores import (
     likelihood_scores,
     match_scores,
     replay_differences,
+    without_noise,
 )
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
@@ -60,6 +61,8 @@ VIOLATED_EXIT_CODE = 4
 # the two labels' exact matches with the other label's near misses.
 UNCENTRED_SCORES = ("white-box-match",)
 PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not the caller's
+# (steps, noise scale σC) → the noise each step of a broken run added, regenerated from its seed
+PublicNoise = Callable[[int, float], np.ndarray]
 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
@@ -152,10 +155,16 @@ def run_audit(
     overwrite: bool = False,
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
+    public_noise: PublicNoise | None = None,
 ) -> AuditRecord:
     """Train once with canaries, score, guess and bound ε; writes ``DIR/audit.json`` and an
     MLflow child of the audited run. Returns the audit record. ``tags`` go on the audited run
-    (a study's: its parent run, study and cell) and, but for its parent, on the child."""
+    (a study's: its parent run, study and cell) and, but for its parent, on the child.
+
+    ``public_noise`` is for auditing a deliberately broken run only (tests): given the steps and
+    the noise scale σC it regenerates the noise each step added, as anyone can when noise is drawn
+    from a public seed, and the white-box scores read g_t without it. No config or command
+    reaches it."""
     output_dir = Path(output_dir).resolve()
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
@@ -173,7 +182,9 @@ def run_audit(
         tags={**(tags or {}), AUDIT: "true"},
         hooks=RunHooks(training_rows=injection, final_scores=tuned),
     )
-    values = score_canaries(config, audit, scores, summary, tuned, output_dir, cache_dir)
+    values = score_canaries(
+        config, audit, scores, summary, tuned, output_dir, cache_dir, public_noise
+    )
     results = guess_and_bound(config, audit, values, injection)
     record = audit_record(config, audit, summary, results, values, injection, note)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
@@ -246,6 +257,7 @@ def score_canaries(
     tuned: TunedLosses,
     output_dir: Path,
     cache_dir: Path,
+    public_noise: PublicNoise | None = None,
 ) -> dict[ScoreName, np.ndarray]:
     """Every requested score of every canary (in canary order)."""
     base = load_model(config.model, cache_dir, progress=False)
@@ -262,6 +274,9 @@ def score_canaries(
             cache_dir=cache_dir,
         )
         batch = config.optimizer.batch_size
+        if public_noise is not None and summary.noise_multiplier is not None:
+            scale = summary.noise_multiplier * config.privacy.clip
+            trace = without_noise(trace, public_noise(summary.steps, scale), batch)
         values["white-box-directional"] = directional_scores(trace, tuned.injection.labels)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)

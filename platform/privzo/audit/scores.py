@@ -109,6 +109,13 @@ def replay_differences(
     return WhiteBoxTrace(differences, gradients)
 
 
+def without_noise(trace: WhiteBoxTrace, noise: np.ndarray, batch_size: float) -> WhiteBoxTrace:
+    """The trace with each step's known noise taken out of g_t (g = (Σ clipped d + noise) / B)."""
+    if noise.shape != trace.projected_gradients.shape:
+        raise ValueError(f"{noise.shape[0]} noise draws for {trace.projected_gradients.size} steps")
+    return WhiteBoxTrace(trace.differences, trace.projected_gradients - noise / batch_size)
+
+
 def correlation_scores(trace: WhiteBoxTrace) -> np.ndarray:
     """Σ_t g_t · d_c(θ_t) per canary."""
     return trace.projected_gradients @ trace.differences

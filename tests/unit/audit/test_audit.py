@@ -79,36 +79,49 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert parent["status"] == "FINISHED" and parent["tags"]["privzo.audit"] == "true"
 
 
-def test_a_run_without_noise_is_flagged_violated(
-    tmp_path, sentiment_files, cache_dir, monkeypatch, capsys
-):
-    """The broken run: DPZero's accountant claims ε = 0.5, but its noise is patched to zero.
+PUBLIC_SEED = 0  # the broken run's noise seed: the run's own logged seed
 
-    Batches of one expected record: a step that sampled a canary alone releases its clipped
+
+def test_a_run_whose_noise_comes_from_a_public_seed_is_flagged_violated(
+    tmp_path, tiny_run_config, cache_dir, monkeypatch
+):
+    """The broken run: DPZero's accountant claims ε = 0.5, but its noise comes from a generator
+    seeded with a public seed (the bug of a public implementation that seeds the global generator
+    with the logged seed), so the auditor regenerates it and takes it out of every g_t.
+
+    Batches of one expected record: a step that sampled a canary alone then releases its clipped
     d_c(θ_t) exactly, which the white-box match score finds (29 of 30 guesses right when this
-    was written, ε_lb ≈ 1.1)."""
-    monkeypatch.setattr(PrivateEstimator, "draw_noise", lambda self: 0.0)
-    config = tmp_path / "broken.yaml"
-    train, test = sentiment_files
-    config.write_text(
-        f"model: {{name_or_path: tiny-opt}}\ntask: {{train_path: {train}, test_path: {test}}}\n"
-        "optimizer: {steps: 560, batch_size: 1, learning_rate: 0.001}\n"
+    was written: ε_lb ≈ 1.4 by the one-run bound, 2.6 by the Gaussian f-DP one)."""
+    generator = np.random.default_rng(PUBLIC_SEED)
+
+    def seeded_noise(self: PrivateEstimator) -> float:
+        return float(generator.normal(scale=self.noise_multiplier * self.clip))
+
+    def regenerate(steps: int, scale: float) -> np.ndarray:
+        return np.random.default_rng(PUBLIC_SEED).normal(scale=scale, size=steps)
+
+    monkeypatch.setattr(PrivateEstimator, "draw_noise", seeded_noise)
+    config = tiny_run_config(
+        *AUDIT_RUN,
+        "optimizer.steps=560",
+        "optimizer.batch_size=1",
+        "optimizer.learning_rate=1e-5",  # noise of scale σC = 200 must not swamp the model
+        "privacy.epsilon=0.5",
+        "privacy.clip=100.0",
         # the float sampler: on the default grid (γ = σC/1024, C = 100) the released sum is
-        # d_c rounded to γ, and this test read "consistent" there
-        "privacy: {epsilon: 0.5, clip: 100.0, noise_grid: null}\neval_before: false\n"
-        "tracking: {experiment: audit-test}\n"
+        # d_c rounded to γ, and the zero-noise version of this test read "consistent" there
+        "privacy.noise_grid=null",
     )
-    options = ["--canaries", "60", "--k", "15", "--cache-dir", str(cache_dir), "--quiet"]
-    options += ["--score", "white-box-match", "--score", "black-box"]
-    code = main(["audit", str(config), *options, "--output-dir", str(tmp_path / "a")])
-    record = json.loads((tmp_path / "a" / AUDIT_FILE).read_text())
-    assert record["verdict"] == "VIOLATED", record["best"]
-    assert record["epsilon_lower_bound"] > record["epsilon_claimed"]
-    assert record["best"]["score"] == "white-box-match"
-    assert list(record["results"]) == ["white-box-match", "black-box"]
-    assert record["tests"] == 4  # two scores, one k, two bounds
-    assert code == 4
-    assert "PRIVACY VIOLATED" in capsys.readouterr().err
+    audit = AuditConfig(canaries=60, ks=[15], scores=["white-box-match", "black-box"])
+    record = run_audit(
+        config, audit, tmp_path / "a", cache_dir=cache_dir, progress=False, public_noise=regenerate
+    )
+    assert record.verdict == "VIOLATED", record.best
+    assert record.violated and record.epsilon_lower_bound > record.epsilon_claimed
+    assert record.best.score == "white-box-match"
+    assert list(record.results) == ["white-box-match", "black-box"]
+    assert record.tests == 4  # two scores, one k, two bounds
+    assert "PRIVACY VIOLATED" in record.violation_line()
 
 
 def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_dir, capsys):
