@@ -8,13 +8,24 @@ from pydantic import Field, field_validator
 
 from privzo.section import Section
 
-ScoreName = Literal["black-box", "white-box-correlation", "white-box-likelihood", "white-box-match"]
+ScoreName = Literal[
+    "black-box",
+    "white-box-directional",
+    "white-box-correlation",
+    "white-box-likelihood",
+    "white-box-match",
+]
 WHITE_BOX_SCORES: tuple[ScoreName, ...] = (
+    "white-box-directional",
     "white-box-correlation",
     "white-box-likelihood",
     "white-box-match",
 )
 ALL_SCORES: tuple[ScoreName, ...] = ("black-box", *WHITE_BOX_SCORES)
+# The score used when none is named, fixed before any run: the white-box one where the run writes
+# a trajectory of one scalar per step, else the only one the release allows.
+DEFAULT_WHITE_BOX_SCORE: ScoreName = "white-box-directional"
+DEFAULT_SCORE: ScoreName = "black-box"
 # Default sweep of k (guesses per side) as fractions of the canaries: few confident guesses
 # bound ε best when the scores separate only at the tails, many when they separate throughout.
 K_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
@@ -33,8 +44,16 @@ class AuditConfig(Section):
     )
     scores: list[ScoreName] | None = Field(
         None,
-        description="Scores to guess from; null = every score the algorithm allows (white-box "
-        "only for zeroth-order runs). Every (score, k) pair is one test of the correction.",
+        description="Scores to guess from, fixed before the run; null = the default score: "
+        "white-box-directional where the algorithm writes a trajectory of one scalar per step, "
+        "else black-box. Every (score, k) pair is one test of the correction.",
+    )
+    fpr: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="The false-positive rate at which the TPR estimate (with Clopper–Pearson "
+        "intervals) is read.",
     )
     canary_words: int = Field(
         12, ge=1, le=256, description="Words in each canary's random text field(s)."

@@ -20,25 +20,34 @@ import numpy as np
 from privzo.algorithms.registry import get_algorithm
 from privzo.audit.canaries import CanaryInjection, tokenizer_words
 from privzo.audit.config import (
-    ALL_SCORES,
+    DEFAULT_SCORE,
+    DEFAULT_WHITE_BOX_SCORE,
     WHITE_BOX_SCORES,
     AuditConfig,
     ScoreName,
 )
-from privzo.audit.record import VIOLATED, AuditRecord, BestGuess
+from privzo.audit.record import (
+    ESTIMATOR_KINDS,
+    VIOLATED,
+    AuditRecord,
+    BestGuess,
+    EstimatorResult,
+)
 from privzo.audit.report import plot_scores, record_child_run, score_distribution
 from privzo.audit.scores import (
     canary_losses,
     centre_by_label,
     correlation_scores,
+    directional_scores,
     likelihood_scores,
     match_scores,
     replay_differences,
+    without_noise,
 )
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
-from privzo.privacy.audit import GuessResult, audit_guesses
+from privzo.privacy.audit import BOUNDS, GuessResult, TprAtFpr, audit_guesses, tpr_at_fpr
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
@@ -52,6 +61,8 @@ VIOLATED_EXIT_CODE = 4
 # the two labels' exact matches with the other label's near misses.
 UNCENTRED_SCORES = ("white-box-match",)
 PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not the caller's
+# (steps, noise scale σC) → the noise each step of a broken run added, regenerated from its seed
+PublicNoise = Callable[[int, float], np.ndarray]
 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
@@ -75,20 +86,20 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
             )
         return list(dict.fromkeys(audit.scores)), None
     if white_box and directions == 1:
-        return list(ALL_SCORES), None
+        return [DEFAULT_WHITE_BOX_SCORE], None
     if white_box:
         note = (
             f"optimizer.directions_per_step={directions}: the white-box scores read one "
             "released scalar per step, so it is audited black-box only"
         )
-        return ["black-box"], note
+        return [DEFAULT_SCORE], note
     kind = "first-order" if algorithm.family == "first-order" else "vector"
     note = (
         f"{config.optimizer.algorithm} is a {kind} algorithm: no trajectory of seeds and "
         "scalars to replay, so it is audited black-box only (loss under the base model minus "
         "under the fine-tuned one)"
     )
-    return ["black-box"], note
+    return [DEFAULT_SCORE], note
 
 
 def check_audit(config: RunConfig, audit: AuditConfig, output_dir: Path, overwrite: bool) -> None:
@@ -144,10 +155,16 @@ def run_audit(
     overwrite: bool = False,
     tracking_uri: str | None = None,
     tags: Mapping[str, str] | None = None,
+    public_noise: PublicNoise | None = None,
 ) -> AuditRecord:
     """Train once with canaries, score, guess and bound ε; writes ``DIR/audit.json`` and an
     MLflow child of the audited run. Returns the audit record. ``tags`` go on the audited run
-    (a study's: its parent run, study and cell) and, but for its parent, on the child."""
+    (a study's: its parent run, study and cell) and, but for its parent, on the child.
+
+    ``public_noise`` is for auditing a deliberately broken run only (tests): given the steps and
+    the noise scale σC it regenerates the noise each step added, as anyone can when noise is drawn
+    from a public seed, and the white-box scores read g_t without it. No config or command
+    reaches it."""
     output_dir = Path(output_dir).resolve()
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
@@ -165,7 +182,9 @@ def run_audit(
         tags={**(tags or {}), AUDIT: "true"},
         hooks=RunHooks(training_rows=injection, final_scores=tuned),
     )
-    values = score_canaries(config, audit, scores, summary, tuned, output_dir, cache_dir)
+    values = score_canaries(
+        config, audit, scores, summary, tuned, output_dir, cache_dir, public_noise
+    )
     results = guess_and_bound(config, audit, values, injection)
     record = audit_record(config, audit, summary, results, values, injection, note)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
@@ -238,6 +257,7 @@ def score_canaries(
     tuned: TunedLosses,
     output_dir: Path,
     cache_dir: Path,
+    public_noise: PublicNoise | None = None,
 ) -> dict[ScoreName, np.ndarray]:
     """Every requested score of every canary (in canary order)."""
     base = load_model(config.model, cache_dir, progress=False)
@@ -254,6 +274,10 @@ def score_canaries(
             cache_dir=cache_dir,
         )
         batch = config.optimizer.batch_size
+        if public_noise is not None and summary.noise_multiplier is not None:
+            scale = summary.noise_multiplier * config.privacy.clip
+            trace = without_noise(trace, public_noise(summary.steps, scale), batch)
+        values["white-box-directional"] = directional_scores(trace, tuned.injection.labels)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
         values["white-box-match"] = match_scores(trace, batch)
@@ -286,7 +310,14 @@ def audit_record(
         key=lambda pair: pair[1].epsilon_lower_bound,
     )
     claimed = summary.epsilon if summary.private else None
-    tests = len(results) * len(audit.k_values())
+    tests = len(results) * len(audit.k_values()) * len(BOUNDS)
+    rates: dict[str, TprAtFpr] = {
+        key: tpr_at_fpr(
+            value, injection.included, audit.fpr, delta=_audit_delta(config), alpha=audit.alpha
+        )
+        for key, value in values.items()
+    }
+    estimators = estimator_results(results, rates)
     return AuditRecord(
         verdict=verdict(claimed, best.epsilon_lower_bound),
         epsilon_claimed=claimed,
@@ -312,5 +343,27 @@ def audit_record(
         noise_multiplier=summary.noise_multiplier,
         sample_rate=summary.sample_rate,
         audited_run_id=summary.tracking_run_id,
+        estimators=estimators,
+        tightest=max(estimators, key=lambda row: row.epsilon).estimator,
+        tpr_at_fpr=rates,
         run_dir=RUN_DIR,
     )
+
+
+def estimator_results(
+    results: dict[ScoreName, list[GuessResult]], rates: dict[str, TprAtFpr]
+) -> list[EstimatorResult]:
+    """Each estimator's largest ε over the scores (and k), in ``ESTIMATOR_KINDS`` order."""
+    tests = [(name, row) for name, rows in results.items() for row in rows]
+    one_run = max(tests, key=lambda pair: pair[1].epsilon_lower_bound)
+    fdp = max(tests, key=lambda pair: pair[1].fdp_epsilon_lower_bound)
+    rate = max(rates.items(), key=lambda pair: pair[1].epsilon_estimate)
+    found = {
+        "one-run": (one_run[1].epsilon_lower_bound, one_run[0], one_run[1].k),
+        "one-run-f-dp-gaussian": (fdp[1].fdp_epsilon_lower_bound, fdp[0], fdp[1].k),
+        "tpr-at-fpr": (rate[1].epsilon_estimate, rate[0], None),
+    }
+    return [
+        EstimatorResult(estimator, epsilon, ESTIMATOR_KINDS[estimator], score, k)
+        for estimator, (epsilon, score, k) in found.items()
+    ]

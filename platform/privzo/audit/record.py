@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from privzo.privacy.audit import GuessResult
+from privzo.privacy.audit import GuessResult, TprAtFpr
 from privzo.results import RecordKeys
 
 # a score's distribution: "in" and "out" canaries → count, mean, std and quantiles
@@ -27,10 +27,31 @@ class BestGuess:
     correct_in: int
     correct_out: int
     epsilon_lower_bound: float
+    fdp_epsilon_lower_bound: float = 0.0
 
     @classmethod
     def of(cls, score: str, result: GuessResult) -> BestGuess:
         return cls(score=score, **asdict(result))
+
+
+@dataclass(frozen=True)
+class EstimatorResult:
+    """One estimator's largest ε over the audit's tests, what it assumes, and the score (and k,
+    None for the TPR reading) that gave it."""
+
+    estimator: str
+    epsilon: float
+    kind: str
+    score: str
+    k: int | None
+
+
+# what each estimator's ε means: the verdict rests on the first, valid for any (ε, δ) claim
+ESTIMATOR_KINDS = {
+    "one-run": "bound, (ε, δ)-DP",
+    "one-run-f-dp-gaussian": "bound, Gaussian trade-off",
+    "tpr-at-fpr": "estimate",
+}
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,9 @@ class AuditRecord(RecordKeys):
     noise_multiplier: float | None
     sample_rate: float
     audited_run_id: str | None
+    estimators: list[EstimatorResult]
+    tightest: str
+    tpr_at_fpr: dict[str, TprAtFpr]
     run_dir: str
     audit_time_s: float | None = None
     tracking_run_id: str | None = None
@@ -95,6 +119,8 @@ class AuditRecord(RecordKeys):
         record["results"] = {
             name: [asdict(row) for row in rows] for name, rows in self.results.items()
         }
+        record["estimators"] = [asdict(row) for row in self.estimators]
+        record["tpr_at_fpr"] = {name: asdict(row) for name, row in self.tpr_at_fpr.items()}
         if self.audit_time_s is not None:
             record["audit_time_s"] = self.audit_time_s
         if self.child_recorded:
@@ -109,6 +135,8 @@ class AuditRecord(RecordKeys):
         values["results"] = {
             name: [GuessResult(**row) for row in rows] for name, rows in record["results"].items()
         }
+        values["estimators"] = [EstimatorResult(**row) for row in record["estimators"]]
+        values["tpr_at_fpr"] = {name: TprAtFpr(**row) for name, row in record["tpr_at_fpr"].items()}
         return cls(
             **values,
             audit_time_s=record.get("audit_time_s"),
@@ -147,6 +175,7 @@ class AuditRecord(RecordKeys):
             f"best guesses         {best.score}, k = {best.k}: {best.correct} of "
             f"{best.guesses} right",
             f"canaries             {self.canaries} ({self.tests} tests, Bonferroni)",
+            *self.estimator_lines(),
         ]
         if claimed is None:
             lines.append("(not private: the lower bound is the run's empirical leakage)")
@@ -155,6 +184,14 @@ class AuditRecord(RecordKeys):
         if self.note:
             lines.append(f"note: {self.note}")
         return lines
+
+    def estimator_lines(self) -> list[str]:
+        """Each estimator's ε with what it assumes and where it came from, and the tightest."""
+        lines = []
+        for row in self.estimators:
+            source = row.score if row.k is None else f"{row.score}, k = {row.k}"
+            lines.append(f"  {row.estimator:<22} ε ≥ {row.epsilon:.3f}  ({row.kind}; {source})")
+        return ["estimators", *lines, f"tightest             {self.tightest}"]
 
     def violation_line(self) -> str:
         """Why a VIOLATED verdict fails the command: the proven bound against the claim."""

@@ -60,6 +60,8 @@ def child_metrics(record: dict[str, Any]) -> dict[str, float]:
         "guesses": float(best["guesses"]),
         "correct_guesses": float(best["correct"]),
     }
+    for row in record["estimators"]:  # each estimator's ε, e.g. epsilon_one_run_f_dp_gaussian
+        metrics[f"epsilon_{row['estimator'].replace('-', '_')}"] = row["epsilon"]
     if record["epsilon_claimed"] is not None:
         metrics["epsilon_claimed"] = record["epsilon_claimed"]
     return metrics

@@ -17,6 +17,13 @@
     G_t = g_t · B the released sum, and μ, V the mean and variance of the G_t (the other
     examples and the noise, taken as Gaussian). It gains only on steps whose G_t matches d_c,
     where the correlation also sums the steps that did not sample c.
+  * directional (the default): the correlation made fair across canaries. g_t first loses its
+    least-squares fit on the labels' shared directions (each step's mean d over a label's
+    canaries, the canary itself left out), which move g_t alike for every canary of a label; the
+    residual r_t keeps what the batch's own directions put in it. The sum Σ_t r_t · d_c(θ_t) is
+    then divided by √Σ_t (r_t · d_c(θ_t))², so an out-canary's score is about N(0, 1) whatever
+    the size of its gradient, while an in-canary's own derivative enters g_t at every step that
+    sampled it (d_c² / B each time) and lifts its score.
 """
 
 from __future__ import annotations
@@ -102,9 +109,45 @@ def replay_differences(
     return WhiteBoxTrace(differences, gradients)
 
 
+def without_noise(trace: WhiteBoxTrace, noise: np.ndarray, batch_size: float) -> WhiteBoxTrace:
+    """The trace with each step's known noise taken out of g_t (g = (Σ clipped d + noise) / B)."""
+    if noise.shape != trace.projected_gradients.shape:
+        raise ValueError(f"{noise.shape[0]} noise draws for {trace.projected_gradients.size} steps")
+    return WhiteBoxTrace(trace.differences, trace.projected_gradients - noise / batch_size)
+
+
 def correlation_scores(trace: WhiteBoxTrace) -> np.ndarray:
     """Σ_t g_t · d_c(θ_t) per canary."""
     return trace.projected_gradients @ trace.differences
+
+
+def unshared_gradients(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
+    """[steps, canaries]: g_t less its least-squares fit on the labels' shared directions.
+
+    A label's shared direction at step t is the mean d over its canaries: the label word's part
+    of the gradient, which moves g_t alike for every canary of the label and so is only noise to
+    the score. The canary itself is left out of its own label's mean, else the fit would take its
+    own derivative out of g_t at every step, in-canaries' included.
+    """
+    values = np.unique(labels)
+    sums = np.stack([trace.differences[:, labels == label].sum(axis=1) for label in values], 1)
+    counts = np.array([(labels == label).sum() for label in values], dtype=np.float64)
+    gradients = trace.projected_gradients
+    residuals = np.empty(trace.differences.shape, dtype=np.float64)
+    for index, label in enumerate(labels):
+        own = int(np.searchsorted(values, label))
+        shared = sums / counts
+        shared[:, own] = (sums[:, own] - trace.differences[:, index]) / max(counts[own] - 1, 1)
+        fit, *_ = np.linalg.lstsq(shared, gradients, rcond=None)
+        residuals[:, index] = gradients - shared @ fit
+    return residuals
+
+
+def directional_scores(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
+    """Σ_t r_t · d_c(θ_t) / √Σ_t (r_t · d_c(θ_t))² per canary (see the module docstring)."""
+    products = unshared_gradients(trace, labels) * trace.differences
+    spread = np.sqrt((products**2).sum(axis=0))
+    return products.sum(axis=0) / np.where(spread > 0, spread, 1.0)
 
 
 def match_scores(trace: WhiteBoxTrace, batch_size: float) -> np.ndarray:

@@ -17,7 +17,9 @@ from privzo.cli.arguments import (
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
 
-SCORES = "black-box, white-box-correlation, white-box-likelihood, white-box-match"
+SCORES = (
+    "black-box, white-box-directional, white-box-correlation, white-box-likelihood, white-box-match"
+)
 
 
 def add_audit(commands: Commands) -> None:
@@ -40,7 +42,8 @@ def add_audit(commands: Commands) -> None:
     audit.add_argument(
         "--score",
         action="append",
-        help=f"a score to guess from (repeat; default: every score the algorithm allows): {SCORES}",
+        help="a score to guess from, fixed before the run (repeat; default: "
+        f"white-box-directional, or black-box without a trajectory): {SCORES}",
     )
     audit.add_argument(
         "--output-dir", type=path_argument, required=True, help="the audit's directory (its run)"

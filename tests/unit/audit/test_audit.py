@@ -18,6 +18,7 @@ from privzo.audit.scores import (
     WhiteBoxTrace,
     centre_by_label,
     correlation_scores,
+    directional_scores,
     likelihood_scores,
     match_scores,
 )
@@ -41,16 +42,20 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert 0 <= record.epsilon_lower_bound < 2.5
     assert record.canaries == 40 and record.training_rows == 64
     assert record.white_box is True and record.note is None
-    assert set(record.results) == {
-        "black-box",
-        "white-box-correlation",
-        "white-box-likelihood",
-        "white-box-match",
-    }
-    assert record.tests == 4 * len(audit.k_values())
+    assert list(record.results) == ["white-box-directional"]  # the default, fixed beforehand
+    assert record.tests == 2 * len(audit.k_values())  # two bounds from each (score, k)
+    assert [row.estimator for row in record.estimators] == [
+        "one-run",
+        "one-run-f-dp-gaussian",
+        "tpr-at-fpr",
+    ]
+    assert record.estimators[0].epsilon == record.epsilon_lower_bound  # the verdict's bound
+    assert record.tightest in {row.estimator for row in record.estimators}
+    rate = record.tpr_at_fpr["white-box-directional"]
+    assert rate.canaries_in == record.canaries_in and 0 <= rate.tpr_low <= rate.tpr <= 1
     best = record.best
     assert best.guesses == 2 * best.k and 0 <= best.correct <= best.guesses
-    distribution = record.score_distributions["white-box-likelihood"]
+    distribution = record.score_distributions["white-box-directional"]
     assert distribution["in"]["count"] + distribution["out"]["count"] == 40
     assert (tmp_path / "audit" / "audit_scores.png").stat().st_size > 0
     assert (tmp_path / "audit" / "run" / "trajectory.parquet").is_file()
@@ -66,42 +71,57 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert child["tags"]["privzo.audit.verdict"] == "consistent"
     assert child["metrics"]["epsilon_lower_bound"] == pytest.approx(record.epsilon_lower_bound)
     assert child["metrics"]["epsilon_claimed"] == pytest.approx(record.epsilon_claimed)
+    fdp = record.estimators[1].epsilon
+    assert child["metrics"]["epsilon_one_run_f_dp_gaussian"] == pytest.approx(fdp)
     artifacts = {item.path for item in open_client(uri).list_artifacts(record.tracking_run_id)}
     assert {AUDIT_FILE, "audit_scores.png"} <= artifacts
     parent = read_run(uri, record.audited_run_id)
     assert parent["status"] == "FINISHED" and parent["tags"]["privzo.audit"] == "true"
 
 
-def test_a_run_without_noise_is_flagged_violated(
-    tmp_path, sentiment_files, cache_dir, monkeypatch, capsys
-):
-    """The broken run: DPZero's accountant claims ε = 0.5, but its noise is patched to zero.
+PUBLIC_SEED = 0  # the broken run's noise seed: the run's own logged seed
 
-    Batches of one expected record: a step that sampled a canary alone releases its clipped
+
+def test_a_run_whose_noise_comes_from_a_public_seed_is_flagged_violated(
+    tmp_path, tiny_run_config, cache_dir, monkeypatch
+):
+    """The broken run: DPZero's accountant claims ε = 0.5, but its noise comes from a generator
+    seeded with a public seed (the bug of a public implementation that seeds the global generator
+    with the logged seed), so the auditor regenerates it and takes it out of every g_t.
+
+    Batches of one expected record: a step that sampled a canary alone then releases its clipped
     d_c(θ_t) exactly, which the white-box match score finds (29 of 30 guesses right when this
-    was written, ε_lb ≈ 1.1)."""
-    monkeypatch.setattr(PrivateEstimator, "draw_noise", lambda self: 0.0)
-    config = tmp_path / "broken.yaml"
-    train, test = sentiment_files
-    config.write_text(
-        f"model: {{name_or_path: tiny-opt}}\ntask: {{train_path: {train}, test_path: {test}}}\n"
-        "optimizer: {steps: 560, batch_size: 1, learning_rate: 0.001}\n"
+    was written: ε_lb ≈ 1.4 by the one-run bound, 2.6 by the Gaussian f-DP one)."""
+    generator = np.random.default_rng(PUBLIC_SEED)
+
+    def seeded_noise(self: PrivateEstimator) -> float:
+        return float(generator.normal(scale=self.noise_multiplier * self.clip))
+
+    def regenerate(steps: int, scale: float) -> np.ndarray:
+        return np.random.default_rng(PUBLIC_SEED).normal(scale=scale, size=steps)
+
+    monkeypatch.setattr(PrivateEstimator, "draw_noise", seeded_noise)
+    config = tiny_run_config(
+        *AUDIT_RUN,
+        "optimizer.steps=560",
+        "optimizer.batch_size=1",
+        "optimizer.learning_rate=1e-5",  # noise of scale σC = 200 must not swamp the model
+        "privacy.epsilon=0.5",
+        "privacy.clip=100.0",
         # the float sampler: on the default grid (γ = σC/1024, C = 100) the released sum is
-        # d_c rounded to γ, and this test read "consistent" there
-        "privacy: {epsilon: 0.5, clip: 100.0, noise_grid: null}\neval_before: false\n"
-        "tracking: {experiment: audit-test}\n"
+        # d_c rounded to γ, and the zero-noise version of this test read "consistent" there
+        "privacy.noise_grid=null",
     )
-    options = ["--canaries", "60", "--k", "15", "--cache-dir", str(cache_dir), "--quiet"]
-    options += ["--score", "white-box-match", "--score", "black-box"]
-    code = main(["audit", str(config), *options, "--output-dir", str(tmp_path / "a")])
-    record = json.loads((tmp_path / "a" / AUDIT_FILE).read_text())
-    assert record["verdict"] == "VIOLATED", record["best"]
-    assert record["epsilon_lower_bound"] > record["epsilon_claimed"]
-    assert record["best"]["score"] == "white-box-match"
-    assert list(record["results"]) == ["white-box-match", "black-box"]
-    assert record["tests"] == 2  # two scores, one k
-    assert code == 4
-    assert "PRIVACY VIOLATED" in capsys.readouterr().err
+    audit = AuditConfig(canaries=60, ks=[15], scores=["white-box-match", "black-box"])
+    record = run_audit(
+        config, audit, tmp_path / "a", cache_dir=cache_dir, progress=False, public_noise=regenerate
+    )
+    assert record.verdict == "VIOLATED", record.best
+    assert record.violated and record.epsilon_lower_bound > record.epsilon_claimed
+    assert record.best.score == "white-box-match"
+    assert list(record.results) == ["white-box-match", "black-box"]
+    assert record.tests == 4  # two scores, one k, two bounds
+    assert "PRIVACY VIOLATED" in record.violation_line()
 
 
 def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_dir, capsys):
@@ -167,7 +187,7 @@ def test_several_directions_per_step_are_audited_black_box_only(tiny_run_config)
     scores, note = audit_scores(config, AuditConfig())
     assert scores == ["black-box"]
     assert note is not None and "directions_per_step=2" in note
-    assert len(audit_scores(tiny_run_config(), AuditConfig())[0]) > 1  # one direction: white-box
+    assert audit_scores(tiny_run_config(), AuditConfig())[0] == ["white-box-directional"]
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "1.5", "-0.1"])
@@ -202,3 +222,40 @@ def test_scores_are_compared_within_a_label():
     centred = centre_by_label(scores, labels)
     assert np.allclose(centred[:3], centred[3:])  # the per-label offset is gone
     assert np.argsort(centred[:3]).tolist() == [0, 1, 2]
+
+
+def synthetic_release(seed: int, in_release: bool = True):
+    """A ZO release shaped like an audit's: each canary's d_c(θ_t) is its label's shared
+    direction plus its own (of a scale that varies 5-fold across canaries); the released g_t is
+    the data's large shared part, the sampled in-canaries' d_c and noise, over the batch."""
+    rng = np.random.default_rng(seed)
+    steps, canaries, batch = 20000, 200, 8
+    labels = np.arange(canaries) % 2
+    included = rng.permutation(np.arange(canaries) % 4 < 2)
+    scale = np.exp(rng.uniform(0.0, np.log(5.0), size=canaries))
+    shared = rng.normal(scale=5.0, size=(steps, 2))
+    differences = shared[:, labels] + rng.normal(size=(steps, canaries)) * scale
+    sampled = (rng.random((steps, canaries)) < 0.02) & included & in_release
+    total = (differences * sampled).sum(axis=1) + 20 * shared[:, 0] + rng.normal(size=steps)
+    return WhiteBoxTrace(differences, total / batch), labels, included
+
+
+def right_guesses(scores: np.ndarray, included: np.ndarray, k: int) -> int:
+    order = np.argsort(scores)
+    return int(included[order[-k:]].sum() + (~included[order[:k]]).sum())
+
+
+def test_directional_score_sees_in_canaries_the_correlation_misses():
+    """Guessing 20 'in' and 20 'out' of 200 canaries, both scores compared within a label."""
+    trace, labels, included = synthetic_release(0)
+    directional = centre_by_label(directional_scores(trace, labels), labels)
+    correlation = centre_by_label(correlation_scores(trace), labels)
+    # of 40 guesses (chance: 20): 33 against 26 when written
+    assert right_guesses(directional, included, 20) >= 32
+    assert right_guesses(correlation, included, 20) <= 28
+
+
+def test_directional_score_of_a_release_without_canaries_is_standard_normal():
+    trace, labels, _ = synthetic_release(1, in_release=False)
+    scores = centre_by_label(directional_scores(trace, labels), labels)
+    assert abs(scores.mean()) < 0.35 and 0.7 < scores.std() < 1.3

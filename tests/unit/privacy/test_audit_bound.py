@@ -126,10 +126,10 @@ def test_the_sweep_pays_for_its_multiple_tests():
     (single,) = audit_guesses(scores, included, [100], delta=1e-5, alpha=0.05)
     assert single.correct == 200
     assert single.epsilon_lower_bound == pytest.approx(
-        epsilon_lower_bound(1000, 200, 200, delta=1e-5, alpha=0.05)
+        epsilon_lower_bound(1000, 200, 200, delta=1e-5, alpha=0.05 / 2)  # two bounds
     )
     swept = audit_guesses(scores, included, [10, 100, 500], delta=1e-5, alpha=0.05)
     assert swept[1].epsilon_lower_bound == pytest.approx(
-        epsilon_lower_bound(1000, 200, 200, delta=1e-5, alpha=0.05 / 3)
+        epsilon_lower_bound(1000, 200, 200, delta=1e-5, alpha=0.05 / 6)
     )
     assert swept[1].epsilon_lower_bound < single.epsilon_lower_bound

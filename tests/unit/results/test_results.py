@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from privzo.audit import AuditRecord
-from privzo.audit.record import BestGuess
-from privzo.privacy.audit import GuessResult
+from privzo.audit.record import BestGuess, EstimatorResult
+from privzo.privacy.audit import GuessResult, TprAtFpr
 from privzo.search.summary import SearchBounds, SearchSummary
 from privzo.studies import StudySummary, SyntheticSummary
 
@@ -40,6 +40,15 @@ def _audit(**changes) -> AuditRecord:
         "noise_multiplier": 1.2,
         "sample_rate": 0.1,
         "audited_run_id": "abc",
+        "estimators": [
+            EstimatorResult("one-run", 1.5, "bound, (ε, δ)-DP", "black-box", 5),
+            EstimatorResult(
+                "one-run-f-dp-gaussian", 2.25, "bound, Gaussian trade-off", "black-box", 5
+            ),
+            EstimatorResult("tpr-at-fpr", 0.0, "estimate", "black-box", None),
+        ],
+        "tightest": "one-run-f-dp-gaussian",
+        "tpr_at_fpr": {"black-box": TprAtFpr(0.01, 3, 0, 11, 9, 3 / 11, 0.06, 0.34, 0.0)},
         "run_dir": "run",
     }
     return AuditRecord(**(values | changes))
@@ -61,6 +70,10 @@ def test_an_audit_record_prints_its_verdict_and_a_violation():
     violated = _audit(verdict="VIOLATED", epsilon_lower_bound=2.5)
     assert violated.violated and violated.brief().violated
     assert violated.lines()[0].split() == ["verdict", "VIOLATED"]
+    estimators = violated.lines()[violated.lines().index("estimators") :]
+    assert "one-run-f-dp-gaussian" in estimators[2] and "ε ≥ 2.250" in estimators[2]
+    assert "black-box, k = 5" in estimators[1] and "(estimate; black-box)" in estimators[3]
+    assert estimators[4].split() == ["tightest", "one-run-f-dp-gaussian"]
     assert "NOT (2, 1e-05)-DP" in violated.violation_line()
     assert violated.brief().to_dict() == {
         "verdict": "VIOLATED",
