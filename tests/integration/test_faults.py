@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from conftest import RAY_TEST_ENV, REPO, local_ray
+from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
 from privzo.tracking import find_runs, read_run
 
@@ -304,7 +307,7 @@ def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tm
             *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
             *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
             *("parallel.strategy=replica", "parallel.workers=2", "parallel.max_failures=1"),
-            *("eval_before=false", "tracking.experiment=faults-distributed"),
+            *("eval_before=false", "tracking.experiment=faults-distributed", "save_model=true"),
         ],
     )
     output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
@@ -329,7 +332,26 @@ def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tm
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     runs = find_runs(uri, "faults-distributed")
     assert [(r.run_id, r.status) for r in runs] == [(summary["tracking_run_id"], "FINISHED")]
+    assert read_run(uri, runs[0].run_id)["metrics"]["final_epsilon"] == summary["epsilon"]
     _check_released_once(uri, summary["tracking_run_id"], rows, seed)
+    # a window per step over two attempts checkpointed; Ray keeps only the newest
+    kept = [path for path in (output / "ray").glob("*/checkpoint_*") if path.is_dir()]
+    assert len(kept) == CHECKPOINTS_KEPT, f"seed {seed}: {kept}"
+    _check_replays_to_the_saved_model(output, cache_dir, seed)
+
+
+def _check_replays_to_the_saved_model(output: Path, cache_dir: Path, seed: int) -> None:
+    """The restarted ranks rebuilt θ by replaying the kept steps: the saved weights are the
+    whole trajectory's, replayed from the base model."""
+    from privzo.replay import replay
+
+    loaded, _model, replayed_steps = replay(
+        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+    )
+    assert replayed_steps == RAY_STEPS, f"seed {seed}"
+    replayed = loaded.model.state_dict()
+    for name, tensor in load_file(output / "model" / "model.safetensors").items():
+        assert torch.equal(replayed[name], tensor), f"seed {seed}: {name}"
 
 
 # The CLI itself (``privzo.cli.main``, argv as given), with rank 0 of the run pausing at a step
@@ -390,7 +412,6 @@ def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
     """``privzo run`` of a two-worker replica DPZero run, SIGKILLed (the driver, so nothing
     of it runs after the kill) while rank 0 waits at a drawn step; the same command again
     goes on from the newest checkpoint the killed launch committed, in the same MLflow run."""
-    from privzo.distributed.launch import CHECKPOINTS_KEPT
     from privzo.distributed.resume import committed
 
     seed = _fault_seed()
