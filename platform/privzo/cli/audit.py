@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     Commands,
@@ -16,6 +17,9 @@ from privzo.cli.arguments import (
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
+
+if TYPE_CHECKING:
+    from privzo.audit import AuditRecord
 
 SCORES = (
     "black-box, white-box-directional, white-box-correlation, white-box-likelihood, white-box-match"
@@ -54,7 +58,7 @@ def add_audit(commands: Commands) -> None:
 
 
 def _audit_command(args: argparse.Namespace) -> int:
-    from privzo.audit import VIOLATED_EXIT_CODE, AuditConfig, run_audit
+    from privzo.audit import AuditConfig, run_audit
     from privzo.config.loading import validate_section
 
     quiet_libraries(args.verbose)
@@ -76,7 +80,15 @@ def _audit_command(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tracking_uri=tracking_uri(),
     )
-    lines = [json.dumps({"privzo_audit": record.to_dict()})] if args.json else record.lines()
+    return report_audit(record, as_json=args.json)
+
+
+def report_audit(record: AuditRecord, *, as_json: bool) -> int:
+    """Print the audit (its lines, or one JSON object) and return the command's exit code: a
+    VIOLATED verdict is also said on stderr and exits with its own code, so scripts see it."""
+    from privzo.audit import VIOLATED_EXIT_CODE
+
+    lines = [json.dumps({"privzo_audit": record.to_dict()})] if as_json else record.lines()
     print("\n".join(lines))
     if record.violated:
         print(record.violation_line(), file=sys.stderr)

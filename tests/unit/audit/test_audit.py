@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from privzo.audit import AUDIT_FILE, AuditConfig, run_audit
+from privzo.audit import AUDIT_FILE, VIOLATED_EXIT_CODE, AuditConfig, run_audit
 from privzo.audit.pipeline import audit_scores
 from privzo.audit.scores import (
     WhiteBoxTrace,
@@ -23,6 +23,7 @@ from privzo.audit.scores import (
     match_scores,
 )
 from privzo.cli import main
+from privzo.cli.audit import report_audit
 from privzo.config import ConfigError
 from privzo.tracking import open_client, read_run
 from privzo.zo.estimators import PrivateEstimator
@@ -83,7 +84,7 @@ PUBLIC_SEED = 0  # the broken run's noise seed: the run's own logged seed
 
 
 def test_a_run_whose_noise_comes_from_a_public_seed_is_flagged_violated(
-    tmp_path, tiny_run_config, cache_dir, monkeypatch
+    tmp_path, tiny_run_config, cache_dir, monkeypatch, capsys
 ):
     """The broken run: DPZero's accountant claims ε = 0.5, but its noise comes from a generator
     seeded with a public seed (the bug of a public implementation that seeds the global generator
@@ -121,7 +122,9 @@ def test_a_run_whose_noise_comes_from_a_public_seed_is_flagged_violated(
     assert record.best.score == "white-box-match"
     assert list(record.results) == ["white-box-match", "black-box"]
     assert record.tests == 4  # two scores, one k, two bounds
-    assert "PRIVACY VIOLATED" in record.violation_line()
+    # what `privzo audit` does with it: the verdict on stderr and its own exit code
+    assert report_audit(record, as_json=False) == VIOLATED_EXIT_CODE == 4
+    assert "PRIVACY VIOLATED" in capsys.readouterr().err
 
 
 def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_dir, capsys):
