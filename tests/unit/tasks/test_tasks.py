@@ -311,18 +311,17 @@ def test_a_max_length_that_cuts_most_prompts_is_said(tiny_models, kind, caplog):
     from transformers import AutoTokenizer
 
     from privzo.tasks import warn_cut_prompts
+    from privzo.tasks.classification import EncodedExamples
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_models[kind])
     rows = [ROWS["sst2"], {"sentence": "a dull plot", "label": 0}]
-    fixed = len(
-        build_task(resolve_task_config(TaskConfig(name="sst2"), kind), tokenizer, kind)
-        .encode([{"sentence": "", "label": 0}])
-        .input_ids[0]
-    )
+    roomy = build_task(resolve_task_config(TaskConfig(name="sst2"), kind), tokenizer, kind)
+    blank = roomy.encode([{"sentence": "", "label": 0}])
+    assert isinstance(blank, EncodedExamples)
+    fixed = len(blank.input_ids[0])  # the template's own tokens
     tight = resolve_task_config(TaskConfig(name="sst2", max_length=fixed + 1), kind)
     examples = build_task(tight, tokenizer, kind).encode(rows)
     assert examples.cut_tokens == [4, 2]  # five and three words, one kept
-    roomy = build_task(resolve_task_config(TaskConfig(name="sst2"), kind), tokenizer, kind)
     with caplog.at_level("WARNING", logger="privzo.tasks.describe"):
         warn_cut_prompts(roomy.encode(rows), roomy.max_length)
         assert not caplog.records
