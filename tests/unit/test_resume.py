@@ -147,3 +147,44 @@ def test_a_run_stopped_inside_its_first_window_resumes(
     assert summary["steps"] == STEPS and rows[:2] == first and len(rows) == STEPS
     # saved before step 0 (nothing booked); the 2 steps run since are booked on resume, once
     assert json.loads((output / "privacy.json").read_text())["steps_accounted"] == STEPS
+
+
+def test_a_run_killed_after_its_summary_has_its_tracking_run_ended(
+    tmp_path, tiny_run_config, cache_dir
+):
+    """A kill after summary.json, before the MLflow run is final, leaves the summary, the
+    resume point and a RUNNING run without artifacts: the same command (or a search, study or
+    demo asking ``finished_run``) logs the records and model and ends it FINISHED, training
+    nothing."""
+    import shutil
+    from urllib.parse import urlparse
+
+    from privzo.run import finished_run
+    from privzo.rundir import ResumePoint, untracked, write_resume_point
+    from privzo.tracking import open_client
+
+    config = tiny_run_config("optimizer.steps=2")
+    output = tmp_path / "runs" / "dp"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert not (output / "resume.json").exists() and untracked(output, config) is None
+    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    done = read_run(uri, summary["tracking_run_id"])
+    assert {"summary.json", "trajectory.parquet", "model/MLmodel"} <= set(done["artifacts"])
+    trajectory = (output / "trajectory.parquet").read_bytes()
+
+    # what write_records leaves for the moment after the summary: the resume point kept
+    write_resume_point(output, ResumePoint(summary["tracking_run_id"], None))
+    open_client(uri).update_run(summary["tracking_run_id"], status="RUNNING")
+    shutil.rmtree(urlparse(done["artifact_uri"]).path)
+    stopped = untracked(output, config)
+    assert stopped is not None and stopped.to_dict() == summary.to_dict()
+
+    again = finished_run(config, output, cache_dir=cache_dir)
+    assert again is not None and again.to_dict() == summary.to_dict()
+    ended = read_run(uri, summary["tracking_run_id"])
+    assert ended["status"] == "FINISHED" and set(ended["artifacts"]) == set(done["artifacts"])
+    assert ended["history"] == done["history"]  # no metric logged twice, no step drawn again
+    assert (output / "trajectory.parquet").read_bytes() == trajectory
+    assert not (output / "resume.json").exists()
+    last = finished_run(config, output, cache_dir=cache_dir)  # now simply finished
+    assert last is not None and last.to_dict() == summary.to_dict()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 RUN_EPILOG = (
     "The output directory receives config.yaml, summary.json, privacy.json, trajectory.parquet "
     "(zeroth-order algorithms) or model/ (dpsgd, adamw, dpgd-0th; any run with save_model=true), "
-    "and resume.json while the run is unfinished; every file: docs/reference/files.md."
+    "and resume.json until its MLflow run is final; every file: docs/reference/files.md."
 )
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from privzo.config.loading import load_config
-from privzo.run import run
-from privzo.rundir import RunSummary, finished
+from privzo.run import finished_run, run
+from privzo.rundir import RunSummary
 from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
@@ -89,7 +89,7 @@ def _run_arms(output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool) 
         config_path = config_dir / config_name
         config = load_config(config_path, overrides)
         # exactly this config: a --quick run is not reused for the full demo
-        reused = finished(arm_dir, config)
+        reused = finished_run(config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir)
         if reused is not None:
             print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
             summaries[arm] = reused

@@ -35,6 +35,7 @@ from privzo.tasks import (
     data_lineage,
     load_splits,
     resolve_task_config,
+    warn_cut_prompts,
     warn_unknown_tokens,
 )
 from privzo.tasks.data import Row
@@ -177,6 +178,7 @@ def build_context(
     perturber = loader.perturber(model, shards, directions)
     train, test = task.encode(splits.train), task.encode(splits.test)
     warn_unknown_tokens(train, loaded.tokenizer.unk_token_id, config.model.name_or_path)
+    warn_cut_prompts(train, task.max_length)
     return RunContext(
         config,
         plan,

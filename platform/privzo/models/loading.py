@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
+import safetensors
 import torch
 import transformers
 from transformers import (
@@ -108,6 +109,7 @@ def check_model(config: ModelConfig) -> str:
         return peek_kind(config)
     source = resolve_source(config, cache_dir=Path("."), progress=False)
     hf_config = _load_hf_config(config, source)
+    check_weight_files(config, source)
     refusal = view_refusal(config.trainable, hf_config)
     if refusal is not None:
         raise ConfigError(f"model.trainable={config.trainable!r}: {refusal}")
@@ -136,6 +138,7 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
     source = resolve_source(config, cache_dir, progress)
     hf_config = _load_hf_config(config, source)
     kind = resolve_kind(config, hf_config)
+    check_weight_files(config, source)
     try:
         auto_class = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
         pinned = pretrained_kwargs(config)
@@ -152,11 +155,35 @@ def load_model(config: ModelConfig, cache_dir: Path, progress: bool = True) -> L
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
             "allowed: an existing local directory, a reachable hub id, or a built-in name"
         ) from None
+    except safetensors.SafetensorError as error:  # a hub download's file, damaged in its cache
+        raise _damaged_weights(config, source, error) from None
     check_weights_fit(config, hf_config, model, loading)
     # typeshed's functools.wraps (on transformers' PreTrainedModel.to) does not bind self
     model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, kind, source, device, loaded_commit(config, hf_config))
+
+
+def check_weight_files(config: ModelConfig, source: str) -> None:
+    """Refuse a local directory whose safetensors files are damaged or cut short (a copy that
+    stopped midway): only their headers are read, which name every tensor's byte range, so a
+    file shorter than those ranges is found without loading any weights."""
+    directory = Path(source)
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safetensors.safe_open(str(path), framework="pt"):
+                pass
+        except safetensors.SafetensorError as error:
+            raise _damaged_weights(config, str(path), error) from None
+
+
+def _damaged_weights(config: ModelConfig, path: str, error: Exception) -> ConfigError:
+    return ConfigError(
+        f"model.name_or_path={config.name_or_path!r}: the weight file {path!r} is damaged or "
+        f"cut short ({error}); copy it again, or save the model again with save_pretrained"
+    )
 
 
 def check_weights_fit(

@@ -11,7 +11,7 @@ from privzo.algorithms.registry import make_loop
 from privzo.layouts.context import RunContext, RunHooks, build_context
 from privzo.models.loading import model_parameters
 from privzo.privacy.plan import PrivacyPlan, mechanism_parameters, plan_privacy
-from privzo.run.pipeline import run
+from privzo.run.pipeline import finished_run, run
 from privzo.rundir import (
     CONFIG_FILE,
     MODEL_DIR,
@@ -43,6 +43,7 @@ __all__ = [
     "can_resume",
     "check_output_dir",
     "finished",
+    "finished_run",
     "make_loop",
     "mechanism_parameters",
     "model_parameters",

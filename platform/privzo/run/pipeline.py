@@ -36,8 +36,11 @@ from privzo.rundir import (
     RunDirectoryProgress,
     RunRecords,
     RunSummary,
+    finished,
+    mark_tracked,
     prepare_output_dir,
     resume_point,
+    untracked,
     write_config,
     write_records,
     write_resume_point,
@@ -76,6 +79,11 @@ def run(
     MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, task, seed).
     """
     output_dir = Path(output_dir).resolve()
+    stopped = None if overwrite else untracked(output_dir, config)
+    if stopped is not None:  # trained and recorded: only its tracking run is left to end
+        return _end_tracking(
+            config, output_dir, stopped, cache_dir, (tracking_root, tracking_uri), run_name
+        )
     resume = None if overwrite else resume_point(config, output_dir)
     checked = preflight(  # everything that can refuse the run, before any weights load
         config,
@@ -117,13 +125,65 @@ def run(
             tracker.log_params(params)
             training.log_inputs(tracker)
         records = training.train(tracker)
+        tracker.flush()  # the final metrics are stored before the summary says it finished
         write_records(output_dir, records)
-        for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
-            if (output_dir / name).exists():  # first-order baselines write no trajectory
-                tracker.log_artifact(output_dir / name)
-        if training.logs_model:
-            _log_replayable_model(tracker, config, output_dir, cache_dir)
+        _log_records(tracker, config, output_dir, cache_dir, training.logs_model)
+    mark_tracked(output_dir)
     return records.summary
+
+
+def finished_run(
+    config: RunConfig,
+    output_dir: Path,
+    *,
+    cache_dir: Path,
+    tracking_root: Path | None = None,
+    tracking_uri: str | None = None,
+) -> RunSummary | None:
+    """The summary of a finished run of exactly ``config`` in ``output_dir``, else None; a run
+    killed after its summary first has its tracking run ended (as ``run`` would): what
+    searches, studies and the demo ask before a trial, a cell or an arm trains."""
+    if untracked(Path(output_dir), config) is None:
+        return finished(Path(output_dir), config)
+    return run(  # under the directory's lock, ``run`` ends the tracking run and trains nothing
+        config,
+        output_dir,
+        cache_dir=cache_dir,
+        tracking_root=tracking_root,
+        tracking_uri=tracking_uri,
+    )
+
+
+def _end_tracking(
+    config: RunConfig,
+    output_dir: Path,
+    summary: RunSummary,
+    cache_dir: Path,
+    tracking: tuple[Path | None, str | None],
+    run_name: str | None = None,
+) -> RunSummary:
+    """End the tracking run of a run killed after its summary was written: its records and
+    model logged (again, where they were), FINISHED; nothing trains. Its final metrics were
+    stored before the summary was written."""
+    logger.warning("the run in %s is finished; ending its tracking run", output_dir)
+    if summary.tracking_run_id is not None:
+        tracker = connect_run_tracker(config, output_dir, *tracking, {}, run_name)
+        tracker.attach(summary.tracking_run_id)
+        with tracker:
+            _log_records(tracker, config, output_dir, cache_dir, writes_trajectory(config))
+    mark_tracked(output_dir)
+    return summary
+
+
+def _log_records(
+    tracker: Tracker, config: RunConfig, output_dir: Path, cache_dir: Path, logs_model: bool
+) -> None:
+    """A finished run's files as artifacts, and its replayable model where it has one."""
+    for name in (CONFIG_FILE, TRAJECTORY_FILE, PRIVACY_FILE, SUMMARY_FILE):
+        if (output_dir / name).exists():  # first-order baselines write no trajectory
+            tracker.log_artifact(output_dir / name)
+    if logs_model:
+        _log_replayable_model(tracker, config, output_dir, cache_dir)
 
 
 class Training(Protocol):

@@ -24,6 +24,8 @@ from privzo.rundir.progress import RunDirectoryProgress
 from privzo.rundir.records import (
     finished,
     finished_record,
+    mark_tracked,
+    untracked,
     write_config,
     write_records,
 )
@@ -60,11 +62,13 @@ __all__ = [
     "check_output_dir",
     "finished",
     "finished_record",
+    "mark_tracked",
     "prepare_output_dir",
     "read_json_object",
     "read_summary",
     "resume_point",
     "unfinished_steps",
+    "untracked",
     "write_atomically",
     "write_config",
     "write_json_atomically",

@@ -96,9 +96,10 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
 
 def prepare_output_dir(output_dir: Path) -> None:
     """Create the directory and clear an overwritten run's files, once the inputs are good,
-    so a failing new run never sits next to an old summary that makes it look finished."""
+    so a failing new run never sits next to an old summary that makes it look finished (or an
+    old resume point that names another tracking run)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_FILES:
+    for name in (*RUN_FILES, RESUME_FILE):
         (output_dir / name).unlink(missing_ok=True)
     # an earlier distributed run's Ray state: its checkpoints hold that run's noised steps
     shutil.rmtree(output_dir / RAY_STATE_DIR, ignore_errors=True)

@@ -14,6 +14,7 @@ from privzo.config.run import RunConfig
 from privzo.rundir.files import (
     CONFIG_FILE,
     PRIVACY_FILE,
+    RESUME_FILE,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     read_json_object,
@@ -21,7 +22,7 @@ from privzo.rundir.files import (
     write_json_atomically,
     write_text_atomically,
 )
-from privzo.rundir.resume import clear_resume_point
+from privzo.rundir.resume import ResumePoint, clear_resume_point, write_resume_point
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
 
 
@@ -31,13 +32,32 @@ def write_config(output_dir: Path, config: RunConfig) -> None:
 
 
 def write_records(output_dir: Path, records: RunRecords) -> None:
-    """The finished run's files: the privacy state, then the summary that marks it finished;
-    nothing is left to resume."""
+    """The finished run's files: the privacy state, then the summary that marks it finished.
+
+    The resume point stays (one naming the tracking run is written where the run kept none)
+    until ``mark_tracked``: a run killed after its summary but before its tracking run is final
+    is found by ``untracked`` and completed by the same command, not trained again."""
     if records.trajectory is not None:
         write_atomically(output_dir / TRAJECTORY_FILE, records.trajectory)
     write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
+    if not (output_dir / RESUME_FILE).is_file():
+        write_resume_point(output_dir, ResumePoint(records.summary.tracking_run_id, None))
     write_summary(output_dir / SUMMARY_FILE, records.summary)
+
+
+def mark_tracked(output_dir: Path) -> None:
+    """The finished run's tracking run is final (its artifacts logged, FINISHED): nothing is
+    left to complete."""
     clear_resume_point(output_dir)
+
+
+def untracked(output_dir: Path, config: RunConfig) -> RunSummary | None:
+    """The summary of a finished run of exactly ``config`` in ``output_dir`` whose tracking run
+    (the summary's ``tracking_run_id``) was not ended: a kill after its summary; else None."""
+    summary = finished(output_dir, config)
+    if summary is None or not (Path(output_dir) / RESUME_FILE).is_file():
+        return None
+    return summary
 
 
 def finished(output_dir: Path, config: RunConfig) -> RunSummary | None:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
-from privzo.run import RunContext, RunHooks, run
-from privzo.rundir import RunSummary, can_resume, finished, unfinished_steps
+from privzo.run import RunContext, RunHooks, finished_run, run
+from privzo.rundir import RunSummary, can_resume, unfinished_steps
 from privzo.search.config import SearchConfig, base_run_config
 from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
@@ -102,7 +102,13 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     config = base_run_config(search, point)
     trial_id = tune.get_context().get_trial_id()
     output_dir = Path(setup["output_dir"]) / TRIALS_DIR / trial_id
-    done = finished(output_dir, config)
+    done = finished_run(
+        config,
+        output_dir,
+        cache_dir=Path(setup["cache_dir"]),
+        tracking_root=Path(setup["tracking_root"]),
+        tracking_uri=setup["tracking_uri"],
+    )
     if done is not None:
         tune.report(_report(done, done.extra.get(SCORE)))
         return

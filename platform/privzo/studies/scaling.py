@@ -17,11 +17,10 @@ from typing import Any
 from privzo.audit import AuditRecord
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
-from privzo.run import run
+from privzo.run import finished_run, run
 from privzo.rundir import (
     SUMMARY_FILE,
     RunSummary,
-    finished,
     read_summary,
     write_config,
     write_json_atomically,
@@ -143,7 +142,13 @@ def _run_trained_cells(
     summaries: dict[str, RunSummary] = {}
     for index, cell in enumerate(cells, start=1):
         cell_dir = output_dir / CELLS_DIR / cell.name
-        done = finished(cell_dir, configs[cell.name])
+        done = finished_run(
+            configs[cell.name],
+            cell_dir,
+            cache_dir=options["cache_dir"],
+            tracking_root=tracking_root,
+            tracking_uri=options["tracking_uri"],
+        )
         if done is not None:
             summaries[cell.name] = done
             continue

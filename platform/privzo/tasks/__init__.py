@@ -7,7 +7,7 @@ reads its rows, ``splits`` checks and splits them, ``describe`` says which rows 
 
 from privzo.tasks.build import Task, build_task
 from privzo.tasks.classification import EncodedExamples, PromptClassificationTask
-from privzo.tasks.describe import data_lines, warn_unknown_tokens
+from privzo.tasks.describe import data_lines, warn_cut_prompts, warn_unknown_tokens
 from privzo.tasks.generation import GenerationTask
 from privzo.tasks.presets import PRESETS
 from privzo.tasks.resolve import CUSTOM_TASK, TASK_NAMES, is_generation, resolve_task_config
@@ -33,5 +33,6 @@ __all__ = [
     "load_splits",
     "resolve_task_config",
     "split_salt",
+    "warn_cut_prompts",
     "warn_unknown_tokens",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,9 @@ class EncodedExamples:
     input_ids: list[list[int]]
     positions: list[int]
     labels: np.ndarray
+    # each prompt's tokens cut off its start to fit max_length (empty: none counted), so a run
+    # can say when a limit cuts most of the text away
+    cut_tokens: list[int] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -133,15 +137,17 @@ class PromptClassificationTask:
         return text.rstrip(" ") if self.kind == "masked" else text
 
     def encode(self, rows: Sequence[Row]) -> EncodedExamples:
-        input_ids, positions = [], []
+        input_ids, positions, cut = [], [], []
         fields = template_fields(self.template)
         for row in rows:
-            ids, position = self._encode_prompt({field: row[field].strip() for field in fields})
+            full = self._prompt_ids({name: row[name].strip() for name in fields})
+            ids, position = self._fit_prompt(full)
             input_ids.append(ids)
             positions.append(position)
+            cut.append(len(full) - len(ids))
         label_field = self.config.label_field or "label"
         labels = np.array([int(row[label_field]) for row in rows], dtype=np.int64)
-        return EncodedExamples(input_ids, positions, labels)
+        return EncodedExamples(input_ids, positions, labels, cut)
 
     def public_example(self) -> EncodedExamples:
         """One example built from the template alone (empty fields, label 0): a forward input
@@ -173,8 +179,11 @@ class PromptClassificationTask:
         return ids if tokenizer.bos_token_id is None else [tokenizer.bos_token_id, *ids]
 
     def _encode_prompt(self, texts: dict[str, str]) -> tuple[list[int], int]:
+        return self._fit_prompt(self._prompt_ids(texts))
+
+    def _fit_prompt(self, ids: list[int]) -> tuple[list[int], int]:
+        """The prompt cut to ``max_length`` and the position scored in it."""
         tokenizer = self.tokenizer
-        ids = self._prompt_ids(texts)
         limit = self.max_length
         if (
             limit is not None and len(ids) > limit

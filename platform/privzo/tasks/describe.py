@@ -15,12 +15,15 @@ from privzo.tasks.resolve import is_generation
 from privzo.tasks.sources import describe_source
 from privzo.tasks.splits import TaskSplits
 
-__all__ = ["data_lines", "unknown_token_share", "warn_unknown_tokens"]
+__all__ = ["data_lines", "unknown_token_share", "warn_cut_prompts", "warn_unknown_tokens"]
 
 logger = logging.getLogger(__name__)
 # the share of a task's tokens unknown to the tokenizer above which a run warns: each of them
 # reads as one symbol, so the model sees little of the text
 UNKNOWN_TOKEN_WARNING = 0.02
+# the share of a task's prompts cut to its max_length above which a run warns: prompts lose their
+# start, so a limit below the data's usual length leaves the model little of each text
+CUT_PROMPT_WARNING = 0.02
 
 
 def data_lines(config: TaskConfig, splits: TaskSplits) -> list[str]:
@@ -79,3 +82,26 @@ def warn_unknown_tokens(
             100 * share,
             model,
         )
+
+
+def warn_cut_prompts(
+    examples: EncodedExamples | GenerationExamples, max_length: int | None
+) -> None:
+    """Warn on the console (the operator's, not a release) when more than
+    ``CUT_PROMPT_WARNING`` of the training prompts lost their start to ``max_length``."""
+    cut = [tokens for tokens in examples.cut_tokens if tokens > 0]
+    if not examples.cut_tokens or len(cut) <= CUT_PROMPT_WARNING * len(examples.cut_tokens):
+        return
+    prompts = examples.input_ids if isinstance(examples, EncodedExamples) else examples.prompt_ids
+    longest = max(
+        len(ids) + tokens for ids, tokens in zip(prompts, examples.cut_tokens, strict=True)
+    )
+    logger.warning(
+        "%.0f %% of the training prompts do not fit max_length=%s tokens and lose their "
+        "start, %.0f tokens each on average (the longest prompt has %d): the model sees only "
+        "their end; raise task.max_length, or set it to null for the model's limit",
+        100 * len(cut) / len(examples.cut_tokens),
+        max_length,
+        sum(cut) / len(cut),
+        longest,
+    )

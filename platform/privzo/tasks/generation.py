@@ -13,6 +13,7 @@ can drive either task.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ class GenerationExamples:
     prompt_ids: list[list[int]]
     target_ids: list[list[int]]
     references: list[list[str]]
+    # each prompt's tokens cut off its start to fit max_length beside its target (empty: none
+    # counted), so a run can say when a limit cuts most of the passage away
+    cut_tokens: list[int] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -125,7 +129,7 @@ class GenerationTask:
 
     def encode(self, rows: Sequence[Row]) -> GenerationExamples:
         """Tokenise every row; the first answer is the training target, all are references."""
-        prompts, targets, references = [], [], []
+        prompts, targets, references, cut = [], [], [], []
         for index, row in enumerate(rows):
             answers = [str(answer) for answer in row[self.answer_field]]
             prompt_ids, target_ids = self._tokenize(self.format_prompt(row), answers[0])
@@ -134,7 +138,8 @@ class GenerationTask:
             prompts.append(self._fit_for_training(prompt_ids, len(target_ids), index))
             targets.append(target_ids)
             references.append(answers)
-        return GenerationExamples(prompts, targets, references)
+            cut.append(len(prompt_ids) - len(prompts[-1]))
+        return GenerationExamples(prompts, targets, references, cut)
 
     def public_example(self) -> GenerationExamples:
         """One example built from the template alone (empty fields, answer "yes"): a forward

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -20,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from privzo.config import ConfigError, ModelConfig, TaskConfig, load_config
 from privzo.models.builtin import materialize_builtin
-from privzo.models.loading import load_model
+from privzo.models.loading import check_model, load_model
 from privzo.replay import prepare_replay
 from privzo.run import run
 from privzo.tasks import data_lineage, load_splits, resolve_task_config
@@ -183,3 +184,22 @@ def test_weights_that_do_not_fit_the_config_architecture_are_refused(tmp_path, c
     with pytest.raises(ConfigError, match=r"of the 'gpt2' architecture .* not in its weight"):
         load_model(ModelConfig(name_or_path=str(mixed)), cache_dir, False)
     assert load_model(ModelConfig(name_or_path=str(local)), cache_dir, False).kind == "causal"
+
+
+@pytest.mark.parametrize("kept", [0, 100, -1], ids=["empty", "header-cut", "last-byte-cut"])
+def test_a_cut_short_weight_file_is_refused_before_loading(tmp_path, cache_dir, kept):
+    """A copy that stopped midway: privzo check and the run's loading name the file."""
+    import os
+    import shutil
+
+    local = materialize_builtin("tiny-opt", cache_dir, progress=False)
+    cut = shutil.copytree(local, tmp_path / "cut")
+    weights = cut / "model.safetensors"
+    os.truncate(weights, kept if kept >= 0 else weights.stat().st_size + kept)
+    config = ModelConfig(name_or_path=str(cut))
+    expected = re.escape(f"weight file '{weights}' is damaged or cut short")
+    with pytest.raises(ConfigError, match=expected):
+        check_model(config)
+    with pytest.raises(ConfigError, match=expected):
+        load_model(config, cache_dir, False)
+    assert check_model(ModelConfig(name_or_path=str(local))) == "causal"

@@ -138,3 +138,21 @@ def test_a_resume_record_reads_back_as_it_was_written(run_dir):
     point = ResumePoint("abc123", ({"accuracy": 0.5}, 1.25), None)
     write_resume_point(directory, point)
     assert find_resume_point(directory, config) == point
+
+
+def test_a_summary_written_before_its_tracking_run_ends_is_untracked(run_dir):
+    """The records mark the run finished; the resume point stays until the tracking run is
+    final, so a kill in between is found (and not trained again: no resume point to train)."""
+    from privzo.rundir import RunRecords, mark_tracked, untracked, write_records
+    from privzo.rundir.resume import RESUME_FILE, find_resume_point
+
+    directory, config = run_dir
+    summary = RunSummary.from_dict({**SUMMARY, "tracking_run_id": "abc123"})
+    write_records(directory, RunRecords(summary, {"final": True}))
+    assert finished(directory, config) is not None
+    assert find_resume_point(directory, config) is None
+    stopped = untracked(directory, config)
+    assert stopped is not None and stopped.tracking_run_id == "abc123"
+    mark_tracked(directory)
+    assert untracked(directory, config) is None and not (directory / RESUME_FILE).exists()
+    assert finished(directory, config) is not None

@@ -141,6 +141,7 @@ def test_truncation_drops_the_passage_start_never_the_answer(words) -> None:
     assert prompt[0] == words.bos_token_id
     assert prompt[1:] == full.prompt_ids[0][-(19 - len(target)) :]
     assert words.decode(prompt[-4:]) == "? \n answer :"
+    assert examples.cut_tokens == [len(full.prompt_ids[0]) - len(prompt)] and full.cut_tokens == [0]
 
     long_answer = {**SQUAD_ROW, "answers": ["the city of paris " * 5]}
     with pytest.raises(ConfigError, match=r"row 0: the answer is 20 tokens.*max_length=20"):

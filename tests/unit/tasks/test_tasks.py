@@ -305,6 +305,33 @@ def test_a_max_length_the_template_fills_is_refused(tiny_models, kind):
     assert len(examples.input_ids[0]) <= 32
 
 
+@pytest.mark.parametrize("kind", ["masked", "causal"])
+def test_a_max_length_that_cuts_most_prompts_is_said(tiny_models, kind, caplog):
+    """Room for one word of text: every prompt loses its start, and the run says how much."""
+    from transformers import AutoTokenizer
+
+    from privzo.tasks import warn_cut_prompts
+    from privzo.tasks.classification import EncodedExamples
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models[kind])
+    rows = [ROWS["sst2"], {"sentence": "a dull plot", "label": 0}]
+    roomy = build_task(resolve_task_config(TaskConfig(name="sst2"), kind), tokenizer, kind)
+    blank = roomy.encode([{"sentence": "", "label": 0}])
+    assert isinstance(blank, EncodedExamples)
+    fixed = len(blank.input_ids[0])  # the template's own tokens
+    tight = resolve_task_config(TaskConfig(name="sst2", max_length=fixed + 1), kind)
+    examples = build_task(tight, tokenizer, kind).encode(rows)
+    assert examples.cut_tokens == [4, 2]  # five and three words, one kept
+    with caplog.at_level("WARNING", logger="privzo.tasks.describe"):
+        warn_cut_prompts(roomy.encode(rows), roomy.max_length)
+        assert not caplog.records
+        warn_cut_prompts(examples, fixed + 1)
+    assert (
+        f"100 % of the training prompts do not fit max_length={fixed + 1} tokens and lose their "
+        f"start, 3 tokens each on average (the longest prompt has {fixed + 5})"
+    ) in caplog.text
+
+
 def test_a_class_smaller_than_k_contributes_all_its_rows(tmp_path):
     rows = _rows("trec", 60, 6)  # 10 rows per class
     rows = [row for row in rows if row["coarse_label"] != 0] + rows[:1]  # class 0: one row
