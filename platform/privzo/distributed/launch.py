@@ -98,15 +98,14 @@ def check_layout(config: RunConfig) -> None:
         raise ConfigError(
             "parallel.use_gpu=true with model.device='cpu'; set model.device='auto' or 'cuda'"
         )
-    if parallel.offload != "none" and parallel.use_gpu:
-        if config.optimizer.generator == "torch-blocks":
-            # the forwards perturb on the GPU, the update runs on the host's partitions
-            raise ConfigError(
-                f"optimizer.generator='torch-blocks' with parallel.offload={parallel.offload!r} "
-                "on GPUs: its values differ between the GPU, where the forwards are perturbed, "
-                "and the host, where the offloaded partitions are updated; allowed: 'philox' "
-                "or 'auto'"
-            )
+    offloaded_gpu = parallel.offload != "none" and parallel.use_gpu
+    if offloaded_gpu and config.optimizer.generator == "torch-blocks":
+        # the forwards perturb on the GPU, the update runs on the host's partitions
+        raise ConfigError(
+            f"optimizer.generator='torch-blocks' with parallel.offload={parallel.offload!r} on "
+            "GPUs: its values differ between the GPU, where the forwards are perturbed, and the "
+            "host, where the offloaded partitions are updated; allowed: 'philox' or 'auto'"
+        )
     if parallel.offload == "nvme":
         check_nvme_folder(Path(parallel.nvme_path or "").expanduser())
 
