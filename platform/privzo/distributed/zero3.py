@@ -39,7 +39,7 @@ def deepspeed_config(parallel: ParallelConfig) -> dict[str, Any]:
     backward memory only and rounds half-precision outputs differently from one device.
     ``parallel.offload`` adds DeepSpeed's ``offload_param``: the partitions (``ds_tensor``)
     then live in host memory or NVMe files, and each forward copies a layer's to the device."""
-    zero = {
+    zero: dict[str, Any] = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,
         "stage3_model_persistence_threshold": 0,
