@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -118,11 +119,14 @@ def check_nvme_folder(folder: Path) -> None:
             f"parallel.nvme_path={str(folder)!r} is not an existing folder; create it on a local "
             "NVMe drive (on every node), or use parallel.offload='cpu'"
         )
-    if not os.access(folder, os.W_OK | os.X_OK):
+    try:  # a file made and removed: a read-only mount refuses it even to root
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
         raise ConfigError(
-            f"parallel.nvme_path={str(folder)!r} is not writable; choose a folder the workers "
-            "can write, or use parallel.offload='cpu'"
-        )
+            f"parallel.nvme_path={str(folder)!r} is not writable ({error.strerror}); choose a "
+            "folder the workers can write, or use parallel.offload='cpu'"
+        ) from None
 
 
 def host_memory_gb(parallel: ParallelConfig) -> float:
