@@ -25,6 +25,7 @@ from privzo.distributed.launch import (
     check_batch,
     check_layout,
     check_offload,
+    check_offload_runs,
     check_verdict,
     config_plan,
 )
@@ -173,6 +174,7 @@ def preflight(
         check_verdict(config, memory)
     elif memory is not None and config.parallel.offload != "none":
         check_offload(config, memory)  # the host holds the partitions, GPUs or not
+    check_offload_runs(config)
     return Preflight(config, algorithm, task_config, splits, privacy, memory)
 
 

@@ -181,6 +181,19 @@ def check_offload(config: RunConfig, verdict: Any) -> None:
             )
 
 
+def check_offload_runs(config: RunConfig) -> None:
+    """After the NVMe folder and its size are checked: the trainer cannot run ``nvme`` yet.
+    DeepSpeed keeps a partition of 1 MiB or more only in a swap buffer while its layer runs (a
+    one-element placeholder otherwise), so perturbation and update, which edit ``ds_tensor``
+    in place outside the forwards, would have to swap each partition in and out themselves."""
+    if config.parallel.offload == "nvme":
+        raise ConfigError(
+            "parallel.offload='nvme': DeepSpeed holds NVMe partitions in memory only while their "
+            "layer runs, and privzo's perturbation and update do not swap them in and out yet; "
+            "allowed: offload 'cpu' (host memory) or 'none'"
+        )
+
+
 def check_batch(config: RunConfig, expected_batch_size: float) -> None:
     workers = config.parallel.workers
     if expected_batch_size < workers:

@@ -30,8 +30,9 @@ class ParallelConfig(Section):
     offload: OffloadDevice = Field(
         "none",
         description="Where zero3 keeps each worker's partitions between forwards: on its "
-        "device (none), in host memory (cpu) or in files under parallel.nvme_path (nvme); "
-        "DeepSpeed's offload_param.",
+        "device (none) or in host memory (cpu), through DeepSpeed's offload_param; nvme "
+        "(files under parallel.nvme_path) is planned and checked, then refused: the trainer "
+        "does not swap NVMe partitions in and out yet.",
     )
     nvme_path: str | None = Field(
         None, description="Folder on a local NVMe drive for offload 'nvme' (on every node)."
