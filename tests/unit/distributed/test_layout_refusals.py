@@ -117,7 +117,8 @@ def test_host_memory_below_the_plan_is_refused(tmp_path, cache_dir):
         _run(config, tmp_path / "out", cache_dir)
     assert not (tmp_path / "out").exists()
     accepted = _config(TINY_MEZO, *OPT_66B, *_offload("cpu", "parallel.host_memory_gb=1024"))
-    assert preflight(accepted).memory.host_fits  # the same plan on a host that holds it
+    memory = preflight(accepted).memory
+    assert memory is not None and memory.host_fits  # the same plan on a host that holds it
 
 
 def test_nvme_folder_smaller_than_the_plan_is_refused(tmp_path, cache_dir):
@@ -128,10 +129,12 @@ def test_nvme_folder_smaller_than_the_plan_is_refused(tmp_path, cache_dir):
     nvme = _offload("nvme", f"parallel.nvme_path={tmp_path}")
     small = _config(TINY_MEZO, "model.name_or_path=facebook/opt-125m", "model.kind=causal", *nvme)
     large = _config(TINY_MEZO, *OPT_66B, "model.dtype=float32", *nvme)
-    assert memory_plan(small).nvme_bytes < free
+    small_plan, large_plan = memory_plan(small), memory_plan(large)
+    assert small_plan is not None and large_plan is not None
+    assert small_plan.nvme_bytes < free
     with pytest.raises(ConfigError, match=r"offload='nvme': .* do not swap them .* 'cpu'"):
         preflight(small)  # the folder passes; the trainer cannot run NVMe partitions
-    need = memory_plan(large).nvme_bytes
+    need = large_plan.nvme_bytes
     if need <= free:
         pytest.skip(f"{free / 2**30:.0f} GiB free in the temporary folder holds OPT-66B")
     take = rf"has [\d.]+ GiB free; the partitions .* take {need / 2**30:.1f} GiB"
