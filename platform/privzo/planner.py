@@ -5,7 +5,8 @@ inference: the weights plus the activations of *one* forward (no gradients, no o
 state, nothing kept for a backward). That makes the estimate simple enough to write down and
 check: :func:`estimate_forward_bytes` is the formula (for every decoder family of
 ``privzo.models.architecture``: OPT, Llama, Mistral, Qwen2, Qwen3), :func:`plan` turns it into
-a placement ("replica": a full copy per GPU; "zero3": weights sharded across GPUs), and
+a placement ("replica": a full copy per GPU; "zero3": weights sharded across GPUs, or kept
+in host memory or NVMe files with ``offload``), and
 :func:`measure_forward_peak_mb` checks the formula against a real forward on CPU.
 
 This is only the estimate of a later scale-out feature; nothing here places anything yet.

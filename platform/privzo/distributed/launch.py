@@ -5,7 +5,8 @@ below are called by preflight, ``privzo.preflight``, except the cluster's size a
 model's fit, checked here once Ray is up): more workers than the cluster's CPUs (or GPUs), an
 expected batch smaller than the number of workers (some
 workers would almost always idle, and a private run's partitions could not all be sampled), a
-model the planner says cannot fit the strategy, and options the strategy does not support.
+model the planner says cannot fit the strategy (or the host its offloaded partitions), and
+options the strategy does not support (offload settings included).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ perturbed in place (``privzo.zo.perturbation.GatheredPerturber``): each module's
 θ + c·z computed from its gathered weights, exactly the single-device values, and the
 stochastically rounded update lands on each partition at its element indices. Forward passes
 gather each layer's weights from the partitions just before use (a collective: every rank must
-run the same forwards).
+run the same forwards). With ``parallel.offload: cpu`` the partitions live in host memory
+(DeepSpeed's ``offload_param``), and the sweeps and updates run there (``partition_sampler``).
 """
 
 from __future__ import annotations
