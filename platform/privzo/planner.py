@@ -5,7 +5,8 @@ inference: the weights plus the activations of *one* forward (no gradients, no o
 state, nothing kept for a backward). That makes the estimate simple enough to write down and
 check: :func:`estimate_forward_bytes` is the formula (for every decoder family of
 ``privzo.models.architecture``: OPT, Llama, Mistral, Qwen2, Qwen3), :func:`plan` turns it into
-a placement ("replica": a full copy per GPU; "zero3": weights sharded across GPUs), and
+a placement ("replica": a full copy per GPU; "zero3": weights sharded across GPUs, or kept
+in host memory or NVMe files with ``offload``), and
 :func:`measure_forward_peak_mb` checks the formula against a real forward on CPU.
 
 This is only the estimate of a later scale-out feature; nothing here places anything yet.
@@ -40,6 +41,14 @@ SAFETY_MARGIN = 0.10
 # Fixed per-GPU cost outside the tensors the formula counts: the CUDA context and kernels
 # (typically 0.3-0.5 GiB) plus cuBLAS/attention workspaces. A round, stated number, not fitted.
 GPU_OVERHEAD_BYTES = 1 * _GIB
+# Where ZeRO-3's partitions live between forwards (``parallel.offload``).
+OFFLOADS = ("none", "cpu", "nvme")
+# Host memory of each worker process beyond the partitions it holds: torch, transformers,
+# DeepSpeed and the CUDA host libraries, and the load path's buffers. A round, stated number.
+HOST_OVERHEAD_BYTES = 4 * _GIB
+# DeepSpeed's NVMe swap buffers in pinned host memory, per worker: buffer_count (5) buffers of
+# the largest parameter (``privzo.distributed.zero3`` sizes them so).
+NVME_BUFFERS = 5
 
 
 def resolve_arch(model: str | DecoderArch) -> tuple[str, DecoderArch]:
@@ -190,6 +199,14 @@ class Plan:
     bytes_per_gpu: int
     gpu_memory_bytes: int
     fits: bool
+    offload: str = "none"
+    # host memory the offloaded partitions (all GPUs' workers on one host) and processes need
+    host_bytes: int = 0
+    nvme_bytes: int = 0  # the partitions' files under parallel.nvme_path
+    # bytes copied from the offload device to each GPU per step (2 forwards per direction)
+    offload_bytes_per_step: int = 0
+    host_memory_bytes: int | None = None  # the host's memory, where given
+    host_fits: bool | None = None  # None: no host memory given, or nothing offloaded
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for logs and the CLI."""
@@ -213,6 +230,9 @@ def plan(
     seq_len: int = 256,
     attention: str = "eager",
     kv_cache: bool = False,
+    offload: str = "none",
+    host_memory_gb: float | None = None,
+    forwards_per_step: int = 2,
 ) -> Plan:
     """Choose the simplest placement that fits.
 
@@ -222,8 +242,14 @@ def plan(
     layer being gathered), activations and overhead still whole on every GPU.
     ``gpu_memory_gb`` is in GiB. The defaults (eager attention, key/value cache kept) are the
     conservative upper bound; see :func:`estimate_activation_bytes`.
+
+    ``offload`` "cpu" or "nvme" is zero3 whatever fits: the partitions stay in host memory (or
+    NVMe files) and a GPU holds only the layer being gathered, its activations and overhead
+    (:func:`_offloaded`); ``host_memory_gb`` then judges the host too (``host_fits``).
     """
     _check_resources(gpus, gpu_memory_gb)
+    if offload not in OFFLOADS:
+        raise ValueError(f"unknown offload {offload!r}; known: {', '.join(OFFLOADS)}")
     name, arch = resolve_arch(model)
     parameters = count_parameters(arch)
     parameter_bytes = parameters * _dtype_bytes(dtype)
@@ -232,15 +258,15 @@ def plan(
     )
     budget = int(gpu_memory_gb * _GIB * (1 - SAFETY_MARGIN))
     per_gpu_rest = activation_bytes + GPU_OVERHEAD_BYTES
-    if parameter_bytes + per_gpu_rest <= budget:
+    # ZeRO-3 all-gathers each layer's full weights just before using it: one whole layer (the
+    # largest unit) is resident on top of the shard.
+    gathered = layer_parameters(arch) * _dtype_bytes(dtype)
+    if offload == "none" and parameter_bytes + per_gpu_rest <= budget:
         strategy, bytes_per_gpu = "replica", parameter_bytes + per_gpu_rest
     else:
-        shard = -(-parameter_bytes // gpus)
-        # ZeRO-3 all-gathers each layer's full weights just before using it: one whole
-        # layer (the largest unit) is resident on top of the shard.
-        gathered = layer_parameters(arch) * _dtype_bytes(dtype)
+        shard = 0 if offload != "none" else -(-parameter_bytes // gpus)
         strategy, bytes_per_gpu = "zero3", shard + gathered + per_gpu_rest
-    return Plan(
+    result = Plan(
         model=name,
         parameters=parameters,
         parameter_bytes=parameter_bytes,
@@ -255,6 +281,45 @@ def plan(
         gpu_memory_bytes=int(gpu_memory_gb * _GIB),
         fits=bytes_per_gpu <= budget,
     )
+    if offload == "none":
+        return result
+    return _offloaded(result, arch, offload, host_memory_gb, forwards_per_step)
+
+
+def _offloaded(
+    result: Plan, arch: DecoderArch, offload: str, host_memory_gb: float | None, forwards: int
+) -> Plan:
+    """The offload figures of a zero3 plan. Host: the partitions of every GPU's worker (all on
+    one host: a one-node run, the upper bound) in host memory for "cpu", or DeepSpeed's swap
+    buffers of the largest parameter for "nvme", plus ``HOST_OVERHEAD_BYTES`` per worker; the
+    host keeps the same 10% margin as a GPU. Moved: each forward copies every partition to its
+    GPU once (then all-gathered between GPUs), so a step moves forwards × partition per GPU."""
+    d = _dtype_bytes(result.dtype)
+    partition = -(-result.parameter_bytes // result.gpus)
+    if offload == "cpu":
+        held = result.parameter_bytes
+    else:
+        held = result.gpus * NVME_BUFFERS * largest_parameter(arch) * d
+    host_bytes = held + result.gpus * HOST_OVERHEAD_BYTES
+    host_fits = None
+    if host_memory_gb is not None:
+        host_fits = host_bytes <= int(host_memory_gb * _GIB * (1 - SAFETY_MARGIN))
+    return replace(
+        result,
+        offload=offload,
+        host_bytes=host_bytes,
+        nvme_bytes=result.parameter_bytes if offload == "nvme" else 0,
+        offload_bytes_per_step=forwards * partition,
+        host_memory_bytes=None if host_memory_gb is None else int(host_memory_gb * _GIB),
+        host_fits=host_fits,
+        fits=result.fits and host_fits is not False,
+    )
+
+
+def largest_parameter(arch: DecoderArch) -> int:
+    """Elements of the largest single parameter: the token embedding (vocab × embed_dim), or a
+    feed-forward matrix where that is larger."""
+    return max(arch.vocab * arch.embed_dim, arch.hidden * arch.ffn)
 
 
 def _one_forward(

@@ -21,11 +21,18 @@ from typing import Any
 from privzo.algorithms.registry import Algorithm, check_capabilities, get_algorithm
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
-from privzo.distributed.launch import check_batch, check_layout, check_verdict
+from privzo.distributed.launch import (
+    check_batch,
+    check_layout,
+    check_offload,
+    check_offload_runs,
+    check_verdict,
+    config_plan,
+)
 from privzo.layouts.context import direction_sampler
 from privzo.models.builtin import is_builtin
 from privzo.models.loading import check_model, is_hub_id, peek_kind
-from privzo.planner import Plan, plan, resolve_arch
+from privzo.planner import Plan, resolve_arch
 from privzo.privacy.adjacency import record_fields, replace_one
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.rundir.files import check_output_dir
@@ -165,6 +172,9 @@ def preflight(
     memory = memory_plan(config)
     if memory is not None and distributed and config.parallel.use_gpu:
         check_verdict(config, memory)
+    elif memory is not None and config.parallel.offload != "none":
+        check_offload(config, memory)  # the host holds the partitions, GPUs or not
+    check_offload_runs(config)
     return Preflight(config, algorithm, task_config, splits, privacy, memory)
 
 
@@ -181,17 +191,7 @@ def memory_plan(config: RunConfig) -> Plan | None:
         _, arch = resolve_arch(name)  # a named shape, its hub id, or a directory's config.json
     except ValueError:
         return None
-    parallel = config.parallel
-    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
-    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
-    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
-    return plan(
-        arch,
-        gpus=parallel.workers,
-        gpu_memory_gb=parallel.gpu_memory_gb,
-        dtype=config.model.dtype,
-        batch_size=forward_batch,
-    )
+    return config_plan(config, arch)
 
 
 def _describe_memory(memory: Plan | None, config: RunConfig) -> str:
@@ -199,10 +199,18 @@ def _describe_memory(memory: Plan | None, config: RunConfig) -> str:
         return "no plan (the planner models decoder shapes given by hub id or config.json)"
     gib = 2**30
     verdict = "fits" if memory.fits else "does NOT fit"
+    offloaded = ""
+    if memory.offload != "none" and memory.host_memory_bytes is not None:
+        nvme = f", {memory.nvme_bytes / gib:.1f} GiB on NVMe" if memory.nvme_bytes else ""
+        offloaded = (
+            f"; offload {memory.offload}: {memory.host_bytes / gib:.1f} GiB of the host's "
+            f"{memory.host_memory_bytes / gib:.1f} GiB{nvme}, "
+            f"{memory.offload_bytes_per_step / gib:.1f} GiB copied to each GPU per step"
+        )
     return (
         f"{memory.parameters:,} parameters; {memory.strategy} on {memory.gpus} GPU(s) of "
-        f"{config.parallel.gpu_memory_gb:g} GiB: {memory.bytes_per_gpu / gib:.2f} GiB per GPU "
-        f"({verdict}; planner estimate)"
+        f"{config.parallel.gpu_memory_gb:g} GiB: {memory.bytes_per_gpu / gib:.2f} GiB per GPU"
+        f"{offloaded} ({verdict}; planner estimate)"
     )
 
 

@@ -19,7 +19,7 @@ from transformers import (
 
 from privzo.models.architecture import DecoderArch, arch_from_config, count_parameters, hf_config
 from privzo.models.shapes import SHAPES
-from privzo.planner import measure_forward_peak_mb, plan
+from privzo.planner import HOST_OVERHEAD_BYTES, measure_forward_peak_mb, plan
 
 OPT_SIZES = {name: arch for name, arch in SHAPES.items() if name.startswith("opt-")}
 
@@ -162,6 +162,33 @@ def test_opt_1_3b_is_replicated() -> None:
     assert result.to_json()["model"] == "opt-1.3b"
 
 
+def test_offload_runs_opt_66b_on_one_gpu_from_host_memory() -> None:
+    """Offloaded, a GPU holds no partition: only the gathered layer, activations and overhead
+    of the unsharded plan; the host holds the weights, and each forward copies them once."""
+    sharded = plan("opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16")
+    offloaded = plan(
+        "opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16", offload="cpu", host_memory_gb=256
+    )
+    assert not sharded.fits and offloaded.fits and offloaded.strategy == "zero3"
+    assert offloaded.bytes_per_gpu == sharded.bytes_per_gpu - sharded.parameter_bytes
+    assert offloaded.host_bytes == offloaded.parameter_bytes + HOST_OVERHEAD_BYTES
+    assert offloaded.offload_bytes_per_step == 2 * offloaded.parameter_bytes
+    assert offloaded.nvme_bytes == 0 and offloaded.host_fits
+    small_host = plan("opt-66b", gpus=1, gpu_memory_gb=80, offload="cpu", host_memory_gb=128)
+    assert small_host.host_fits is False and not small_host.fits  # 10% margin: 126 > 115 GiB
+
+
+def test_nvme_offload_keeps_the_weights_on_the_drive() -> None:
+    """Eight GPUs, two directions: each GPU copies its eighth of the weights four times a step;
+    the host holds only each worker's swap buffers."""
+    offloaded = plan("opt-66b", gpus=8, gpu_memory_gb=80, offload="nvme", forwards_per_step=4)
+    assert offloaded.nvme_bytes == offloaded.parameter_bytes
+    assert offloaded.offload_bytes_per_step == 4 * offloaded.parameter_bytes // 8
+    in_host = plan("opt-66b", gpus=8, gpu_memory_gb=80, offload="cpu")
+    assert offloaded.host_bytes < in_host.host_bytes - offloaded.parameter_bytes / 2
+    assert offloaded.host_fits is None  # no host memory given: the host is not judged
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -173,6 +200,7 @@ def test_opt_1_3b_is_replicated() -> None:
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 0}, "gpu_memory_gb"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "dtype": "int3"}, "dtype"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "attention": "x"}, "attention"),
+        ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "offload": "disk"}, "offload"),
     ],
 )
 def test_plan_errors(kwargs: dict[str, object], message: str) -> None:

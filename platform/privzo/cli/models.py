@@ -45,6 +45,16 @@ def add_plan(commands: Commands) -> None:
     planner.add_argument("--dtype", default="float16", help=f"the weights' dtype: {DTYPES}")
     planner.add_argument("--batch-size", type=int, default=16, help="examples per step")
     planner.add_argument("--seq-len", type=int, default=256, help="tokens per example")
+    planner.add_argument(
+        "--offload",
+        choices=("none", "cpu", "nvme"),
+        default="none",
+        help="where zero3 keeps the partitions (parallel.offload): host memory or NVMe files; "
+        "adds the host memory, NVMe bytes and bytes copied per step",
+    )
+    planner.add_argument(
+        "--host-memory-gb", type=float, help="the host's memory in GiB, to judge it (offload)"
+    )
     add_json(planner, "one JSON object (a list with --model all)")
     planner.set_defaults(handler=_plan_command)
 
@@ -63,23 +73,36 @@ def _plan_command(args: argparse.Namespace) -> int:
             dtype=dtype,
             batch_size=args.batch_size,
             seq_len=args.seq_len,
+            offload=args.offload,
+            host_memory_gb=args.host_memory_gb,
         ).to_json()
         for name in names
     ]
     if args.json:
         print(json.dumps(plans[0] if len(plans) == 1 else plans))
     else:
-        print("\n".join(_plan_table(plans, args.gpus)))
+        print("\n".join(_plan_table(plans, args.gpus, args.offload != "none")))
     return 0
 
 
-def _plan_table(plans: list[dict[str, Any]], gpus: int) -> list[str]:
+def _plan_table(plans: list[dict[str, Any]], gpus: int, offloaded: bool) -> list[str]:
+    """One line per model; offloaded, also the host's GiB (NVMe's), and GiB copied to each GPU
+    per step."""
     gib = 2**30
-    lines = [f"{'model':<14}{'parameters':>16}{'strategy':>10}{'GiB/GPU':>10}  fits ({gpus} GPUs)"]
+    extra = f"{'host GiB':>10}{'NVMe GiB':>10}{'moved GiB':>11}" if offloaded else ""
+    lines = [
+        f"{'model':<14}{'parameters':>16}{'strategy':>10}{'GiB/GPU':>10}{extra}  fits ({gpus} GPUs)"
+    ]
     for item in plans:
+        figures = ""
+        if offloaded:
+            figures = (
+                f"{item['host_bytes'] / gib:>10.1f}{item['nvme_bytes'] / gib:>10.1f}"
+                f"{item['offload_bytes_per_step'] / gib:>11.1f}"
+            )
         lines.append(
             f"{item['model']:<14}{item['parameters']:>16,}{item['strategy']:>10}"
-            f"{item['bytes_per_gpu'] / gib:>10.1f}  {'yes' if item['fits'] else 'NO'}"
+            f"{item['bytes_per_gpu'] / gib:>10.1f}{figures}  {'yes' if item['fits'] else 'NO'}"
         )
     return lines
 

@@ -5,11 +5,15 @@ below are called by preflight, ``privzo.preflight``, except the cluster's size a
 model's fit, checked here once Ray is up): more workers than the cluster's CPUs (or GPUs), an
 expected batch smaller than the number of workers (some
 workers would almost always idle, and a private run's partitions could not all be sampled), a
-model the planner says cannot fit the strategy, and options the strategy does not support.
+model the planner says cannot fit the strategy (or the host its offloaded partitions), and
+options the strategy does not support (offload settings included).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from privzo.distributed.cluster import RayCluster, RayTarget, connect_ray
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
+from privzo.layouts.config import ParallelConfig
 from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
 from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
@@ -95,6 +100,99 @@ def check_layout(config: RunConfig) -> None:
         raise ConfigError(
             "parallel.use_gpu=true with model.device='cpu'; set model.device='auto' or 'cuda'"
         )
+    offloaded_gpu = parallel.offload != "none" and parallel.use_gpu
+    if offloaded_gpu and config.optimizer.generator == "torch-blocks":
+        # the forwards perturb on the GPU, the update runs on the host's partitions
+        raise ConfigError(
+            f"optimizer.generator='torch-blocks' with parallel.offload={parallel.offload!r} on "
+            "GPUs: its values differ between the GPU, where the forwards are perturbed, and the "
+            "host, where the offloaded partitions are updated; allowed: 'philox' or 'auto'"
+        )
+    if parallel.offload == "nvme":
+        check_nvme_folder(Path(parallel.nvme_path or "").expanduser())
+
+
+def check_nvme_folder(folder: Path) -> None:
+    """The NVMe folder exists and this process can write in it (its size is judged against the
+    plan in ``check_offload``)."""
+    if not folder.is_dir():
+        raise ConfigError(
+            f"parallel.nvme_path={str(folder)!r} is not an existing folder; create it on a local "
+            "NVMe drive (on every node), or use parallel.offload='cpu'"
+        )
+    try:  # a file made and removed: a read-only mount refuses it even to root
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"parallel.nvme_path={str(folder)!r} is not writable ({error.strerror}); choose a "
+            "folder the workers can write, or use parallel.offload='cpu'"
+        ) from None
+
+
+def host_memory_gb(parallel: ParallelConfig) -> float:
+    """``parallel.host_memory_gb``, or this machine's physical memory."""
+    if parallel.host_memory_gb is not None:
+        return parallel.host_memory_gb
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def config_plan(config: RunConfig, arch: Any) -> Any:
+    """The planner's verdict (``privzo.planner.Plan``) for ``arch`` laid out as ``config``
+    says: its GPUs, dtype, forward batch, offload and (offloaded) host memory."""
+    from privzo.planner import plan
+
+    parallel = config.parallel
+    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
+    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
+    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
+    offloaded = parallel.offload != "none"
+    return plan(
+        arch,
+        gpus=parallel.workers,
+        gpu_memory_gb=parallel.gpu_memory_gb,
+        dtype=config.model.dtype,
+        batch_size=forward_batch,
+        offload=parallel.offload,
+        host_memory_gb=host_memory_gb(parallel) if offloaded else None,
+        forwards_per_step=2 * config.optimizer.directions_per_step,
+    )
+
+
+def check_offload(config: RunConfig, verdict: Any) -> None:
+    """The host holds the offloaded partitions, and the NVMe folder their files, as planned."""
+    parallel = config.parallel
+    gib = 2**30
+    if verdict.host_fits is False:
+        raise ConfigError(
+            f"parallel.offload={parallel.offload!r}: {config.model.name_or_path} needs about "
+            f"{verdict.host_bytes / gib:.1f} GiB of host memory for {parallel.workers} "
+            f"worker(s) (planner), over the host's {verdict.host_memory_bytes / gib:.1f} GiB "
+            "(parallel.host_memory_gb, or this machine's) less a 10% margin; use a host with "
+            "more memory, or parallel.offload='nvme'"
+        )
+    if parallel.offload == "nvme":
+        folder = Path(parallel.nvme_path or "").expanduser()
+        free = shutil.disk_usage(folder).free
+        if free < verdict.nvme_bytes:
+            raise ConfigError(
+                f"parallel.nvme_path={str(folder)!r} has {free / gib:.1f} GiB free; the "
+                f"partitions of {config.model.name_or_path} take {verdict.nvme_bytes / gib:.1f} "
+                "GiB (planner); free space there, or choose a larger drive"
+            )
+
+
+def check_offload_runs(config: RunConfig) -> None:
+    """After the NVMe folder and its size are checked: the trainer cannot run ``nvme`` yet.
+    DeepSpeed keeps a partition of 1 MiB or more only in a swap buffer while its layer runs (a
+    one-element placeholder otherwise), so perturbation and update, which edit ``ds_tensor``
+    in place outside the forwards, would have to swap each partition in and out themselves."""
+    if config.parallel.offload == "nvme":
+        raise ConfigError(
+            "parallel.offload='nvme': DeepSpeed holds NVMe partitions in memory only while their "
+            "layer runs, and privzo's perturbation and update do not swap them in and out yet; "
+            "allowed: offload 'cpu' (host memory) or 'none'"
+        )
 
 
 def check_batch(config: RunConfig, expected_batch_size: float) -> None:
@@ -129,29 +227,22 @@ def check_fit(config: RunConfig, source: str) -> None:
     from transformers import AutoConfig
 
     from privzo.models.architecture import arch_from_config
-    from privzo.planner import plan
 
     hf_config = AutoConfig.from_pretrained(source, **pretrained_kwargs(config.model))
     try:
         arch = arch_from_config(hf_config)
     except ValueError as error:
         raise ConfigError(f"{config.model.name_or_path}: {error}") from None
-    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
-    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
-    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
-    verdict = plan(
-        arch,
-        gpus=parallel.workers,
-        gpu_memory_gb=parallel.gpu_memory_gb,
-        dtype=config.model.dtype,
-        batch_size=forward_batch,
-    )
+    verdict = config_plan(config, arch)
     check_verdict(config, verdict)
 
 
 def check_verdict(config: RunConfig, verdict: Any) -> None:
-    """Refuse what the planner's verdict (``privzo.planner.Plan``) says cannot fit."""
+    """Refuse what the planner's verdict (``privzo.planner.Plan``) says cannot fit: the host
+    first where the partitions are offloaded, then the GPUs."""
     parallel = config.parallel
+    if parallel.offload != "none":
+        check_offload(config, verdict)
     if parallel.strategy == "replica" and verdict.strategy != "replica":
         raise ConfigError(
             f"parallel.strategy='replica': {config.model.name_or_path} does not fit whole in one "

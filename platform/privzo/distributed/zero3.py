@@ -11,7 +11,8 @@ perturbed in place (``privzo.zo.perturbation.GatheredPerturber``): each module's
 θ + c·z computed from its gathered weights, exactly the single-device values, and the
 stochastically rounded update lands on each partition at its element indices. Forward passes
 gather each layer's weights from the partitions just before use (a collective: every rank must
-run the same forwards).
+run the same forwards). With ``parallel.offload: cpu`` the partitions live in host memory
+(DeepSpeed's ``offload_param``), and the sweeps and updates run there (``partition_sampler``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from privzo.config.run import RunConfig
 from privzo.distributed.collectives import WorkerGroup
+from privzo.layouts.config import ParallelConfig
 from privzo.layouts.context import RunContext, build_context
 from privzo.models.loading import LoadedModel, SavesPretrained, load_model
 from privzo.zo.directions import DirectionSampler
@@ -30,34 +32,45 @@ from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard
 
 
-def deepspeed_config() -> dict[str, Any]:
+def deepspeed_config(parallel: ParallelConfig) -> dict[str, Any]:
     """Stage 3 for inference. No parameter stays resident after a forward (persistence
     thresholds 0): a persistent parameter would keep a full copy in ``param.data`` that an
     edit of ``ds_tensor`` does not reach. ``memory_efficient_linear`` off: it replaces
     ``torch.nn.functional.linear`` process-wide by a matmul and a separate bias add, which saves
-    backward memory only and rounds half-precision outputs differently from one device."""
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "zero_optimization": {
-            "stage": 3,
-            "stage3_param_persistence_threshold": 0,
-            "stage3_model_persistence_threshold": 0,
-            "memory_efficient_linear": False,
-        },
+    backward memory only and rounds half-precision outputs differently from one device.
+    ``parallel.offload`` adds DeepSpeed's ``offload_param``: the partitions (``ds_tensor``)
+    then live in host memory or NVMe files, and each forward copies a layer's to the device."""
+    zero: dict[str, Any] = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_model_persistence_threshold": 0,
+        "memory_efficient_linear": False,
     }
+    if parallel.offload != "none":
+        zero["offload_param"] = offload_param(parallel)
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+
+
+def offload_param(parallel: ParallelConfig) -> dict[str, Any]:
+    """DeepSpeed's ``offload_param`` section for ``parallel.offload`` (cpu or nvme). Pinned
+    host memory only with GPUs: it speeds the copies to the device and needs a CUDA runtime."""
+    section: dict[str, Any] = {"device": parallel.offload, "pin_memory": parallel.use_gpu}
+    if parallel.offload == "nvme":
+        section["nvme_path"] = str(Path(parallel.nvme_path or "").expanduser().resolve())
+    return section
 
 
 # DeepSpeed's section that makes ``zero.Init`` partition the weights in the model's dtype
 PRECISION_SECTIONS = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def init_config(dtype: str) -> dict[str, Any]:
+def init_config(dtype: str, parallel: ParallelConfig) -> dict[str, Any]:
     """``deepspeed_config`` for loading under ``zero.Init``: half precision enabled where the
     model's dtype is, or the partitions would be created in float32. The engine is given
     ``deepspeed_config`` alone: forward-only, it needs no mixed-precision setup (which DeepSpeed
     refuses for fp16 where the accelerator does not report it, e.g. CPUs, that compute it)."""
     section = PRECISION_SECTIONS.get(dtype)
-    return {**deepspeed_config(), **({section: {"enabled": True}} if section else {})}
+    return {**deepspeed_config(parallel), **({section: {"enabled": True}} if section else {})}
 
 
 def partition_shards(
@@ -90,10 +103,12 @@ class PartitionedModel:
 
         deepspeed.init_distributed(dist_backend="gloo" if not config.parallel.use_gpu else "nccl")
         # while alive, from_pretrained partitions (in the model's dtype)
-        hf_deepspeed = HfDeepSpeedConfig(init_config(config.model.dtype))
+        hf_deepspeed = HfDeepSpeedConfig(init_config(config.model.dtype, config.parallel))
         loaded = load_model(config.model, cache_dir, progress=False)
         # registers the gather / release hooks, before the perturber registers its own
-        engine, *_ = deepspeed.initialize(model=loaded.model, config=deepspeed_config())
+        engine, *_ = deepspeed.initialize(
+            model=loaded.model, config=deepspeed_config(config.parallel)
+        )
         self.alive = (hf_deepspeed, engine)
         return loaded
 
@@ -106,7 +121,19 @@ class PartitionedModel:
     def perturber(
         self, model: torch.nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
     ) -> Perturber:
-        return make_perturber(model, shards, sampler, gathered=True)
+        host = partition_sampler(sampler, shards)
+        return make_perturber(model, shards, sampler, gathered=True, partition_sampler=host)
+
+
+def partition_sampler(sampler: DirectionSampler, shards: list[ParameterShard]) -> DirectionSampler:
+    """The directions for work on the partitions: ``sampler`` where they live on its device,
+    else the same generator on theirs (offloaded to host memory while the forwards run on a
+    GPU). Philox gives the same words on both (``privzo.zo.directions``)."""
+    devices = {shard.tensor.device for shard in shards}
+    if all(device.type == sampler.device.type for device in devices):
+        return sampler
+    (device,) = devices
+    return DirectionSampler(sampler.distribution, device, sampler.generator)
 
 
 def build_zero3_context(config: RunConfig, cache_dir: Path) -> tuple[RunContext, Any]:

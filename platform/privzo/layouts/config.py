@@ -8,11 +8,13 @@ from pydantic import Field, model_validator
 
 from privzo.section import Section
 
-__all__ = ["LayoutName", "ParallelConfig"]
+__all__ = ["LayoutName", "OffloadDevice", "ParallelConfig"]
 
 # The layouts a config may choose; tests/unit/algorithms/test_registry.py ties it to the
 # registry's layouts.
 LayoutName = Literal["single", "replica", "zero3"]
+# Where ZeRO-3 keeps each rank's partitions between forwards (DeepSpeed's offload_param)
+OffloadDevice = Literal["none", "cpu", "nvme"]
 
 
 class ParallelConfig(Section):
@@ -24,6 +26,22 @@ class ParallelConfig(Section):
     max_failures: int = Field(0, ge=0, description="Worker failures Ray Train recovers from.")
     gpu_memory_gb: float = Field(
         80.0, gt=0, description="Memory of one GPU (GiB), for the planner's fit check."
+    )
+    offload: OffloadDevice = Field(
+        "none",
+        description="Where zero3 keeps each worker's partitions between forwards: on its "
+        "device (none) or in host memory (cpu), through DeepSpeed's offload_param; nvme "
+        "(files under parallel.nvme_path) is planned and checked, then refused: the trainer "
+        "does not swap NVMe partitions in and out yet.",
+    )
+    nvme_path: str | None = Field(
+        None, description="Folder on a local NVMe drive for offload 'nvme' (on every node)."
+    )
+    host_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="Host memory (GiB) of the node the workers share, for the planner's "
+        "offload check; null = this machine's.",
     )
     storage_path: str | None = Field(
         None,
@@ -40,5 +58,20 @@ class ParallelConfig(Section):
             raise ValueError(
                 f"parallel.workers={self.workers} with parallel.strategy='single'; allowed: "
                 "workers=1, or strategy 'replica' / 'zero3'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _offload_needs_zero3(self) -> ParallelConfig:
+        if self.offload != "none" and self.strategy != "zero3":
+            raise ValueError(
+                f"parallel.offload={self.offload!r} with parallel.strategy={self.strategy!r}: "
+                "only ZeRO-3 partitions can be offloaded; allowed: strategy 'zero3' "
+                "(workers >= 1), or offload 'none'"
+            )
+        if self.offload == "nvme" and self.nvme_path is None:
+            raise ValueError(
+                "parallel.offload='nvme' without parallel.nvme_path; set it to a folder on a "
+                "local NVMe drive, or use offload 'cpu'"
             )
         return self

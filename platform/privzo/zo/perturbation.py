@@ -184,11 +184,22 @@ class GatheredPerturber(_SwappingPerturber):
     """
 
     def __init__(
-        self, model: nn.Module, shards: list[ParameterShard], sampler: DirectionSampler
+        self,
+        model: nn.Module,
+        shards: list[ParameterShard],
+        sampler: DirectionSampler,
+        partition_sampler: DirectionSampler | None = None,
     ) -> None:
+        """``partition_sampler``: the update's directions where the slices live on another
+        device than the gathered weights (offloaded to host memory), the same generator there."""
         owners = _owners_by_name(model, shards)
         super().__init__(shards, sampler, owners, swap_back_first=True)
         self._owned = [owned for _module, owned in owners]
+        self._partition_sampler = partition_sampler or sampler
+
+    def update(self, seed: int, coefficient: float) -> None:
+        self._coefficient = 0.0
+        rounded_updates(self.shards, self._partition_sampler, seed, coefficient)
 
     def _copies(self, group: int) -> list[torch.Tensor]:
         """From the gathered weights, whole, at offset 0."""
@@ -320,15 +331,18 @@ def make_perturber(
     shards: list[ParameterShard],
     sampler: DirectionSampler,
     gathered: bool = False,
+    partition_sampler: DirectionSampler | None = None,
 ) -> Perturber:
     """In-place sweeps for fp32 weights (whole or sliced), virtual perturbation for half
     precision; ``gathered``: the shards are slices whose whole weights are gathered for each
-    module's forward (``GatheredPerturber``)."""
+    module's forward (``GatheredPerturber``). ``partition_sampler``: the directions on the
+    shards' own device where it is not ``sampler``'s (slices offloaded to host memory), so
+    sweeps and updates run where the slices live."""
     dtypes = {shard.tensor.dtype for shard in shards}
     if dtypes == {torch.float32}:
-        return InPlacePerturber(shards, sampler)
+        return InPlacePerturber(shards, partition_sampler or sampler)
     if len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16}:
         if gathered:
-            return GatheredPerturber(model, shards, sampler)
+            return GatheredPerturber(model, shards, sampler, partition_sampler)
         return VirtualPerturber(model, shards, sampler)
     raise ValueError(f"trainable weights mix dtypes {sorted(map(str, dtypes))}; use one dtype")

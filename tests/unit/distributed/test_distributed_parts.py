@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from privzo.distributed.collectives import WorkerGroup
 from privzo.distributed.estimators import ReplicaPrivateEstimator, distribute_estimator
 from privzo.distributed.sampling import PartitionedPoissonSampler, StridedShuffleSampler
+from privzo.layouts.config import ParallelConfig
 from privzo.privacy.mechanisms import LmoMechanism
 from privzo.privacy.sampling import ShuffleSampler
 from privzo.zo.estimators import make_estimator
@@ -272,3 +273,20 @@ def test_a_distributed_run_on_two_nodes_with_local_files_is_refused_before_it_st
     assert "parallel.storage_path=" in str(refused.value)
     assert "set tracking.uri to a tracking server" in str(refused.value)
     assert not output.exists() and not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_the_deepspeed_config_offloads_the_partitions_where_asked(offload):
+    from privzo.distributed.zero3 import deepspeed_config, init_config
+
+    parallel = ParallelConfig(strategy="zero3", offload=offload)
+    zero = deepspeed_config(parallel)["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == 0
+    if offload == "none":
+        assert "offload_param" not in zero
+    else:  # host memory, pinned only where a GPU copies from it
+        assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
+        pinned = ParallelConfig(strategy="zero3", offload="cpu", use_gpu=True)
+        assert deepspeed_config(pinned)["zero_optimization"]["offload_param"]["pin_memory"]
+    loading = init_config("bfloat16", parallel)
+    assert loading["zero_optimization"] == zero and loading["bf16"] == {"enabled": True}
