@@ -55,6 +55,27 @@ def current_rss_mb() -> float:
     return 0.0 if kib is None else kib / 1024
 
 
+def return_freed_memory() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where
+    the C library is not glibc.
+
+    Loading a checkpoint frees gigabytes of read buffers, and glibc keeps freed blocks below
+    other live ones in the process (counted in its RSS) for reuse; a ZeRO-3 rank then held
+    more than the single process it divides. Called once the model is loaded.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()  # Python's own cycles first, so their tensors' storage is free too
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # macOS, musl: their allocators return memory themselves
+        return False
+    trim(0)
+    return True
+
+
 def _reset_rss_peak() -> bool:
     """Reset the kernel's peak-RSS mark to the current RSS; False if not permitted/supported."""
     try:

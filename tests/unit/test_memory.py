@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import privzo.memory as memory
-from privzo.memory import PeakMemory, current_rss_mb
+from privzo.memory import PeakMemory, current_rss_mb, return_freed_memory
 
 SIZE_MB = 200
 linux_only = pytest.mark.skipif(
@@ -103,3 +103,19 @@ def test_cuda_peak_on_real_device() -> None:
     assert meter.peak_increase_mb() == pytest.approx(SIZE_MB, rel=0.1)
     meter.reset()
     assert meter.peak_increase_mb() < 0.1 * SIZE_MB
+
+
+@linux_only
+def test_freed_heap_blocks_below_a_live_one_go_back_to_the_system():
+    """What a checkpoint load leaves: blocks freed below a live allocation stay in the process
+    (in its RSS) until ``return_freed_memory``."""
+    first = torch.ones(2**20)  # 4 MiB: freeing it raises glibc's mmap threshold above that
+    del first
+    held = [torch.ones(2**20) for _ in range(64)]  # 256 MiB, now from the heap
+    pinned = torch.ones(2**18)  # a live block above them keeps the heap from shrinking
+    del held
+    gc.collect()
+    before = current_rss_mb()
+    assert return_freed_memory()
+    assert current_rss_mb() < before - 128, (before, current_rss_mb())
+    assert float(pinned.sum()) == 2**18

@@ -17,6 +17,7 @@ import torch
 
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
+from privzo.memory import return_freed_memory
 from privzo.models.loading import (
     LoadedModel,
     apply_view,
@@ -170,6 +171,7 @@ def build_context(
         plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
     loaded = loader.load(config, cache_dir, progress)
+    return_freed_memory()  # the load path's freed buffers would stay in this process
     fingerprint = loader.fingerprint(loaded)
     limit = position_limit(loaded.model.config, config.model)
     task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
