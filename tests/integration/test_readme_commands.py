@@ -32,7 +32,7 @@ NEEDS_HUB = "Hugging Face Hub"  # the tour's comment on a command that needs the
 SHRINK = {
     "privzo run": ["optimizer.steps=20"],
     "privzo audit": ["optimizer.steps=20", "--canaries", "100"],
-    "privzo tune": ["trials.count=1"],
+    "privzo tune": ["trials.count=1", "space.optimizer.steps=[20]"],
     "privzo study configs/studies/tiny-scaling.yaml": [
         "models=[demo-opt-s]",
         "overrides.optimizer.steps=20",

@@ -55,15 +55,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         dotted, raw = item.split("=", 1)
-        keys = dotted.strip().split(".")
-        node = result
-        for key in keys[:-1]:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {key!r} is not a section")
-            node = child
-        node[keys[-1]] = _parse_scalar(raw)
+        node, key = _override_target(result, dotted.strip().split("."), item)
+        node[key] = _parse_scalar(raw)
     return result
+
+
+def _override_target(
+    node: dict[str, Any], keys: list[str], item: str
+) -> tuple[dict[str, Any], str]:
+    """The mapping and key an override sets: sections by name, except where a mapping already
+    holds the rest of the path as one dotted key (a search's ``space`` or ``overrides``), which
+    ``space.optimizer.steps=[20]`` then replaces."""
+    for index, key in enumerate(keys[:-1]):
+        rest = ".".join(keys[index:])
+        if rest in node:
+            return node, rest
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {key!r} is not a section")
+        node = child
+    return node, keys[-1]
 
 
 def format_validation_error(error: ValidationError, source: str) -> str:

@@ -337,6 +337,18 @@ def test_search_overrides_merge_into_the_base_section(make_search):
     assert config.privacy.clip == 0.5
 
 
+def test_an_override_replaces_a_dotted_key_of_the_space(make_search, cache_dir):
+    """`space.optimizer.steps=[20]` replaces the space's `optimizer.steps` entry (the shorter
+    search the command tour runs), and `overrides.tracking.log_every=3` the file's dotted
+    override; the other entries stay."""
+    path = make_search(overrides={"tracking.log_every": 2})  # space: privacy.clip, steps
+    overrides = ["space.optimizer.steps=[20]", "overrides.tracking.log_every=3"]
+    search = load_search_config(path, overrides)
+    assert search.space == {"privacy.clip": [0.5, 1.0], "optimizer.steps": [20]}
+    assert search.overrides == {"tracking.log_every": 3}
+    assert plan_search(search, cache_dir).trial_count == 2
+
+
 def test_a_search_override_of_a_searched_key_is_refused(make_search):
     path = make_search()  # space: privacy.clip, optimizer.steps
     with pytest.raises(ConfigError, match=r"overrides\.optimizer\.steps: .*searched"):
