@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -607,6 +608,14 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     assert statuses == {parent: "FINISHED", killed_run: "FINISHED"}, f"seed {seed}"
     assert trial["tracking_run_id"] == killed_run
     _check_released_once(uri, killed_run, rows, seed)
+    # the trial's layout in the search's table; a distributed one's in its summary and run too
+    workers = 1 if strategy == "single" else 2
+    (row,) = pd.read_parquet(output / "trials.parquet").itertuples()
+    assert (row.strategy, row.workers, row.status) == (strategy, workers, "finished")
+    if strategy != "single":
+        assert (trial["strategy"], trial["workers"]) == (strategy, workers), f"seed {seed}"
+        tags = read_run(uri, killed_run)["tags"]
+        assert (tags["privzo.strategy"], tags["privzo.workers"]) == (strategy, str(workers))
 
     # Tune: each score step reported once over both attempts, all counted by the records (the
     # new Tune session starts the trial's result file anew: the killed attempt's reports are
