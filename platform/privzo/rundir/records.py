@@ -54,10 +54,9 @@ def mark_tracked(output_dir: Path) -> None:
 def untracked(output_dir: Path, config: RunConfig) -> RunSummary | None:
     """The summary of a finished run of exactly ``config`` in ``output_dir`` whose tracking run
     (the summary's ``tracking_run_id``) was not ended: a kill after its summary; else None."""
-    summary = finished(output_dir, config)
-    if summary is None or not (Path(output_dir) / RESUME_FILE).is_file():
+    if not (Path(output_dir) / RESUME_FILE).is_file():  # the common case reads nothing
         return None
-    return summary
+    return finished(output_dir, config)
 
 
 def finished(output_dir: Path, config: RunConfig) -> RunSummary | None:
