@@ -132,11 +132,12 @@ def unshared_gradients(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
     values = np.unique(labels)
     sums = np.stack([trace.differences[:, labels == label].sum(axis=1) for label in values], 1)
     counts = np.array([(labels == label).sum() for label in values], dtype=np.float64)
+    means = sums / counts
     gradients = trace.projected_gradients
     residuals = np.empty(trace.differences.shape, dtype=np.float64)
     for index, label in enumerate(labels):
         own = int(np.searchsorted(values, label))
-        shared = sums / counts
+        shared = means.copy()
         shared[:, own] = (sums[:, own] - trace.differences[:, index]) / max(counts[own] - 1, 1)
         fit, *_ = np.linalg.lstsq(shared, gradients, rcond=None)
         residuals[:, index] = gradients - shared @ fit
