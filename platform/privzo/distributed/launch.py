@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privzo.config.run import RunConfig
 from privzo.distributed.cluster import RayCluster, RayTarget, connect_ray
@@ -30,6 +30,10 @@ from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
 from privzo.rundir.summary import RunRecords
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
+
+if TYPE_CHECKING:
+    from privzo.models.architecture import DecoderArch
+    from privzo.planner import Plan
 
 
 def start_cluster(
@@ -137,7 +141,7 @@ def host_memory_gb(parallel: ParallelConfig) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def config_plan(config: RunConfig, arch: Any) -> Any:
+def config_plan(config: RunConfig, arch: DecoderArch) -> Plan:
     """The planner's verdict (``privzo.planner.Plan``) for ``arch`` laid out as ``config``
     says: its GPUs, dtype, forward batch, offload and (offloaded) host memory."""
     from privzo.planner import plan
@@ -159,11 +163,11 @@ def config_plan(config: RunConfig, arch: Any) -> Any:
     )
 
 
-def check_offload(config: RunConfig, verdict: Any) -> None:
+def check_offload(config: RunConfig, verdict: Plan) -> None:
     """The host holds the offloaded partitions, and the NVMe folder their files, as planned."""
     parallel = config.parallel
     gib = 2**30
-    if verdict.host_fits is False:
+    if verdict.host_fits is False and verdict.host_memory_bytes is not None:  # judged against it
         raise ConfigError(
             f"parallel.offload={parallel.offload!r}: {config.model.name_or_path} needs about "
             f"{verdict.host_bytes / gib:.1f} GiB of host memory for {parallel.workers} "
@@ -237,7 +241,7 @@ def check_fit(config: RunConfig, source: str) -> None:
     check_verdict(config, verdict)
 
 
-def check_verdict(config: RunConfig, verdict: Any) -> None:
+def check_verdict(config: RunConfig, verdict: Plan) -> None:
     """Refuse what the planner's verdict (``privzo.planner.Plan``) says cannot fit: the host
     first where the partitions are offloaded, then the GPUs."""
     parallel = config.parallel
