@@ -220,15 +220,32 @@ def test_zero3_in_half_precision_is_the_single_device_run(layout_runs, cache_dir
         assert torch.equal(replayed[key], tensor), key
 
 
+@dataclass(frozen=True)
+class PrivateLoraRuns:
+    """One private (DPZero) LoRA run on one process and the same on two replica workers,
+    tracked in MLflow: what the budget and adapter tests read."""
+
+    root: Path
+    single: Any
+    replica: Any
+    tracking_uri: str
+
+
+@pytest.fixture(scope="module")
+def private_lora_runs(ray_session, tmp_path_factory, cache_dir) -> PrivateLoraRuns:
+    root = tmp_path_factory.mktemp("private-lora")
+    lora = ("model.trainable=lora", "model.peft.lora_rank=2")
+    single = _run(_config(TINY_DPZERO, *lora, "tracking.backend=none"), root / "one", cache_dir)
+    replica_config = _config(TINY_DPZERO, *_layout("replica", 2), *lora, "tracking.backend=mlflow")
+    replica = _run(replica_config, root / "runs" / "two", cache_dir)
+    uri = f"sqlite:///{(root / 'runs' / 'mlflow.db').resolve()}"
+    return PrivateLoraRuns(root, single, replica, uri)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tmp_path, cache_dir):
-    single = _run(_config(TINY_DPZERO, "tracking.backend=none"), tmp_path / "one", cache_dir)
-    replica = _run(
-        _config(TINY_DPZERO, *_layout("replica", 2), "tracking.backend=none"),
-        tmp_path / "two",
-        cache_dir,
-    )
+def test_private_run_on_two_workers_spends_the_single_run_budget(private_lora_runs):
+    single, replica = private_lora_runs.single, private_lora_runs.replica
     for key in ("noise_multiplier", "sample_rate", "expected_batch_size", "steps"):
         assert replica[key] == single[key], key
     assert replica["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
@@ -240,15 +257,16 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(ray_session, tm
         noise_parameters=single["mechanism_parameters"],  # the discrete noise's grid
     )
     assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
-    for name in ("one", "two"):  # both layouts record the same ledger state
-        privacy = json.loads((tmp_path / name / "privacy.json").read_text())
-        assert privacy["steps_accounted"] == 12 and privacy["final"] is True, name
-        assert privacy["epsilon_spent"] == pytest.approx(expected, rel=1e-9), name
-    trajectory = pq.read_table(tmp_path / "two" / "trajectory.parquet")
+    root = private_lora_runs.root
+    for output in (root / "one", root / "runs" / "two"):  # both record the same ledger state
+        privacy = json.loads((output / "privacy.json").read_text())
+        assert privacy["steps_accounted"] == 12 and privacy["final"] is True, output
+        assert privacy["epsilon_spent"] == pytest.approx(expected, rel=1e-9), output
+    trajectory = pq.read_table(root / "runs" / "two" / "trajectory.parquet")
     assert trajectory.column("batch_size").null_count == 12  # withheld, as on one process
     assert replica["peak_memory_mb_per_worker"] is None and replica["peak_memory_mb"] is None
     # the kept checkpoints are named by their step, not by the time of their report
-    folders = _ray_run_dir(tmp_path / "two").iterdir()
+    folders = _ray_run_dir(root / "runs" / "two").iterdir()
     kept = sorted(path.name for path in folders if path.is_dir())
     assert kept == [checkpoint_name(steps) for steps in (4, 8, 12)][-CHECKPOINTS_KEPT:]
 
@@ -437,22 +455,16 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(ray_session, tmp_path, cache_dir):
+def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(private_lora_runs, cache_dir):
     """A LoRA run on 2 replica workers (zero3 refuses adapters): rank 0 logs the adapter in
     MLflow's transformers flavor; loaded back, it computes what the trajectory replays to."""
-    strategy = "replica"
-    lora = ("model.trainable=lora", "model.peft.lora_rank=2", "tracking.backend=mlflow")
-    config = _config(TINY_MEZO, *_layout(strategy, 2), *lora)
-    output = tmp_path / "runs" / strategy
-    summary = _run(config, output, cache_dir)
-    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    uri, summary = private_lora_runs.tracking_uri, private_lora_runs.replica
     record = read_run(uri, summary["tracking_run_id"])
     adapter_uri = record["tags"]["privzo.adapter_uri"]
     assert "adapter/peft/adapter_model.safetensors" in record["artifacts"]
 
-    parts, loaded, expected, steps = adapter_against_replay(
-        uri, adapter_uri, output / "trajectory.parquet", cache_dir
-    )
+    trajectory = private_lora_runs.root / "runs" / "two" / "trajectory.parquet"
+    parts, loaded, expected, steps = adapter_against_replay(uri, adapter_uri, trajectory, cache_dir)
     assert steps == 12
     torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
     trained_b = [p for name, p in parts["model"].named_parameters() if "lora_B" in name]
