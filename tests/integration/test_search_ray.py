@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -79,47 +80,158 @@ def _finished_trials(output: Path) -> list[Path]:
     return sorted((output / "trials").glob("*/summary.json"))
 
 
-def test_search_interrupted_and_resumed_records_every_trial_once(
+def test_resources_the_cluster_lacks_fail_before_any_trial(
     tmp_path, make_search, cache_dir, tune_processes
 ):
-    search = make_search()
+    search = make_search(resources={"cpus_per_trial": 64})
     output = tmp_path / "search"
+    process = tune_processes(search, output, cache_dir, tmp_path / "tune.log")
+    returncode, log = process.wait(timeout=900)
+    assert returncode == 2, log[-3000:]
+    assert "resources.cpus_per_trial=64: the Ray cluster has" in log
+    assert not (output / "trials").exists() and not (output / "search_state.json").exists()
 
-    # 1. start the search, interrupt it (Ctrl+C) once its first trial has finished
-    first = tune_processes(search, output, cache_dir, tmp_path / "first.log")
-    deadline = time.monotonic() + 1200  # a margin for a loaded 2-core machine, not a timing
-    while not _finished_trials(output) and time.monotonic() < deadline:
-        assert first.running(), first.output()[-3000:]
-        time.sleep(1)
-    assert _finished_trials(output), "no trial finished within 20 minutes"
-    first.interrupt()
-    returncode, log = first.wait(timeout=900)
-    assert returncode == 130, log[-3000:]
-    done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(output)}
-    assert 1 <= len(done_before) < 4
-    # what the interrupted search states covers every trial that started (released anything)
-    early = json.loads((output / "search_summary.json").read_text())
-    started = [path for path in (output / "trials").iterdir() if path.is_dir()]
-    assert early["interrupted"] is True and early["trials_run"] >= len(started) >= 1
-    assert early["end_to_end_epsilon"] >= early["per_trial_epsilon"] == 2.0
+
+@dataclass(frozen=True)
+class QuickDemo:
+    """The quick demo's output directory and what its second, completing command printed; and
+    of its first command, Ctrl+C'd once the search's first trial had finished: the finished
+    trials' summary times and the search summary it wrote."""
+
+    output: Path
+    printed: str
+    log: str
+    done_before: dict[str, int]
+    early_summary: dict
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory, cache_dir) -> QuickDemo:
+    """The README's first command shortened with --quick (arms, the search, the study): Ctrl+C
+    once the search's first trial has finished, then the same command again, which reuses the
+    arms, resumes the search and runs the study. Run once for the tests that read what it wrote
+    and printed; the session's model cache."""
+    root = tmp_path_factory.mktemp("quick-demo")
+    output = root / "demo"
+    command = [sys.executable, "-m", "privzo.cli", "demo", "--quick"]
+    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir)]
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    with (root / "first.log").open("wb") as sink:
+        first = subprocess.Popen(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_reaches_it
+        )
+        try:
+            _interrupt_after_first_trial(first, output / "search", root / "first.log")
+        finally:
+            if first.poll() is None:
+                first.kill()
+    first_log = (root / "first.log").read_text(errors="replace")
+    assert first.returncode == 130, first_log[-3000:]
+    search = output / "search"
+    done_before = {path.parent.name: path.stat().st_mtime_ns for path in _finished_trials(search)}
+    early_summary = json.loads((search / "search_summary.json").read_text())
     with pytest.raises(ConfigError, match="was interrupted"):  # its best is not the best of all
-        export_best(output, tmp_path / "early-export")
+        export_best(search, root / "early-export")
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return QuickDemo(
+        output, result.stdout, result.stdout + result.stderr, done_before, early_summary
+    )
 
-    # 2. the same command resumes it: finished trials are not run again
-    second = tune_processes(search, output, cache_dir, tmp_path / "second.log")
-    returncode, log = second.wait(timeout=2400)
-    assert returncode == 0, log[-3000:]
-    # the libraries' known noise stays off the console (privzo tune --verbose shows it)
+
+def _interrupt_after_first_trial(process: subprocess.Popen, search: Path, log: Path) -> None:
+    deadline = time.monotonic() + 1800  # a margin for a loaded 2-core machine, not a timing
+    while not _finished_trials(search) and time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        time.sleep(1)
+    assert _finished_trials(search), "no trial finished within 30 minutes"
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=900)
+
+
+def test_demo_quick_runs_all_arms(quick_demo):
+    """Builds demo-opt-s and runs both shipped configs, pointing at the MLflow records."""
+    output, printed = quick_demo.output, quick_demo.printed
+    for label in ("zero-shot", "DPZero (private)", "MeZO (non-private)", "mlflow ui"):
+        assert label in printed
+    summary = json.loads((output / "dpzero" / "summary.json").read_text())
+    assert summary["steps"] == 20 and summary["epsilon"] <= 2.0 * (1 + 1e-6)
+
+
+def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
+    """The search and the scaling study after the arms."""
+    output, printed = quick_demo.output, quick_demo.printed
+    for text in ("DPZero (private)", "MeZO (non-private)", "privacy: composition of 3 trials"):
+        assert text in printed
+    header = "| task | model | parameters | zero-shot | dpzero ε=2 | mezo (non-private) |"
+    assert header in re.sub(r"\| +", "| ", re.sub(r" +\|", " |", printed))  # padding aside
+    scaling = pd.read_parquet(output / "scaling" / "report" / "scaling.parquet")
+    assert set(scaling["model"]) == {"demo-opt-s", "demo-opt-m", "demo-opt-l"}
+    assert scaling["model_parameters"].nunique() == 3
+    trials = pd.read_parquet(output / "search" / "trials.parquet")
+    assert len(trials) == 3 and set(trials["status"]) == {"finished"}
+
+
+def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_demo):
+    """Tune's result.json, progress.csv and experiment states (one per Tune session: the
+    interrupted one and its resume) of the quick demo's private search (three trials) hold no
+    time_this_iter_s, time_total_s, time_since_restore, timestamp or date, its trials' starts
+    and last reports are at the public time and their folders' names carry no date."""
+    from privzo.search.withhold import TIMING_FIELDS
+
+    output = quick_demo.output
+    tune_dir = output / "search" / "tune"
+    results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
+    states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
+    assert len(results) == 2 * 3 and len(states) == 2, list(tune_dir.rglob("*"))
+    reported = "\n".join(path.read_text() for path in results)
+    assert "selection_score" in reported and "training_iteration" in reported
+    for path in [*results, *states]:
+        text = path.read_text(errors="replace")
+        for field in TIMING_FIELDS:
+            assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
+    # nor when each trial started and last reported, nor its folder's creation date
+    for state in states:
+        for _, metadata in json.loads(state.read_text())["trial_data"]:
+            times = json.loads(metadata)
+            assert times["start_time"] == PUBLIC_TIME_MS / 1000
+            # Tune's -inf: a trial the interrupted session had not heard from yet
+            assert times["last_result_time"] in (PUBLIC_TIME_MS / 1000, float("-inf"))
+    folders = [path.name for path in states[0].parent.iterdir() if path.is_dir()]
+    assert folders and not any(re.search(r"\d{4}-\d\d-\d\d", name) for name in folders)
+    # each released score is an exact discrete Gaussian on the grid: score × m × size is an
+    # integer (m = selection.score_grid = 1024, the validation examples of the trial's config)
+    summaries = list((output / "search" / "trials").glob("*/summary.json"))
+    assert len(summaries) == 3
+    for summary in summaries:
+        config = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        size = config["task"]["validation_size"]
+        units = json.loads(summary.read_text())["selection_score"] * 1024 * size
+        assert units == pytest.approx(round(units), abs=1e-6)
+
+
+def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick_demo):
+    """Ctrl+C in the demo's search, then the same command: the finished trials are not run
+    again, the interrupted one is, and the records (trials table, summary, MLflow, the exported
+    best trial) count every trial once, each at the same (ε, δ)."""
+    output = quick_demo.output / "search"
+    done_before, early = quick_demo.done_before, quick_demo.early_summary
+    assert 1 <= len(done_before) < 3
+    # what the interrupted search stated covers every trial that had started (released anything)
+    assert early["interrupted"] is True and early["trials_run"] >= len(done_before)
+    assert early["end_to_end_epsilon"] >= early["per_trial_epsilon"] == 2.0
+    assert "resuming the search" in quick_demo.printed
+    # the libraries' known noise stays off the console
     for noise in ("TensorboardX", "Token authentication is enabled", "Loading weights"):
-        assert noise not in log, noise
+        assert noise not in quick_demo.log, noise
     for trial_id, mtime in done_before.items():
         assert (output / "trials" / trial_id / "summary.json").stat().st_mtime_ns == mtime
 
     summary = json.loads((output / "search_summary.json").read_text())
     trials = pd.read_parquet(output / "trials.parquet")
-    assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    assert len(trials) == 3 and set(trials["status"]) == {"finished"}
     assert set(trials["strategy"]) == {"single"} and set(trials["workers"]) == {1}
-    assert summary["interrupted"] is False and summary["trials_finished"] == 4
+    assert summary["interrupted"] is False and summary["trials_finished"] == 3
 
     # every trial spends the same ε although steps differ; σ differs where steps differ
     for row in trials.itertuples():
@@ -134,16 +246,21 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
         )
         assert row.epsilon == pytest.approx(expected, rel=1e-6)
     sigma_by_steps = trials.groupby("steps")["noise_multiplier"].agg(["min", "max"])
+    assert list(sigma_by_steps.index) == [20, 40], "the demo's seeded search draws both"
     assert (sigma_by_steps["max"] - sigma_by_steps["min"] < 1e-9).all()
-    assert sigma_by_steps.loc[30, "min"] > sigma_by_steps.loc[10, "max"]
+    assert sigma_by_steps.loc[40, "min"] > sigma_by_steps.loc[20, "max"]
     assert summary["end_to_end_epsilon"] >= summary["per_trial_epsilon"] == 2.0
 
     # the best trial is chosen on the selection score, never the test metric
     best = trials.loc[trials["selection_score"].idxmax()]
     assert summary["best_trial"] == best["trial_id"]
+    _check_search_in_mlflow(quick_demo.output / "mlflow.db", output, summary, trials, done_before)
+    _check_export_best(output, quick_demo.output.parent / "export", summary)
 
-    # MLflow: one parent, one finished child per trial (plus the interrupted attempt, KILLED)
-    client = open_client(f"sqlite:///{output / 'mlflow.db'}")
+
+def _check_search_in_mlflow(store: Path, output: Path, summary, trials, done_before) -> None:
+    """One parent, one finished child per trial (plus the interrupted attempt, KILLED)."""
+    client = open_client(f"sqlite:///{store}")
     state = json.loads((output / "search_state.json").read_text())
     parent = client.get_run(state["parent_run_id"])
     assert parent.info.status == "FINISHED"
@@ -172,8 +289,9 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
         assert int(child.data.tags["privzo.model_parameters"]) > 0
         assert child.data.params["optimizer.steps"] == str(int(row.steps))
 
-    # 3. the best trial alone, without what points back into the search
-    export = tmp_path / "export"
+
+def _check_export_best(output: Path, export: Path, summary) -> None:
+    """The best trial alone, without what points back into the search."""
     command = [sys.executable, "-m", "privzo.cli", "export-best", str(output)]
     exported = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
     assert exported.returncode == 0, exported.stderr.decode()[-3000:]
@@ -194,86 +312,3 @@ def test_search_interrupted_and_resumed_records_every_trial_once(
     assert exported_summary["epsilon_per_trial"] == pytest.approx(2.0, rel=5e-3)
     again = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
     assert again.returncode == 2 and b"is not empty" in again.stderr
-
-
-def test_resources_the_cluster_lacks_fail_before_any_trial(
-    tmp_path, make_search, cache_dir, tune_processes
-):
-    search = make_search(resources={"cpus_per_trial": 64})
-    output = tmp_path / "search"
-    process = tune_processes(search, output, cache_dir, tmp_path / "tune.log")
-    returncode, log = process.wait(timeout=900)
-    assert returncode == 2, log[-3000:]
-    assert "resources.cpus_per_trial=64: the Ray cluster has" in log
-    assert not (output / "trials").exists() and not (output / "search_state.json").exists()
-
-
-@pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory, cache_dir) -> tuple[Path, str]:
-    """The README's first command shortened with --quick (arms, the search, the study), run once
-    for the tests that read what it wrote and printed; the session's model cache."""
-    output = tmp_path_factory.mktemp("quick-demo") / "demo"
-    command = [sys.executable, "-m", "privzo.cli", "demo", "--quick"]
-    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir)]
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return output, result.stdout
-
-
-def test_demo_quick_runs_all_arms(quick_demo):
-    """Builds demo-opt-s and runs both shipped configs, pointing at the MLflow records."""
-    output, printed = quick_demo
-    for label in ("zero-shot", "DPZero (private)", "MeZO (non-private)", "mlflow ui"):
-        assert label in printed
-    summary = json.loads((output / "dpzero" / "summary.json").read_text())
-    assert summary["steps"] == 20 and summary["epsilon"] <= 2.0 * (1 + 1e-6)
-
-
-def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
-    """The search and the scaling study after the arms."""
-    output, printed = quick_demo
-    for text in ("DPZero (private)", "MeZO (non-private)", "privacy: composition of 3 trials"):
-        assert text in printed
-    header = "| task | model | parameters | zero-shot | dpzero ε=2 | mezo (non-private) |"
-    assert header in re.sub(r"\| +", "| ", re.sub(r" +\|", " |", printed))  # padding aside
-    scaling = pd.read_parquet(output / "scaling" / "report" / "scaling.parquet")
-    assert set(scaling["model"]) == {"demo-opt-s", "demo-opt-m", "demo-opt-l"}
-    assert scaling["model_parameters"].nunique() == 3
-    trials = pd.read_parquet(output / "search" / "trials.parquet")
-    assert len(trials) == 3 and set(trials["status"]) == {"finished"}
-
-
-def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_demo):
-    """Tune's result.json, progress.csv and experiment state of the quick demo's private
-    search (three trials) hold no time_this_iter_s, time_total_s, time_since_restore,
-    timestamp or date, its trials' starts and last reports are at the public time and their
-    folders' names carry no date."""
-    from privzo.search.withhold import TIMING_FIELDS
-
-    output, _ = quick_demo
-    tune_dir = output / "search" / "tune"
-    results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
-    states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
-    assert len(results) == 2 * 3 and len(states) == 1, list(tune_dir.rglob("*"))
-    reported = "\n".join(path.read_text() for path in results)
-    assert "selection_score" in reported and "training_iteration" in reported
-    for path in [*results, *states]:
-        text = path.read_text(errors="replace")
-        for field in TIMING_FIELDS:
-            assert not re.search(rf"(?<!\w){field}(?!\w)", text), (path, field)
-    # nor when each trial started and last reported, nor its folder's creation date
-    for _, metadata in json.loads(states[0].read_text())["trial_data"]:
-        times = json.loads(metadata)
-        assert times["start_time"] == times["last_result_time"] == PUBLIC_TIME_MS / 1000
-    folders = [path.name for path in states[0].parent.iterdir() if path.is_dir()]
-    assert folders and not any(re.search(r"\d{4}-\d\d-\d\d", name) for name in folders)
-    # each released score is an exact discrete Gaussian on the grid: score × m × size is an
-    # integer (m = selection.score_grid = 1024, the validation examples of the trial's config)
-    summaries = list((output / "search" / "trials").glob("*/summary.json"))
-    assert len(summaries) == 3
-    for summary in summaries:
-        config = yaml.safe_load((summary.parent / "config.yaml").read_text())
-        size = config["task"]["validation_size"]
-        units = json.loads(summary.read_text())["selection_score"] * 1024 * size
-        assert units == pytest.approx(round(units), abs=1e-6)

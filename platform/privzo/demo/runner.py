@@ -119,7 +119,7 @@ def _run_search(
     search = SearchConfig.model_validate(data)
     print(f"\nsearch: {config_path.resolve()} (Ray Tune; every trial at the same (ε, δ))")
     try:
-        run_search(
+        summary = run_search(
             search,
             output_dir,
             cache_dir=cache_dir,
@@ -130,6 +130,8 @@ def _run_search(
     finally:
         # Ray's daemons and idle trial workers would take CPU from the study that follows
         ray.shutdown()
+    if summary.interrupted:  # Tune takes the Ctrl+C itself; the demo stops there too
+        raise KeyboardInterrupt
 
 
 def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, quick: bool) -> None:
