@@ -4,7 +4,8 @@ The commands are read from the docs' command tour (docs/guides/commands.md), whi
 links to. Each runs in a fresh directory holding a copy of ``configs/`` (the page's paths are
 relative to a checkout), with small sizes appended through the overrides and options the docs
 document, and the session's model cache (each built-in model is built once per test session);
-the test checks the exit code and what each command writes or prints.
+the test checks the exit code and what each command writes or prints. Each command runs in a
+fresh process forked from one that imported privzo's libraries once (``forked_cli``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from forked_cli import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -223,14 +223,9 @@ def test_readme_command_works_as_written(tour, command):
     """One line of the tour, in the tour's order (a later line reads what an earlier wrote), so
     each command's cost shows in the suite's slowest tests."""
     words = _words(command, tour.cwd, tour.cache_dir)
-    done = subprocess.run(
-        [sys.executable, "-m", "privzo.cli", *words[1:]],
-        cwd=tour.cwd,
-        env=tour.env,
-        capture_output=True,
-        text=True,
-        timeout=1800,  # a margin for a loaded machine, not a timing
-    )
+    logs = tour.cwd.parent / f"logs-{RUNNABLE.index(command):02d}"
+    # a margin for a loaded machine, not a timing
+    done = run_cli(words[1:], tour.cwd, tour.env, logs, timeout=1800)
     assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     check = _matching(CHECKS, command)
     assert callable(check)
