@@ -28,6 +28,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # or `ray start`) inherits this environment, so its workers compete as equals.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+# A new Ray prestarts idle Python workers for jobs without a runtime environment; the tests' Rays
+# run only privzo's jobs, which ship privzo in theirs, so those workers start (importing Ray)
+# and are never used: two spare processes per Ray the tests start.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "false")
+
 # OpenMP threads that wait by spinning (libgomp's default) starve each other when the suite's
 # processes share a few cores: beside other work the million-weight rounding tests ran 15 times
 # slower with spinning threads than with sleeping ones (docs/measurements.md, "OpenMP threads
