@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +142,11 @@ PRELOADED = ["torch", "transformers", "opacus", "privzo.run", "privzo.bench.memo
 def _in_fresh_process(overrides: list[str], cache_dir: Path, repeats: int) -> dict[str, Any]:
     """``measure_case`` in a new process forked from a server that has only imported the
     libraries (``spawn`` where there is no fork server): no other case's memory is in it."""
+    context: BaseContext = multiprocessing.get_context("spawn")
     if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(PRELOADED)
-    else:
-        context = multiprocessing.get_context("spawn")
+        server = multiprocessing.get_context("forkserver")
+        server.set_forkserver_preload(PRELOADED)
+        context = server
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(measure_case, overrides, str(cache_dir), repeats).result()
 
