@@ -117,8 +117,8 @@ def _check_arm_dirs(output_dir: Path, configs: dict[str, RunConfig]) -> None:
         if holds_other_run(output_dir / arm, config):
             raise ConfigError(
                 f"demo arm {arm}: {output_dir / arm} holds a run of another config (the "
-                "demo's with or without --quick, or an older privzo's); choose another "
-                "--output-dir, or delete that directory to run the arm again"
+                "demo's with or without --quick, say); choose another --output-dir, or delete "
+                "that directory to run the arm again"
             )
 
 

@@ -133,8 +133,8 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         output_dir,
         cache_dir=Path(setup["cache_dir"]),
         progress=False,
-        # an interrupted attempt resumes (its released steps are not drawn again); partial
-        # files it cannot resume from are replaced (a finished attempt returned above)
+        # an interrupted attempt resumes (its released steps are not drawn again); one that
+        # cannot resume starts over (a finished attempt returned above)
         overwrite=starts_over(config, output_dir),
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],

@@ -173,16 +173,16 @@ def _run_trained_cells(
 
 
 def _check_cell_dirs(cells: list[Cell], configs: dict[str, RunConfig], output_dir: Path) -> None:
-    """A cell whose directory holds another config's run (the study's base, overrides or grid
-    changed since it ran) is refused before any cell trains: its released steps are not
-    written over."""
+    """A cell whose directory holds another config's run (the study's base, overrides or
+    experiment changed since it ran) is refused before any cell trains: its released steps are
+    not written over."""
     for index, cell in enumerate(cells, start=1):
         cell_dir = output_dir / CELLS_DIR / cell.name
         if holds_other_run(cell_dir, configs[cell.name]):
             raise ConfigError(
                 f"study cell {index}/{len(cells)} {cell.name}: {cell_dir} holds a run of another "
-                "config (the study's base, overrides or grid changed since it ran); delete that "
-                "directory to run the cell with this config, or choose another --output-dir"
+                "config (the study's base, overrides or experiment changed since it ran); delete "
+                "that directory to run the cell with this config, or choose another --output-dir"
             )
 
 
