@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from privzo.config.loading import load_config
-from privzo.run import finished_run, run
+from privzo.config.run import RunConfig
+from privzo.run import finished_run, holds_other_run, run, starts_over
 from privzo.rundir import RunSummary
+from privzo.section import ConfigError
 from privzo.threads import threads_per_process, use_threads
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
@@ -82,25 +84,42 @@ def timed(part: str, echo: Callable[[str], None] = print) -> Iterator[None]:
 
 
 def _run_arms(output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool) -> list[DemoRow]:
+    """Each arm finished, resumed from its own trajectory (as the same ``privzo run`` would) or
+    trained; an arm directory holding another config's run is refused before any arm trains."""
     overrides = ["optimizer.steps=20"] if quick else []
+    configs = {arm: load_config(config_dir / name, overrides) for arm, name in ARMS.items()}
+    _check_arm_dirs(output_dir, configs)
     summaries: dict[str, RunSummary] = {}
-    for arm, config_name in ARMS.items():
+    for arm, config in configs.items():
         arm_dir = output_dir / arm
-        config_path = config_dir / config_name
-        config = load_config(config_path, overrides)
-        # exactly this config: a --quick run is not reused for the full demo
         reused = finished_run(config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir)
         if reused is not None:
             print(f"{arm}: reusing the finished run in {arm_dir} (same config)")
             summaries[arm] = reused
             continue
-        print(f"{arm}: fine-tuning with {config_path} {' '.join(overrides)}")
+        print(f"{arm}: fine-tuning with {config_dir / ARMS[arm]} {' '.join(overrides)}")
         summaries[arm] = run(
-            config, arm_dir, cache_dir=cache_dir, tracking_root=output_dir, overwrite=True
+            config,
+            arm_dir,
+            cache_dir=cache_dir,
+            tracking_root=output_dir,
+            overwrite=starts_over(config, arm_dir),  # an interrupted arm goes on, into its run
         )
     rows = _table_rows(summaries)
     print(format_table(rows))
     return rows
+
+
+def _check_arm_dirs(output_dir: Path, configs: dict[str, RunConfig]) -> None:
+    """Exactly this config is reused or resumed (a --quick arm is not, for the full demo): an
+    arm whose directory holds another config's run is refused, its released steps kept."""
+    for arm, config in configs.items():
+        if holds_other_run(output_dir / arm, config):
+            raise ConfigError(
+                f"demo arm {arm}: {output_dir / arm} holds a run of another config (the "
+                "demo's with or without --quick, say); choose another --output-dir, or delete "
+                "that directory to run the arm again"
+            )
 
 
 def _run_search(

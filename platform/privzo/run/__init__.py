@@ -23,7 +23,9 @@ from privzo.rundir import (
     can_resume,
     check_output_dir,
     finished,
+    holds_other_run,
     prepare_output_dir,
+    starts_over,
     unfinished_steps,
 )
 
@@ -44,11 +46,13 @@ __all__ = [
     "check_output_dir",
     "finished",
     "finished_run",
+    "holds_other_run",
     "make_loop",
     "mechanism_parameters",
     "model_parameters",
     "plan_privacy",
     "prepare_output_dir",
     "run",
+    "starts_over",
     "unfinished_steps",
 ]

@@ -15,6 +15,7 @@ from privzo.rundir.files import (
     CONFIG_FILE,
     PRIVACY_FILE,
     RESUME_FILE,
+    RUN_FILES,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     read_json_object,
@@ -22,7 +23,12 @@ from privzo.rundir.files import (
     write_json_atomically,
     write_text_atomically,
 )
-from privzo.rundir.resume import ResumePoint, clear_resume_point, write_resume_point
+from privzo.rundir.resume import (
+    ResumePoint,
+    can_resume,
+    clear_resume_point,
+    write_resume_point,
+)
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
 
 
@@ -64,6 +70,26 @@ def finished(output_dir: Path, config: RunConfig) -> RunSummary | None:
     if not holds_configs(Path(output_dir), {CONFIG_FILE: dump_config(config)}):
         return None
     return read_summary(Path(output_dir) / SUMMARY_FILE)
+
+
+def holds_other_run(output_dir: Path, config: RunConfig) -> bool:
+    """Whether ``output_dir`` holds a run's records, finished or not, of a config other than
+    ``config``: released steps that a caller naming the directory itself (a study's cell, a
+    demo arm) refuses to write over."""
+    directory = Path(output_dir)
+    if not any((directory / name).exists() for name in RUN_FILES):
+        return False
+    return not holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def starts_over(config: RunConfig, output_dir: Path) -> bool:
+    """``run``'s ``overwrite`` for a caller that names the run's directory itself (a search's
+    trial, a study's cell, a demo arm), once it found no finished run there: an unfinished run
+    of ``config`` resumes from its own trajectory into its MLflow run (False) unless it cannot
+    (True: a first-order run keeps no trajectory to go on from); another config's run is never
+    written over (False: ``run`` refuses it)."""
+    directory = Path(output_dir)
+    return not can_resume(config, directory) and not holds_other_run(directory, config)
 
 
 def finished_record(

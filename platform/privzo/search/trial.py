@@ -19,7 +19,7 @@ from typing import Any
 
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, finished_run, run
-from privzo.rundir import RunSummary, can_resume, unfinished_steps
+from privzo.rundir import RunSummary, can_resume, starts_over, unfinished_steps
 from privzo.search.config import SearchConfig, base_run_config
 from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
@@ -133,9 +133,9 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         output_dir,
         cache_dir=Path(setup["cache_dir"]),
         progress=False,
-        # an interrupted attempt resumes (its released steps are not drawn again); partial
-        # files it cannot resume from are replaced (a finished attempt returned above)
-        overwrite=not resumes,
+        # an interrupted attempt resumes (its released steps are not drawn again); one that
+        # cannot resume starts over (a finished attempt returned above)
+        overwrite=starts_over(config, output_dir),
         tracking_root=Path(setup["tracking_root"]),
         tracking_uri=setup["tracking_uri"],
         run_name=f"{run_label(config)} {trial_id}",  # trials differ in their hyperparameters

@@ -2,8 +2,9 @@
 experiment under a study parent run, then the report.
 
 Cells run one after another in this process (each a normal privzo run or search). A cell whose
-directory holds a finished run of exactly its config is not run again, so a study resumes where
-it stopped; ``max_cells`` bounds how many cells one invocation trains (a time-boxed job).
+directory holds a finished run of exactly its config is not run again, and an interrupted one
+goes on from its own trajectory, as the same ``privzo run`` would, so a study resumes where it
+stopped; ``max_cells`` bounds how many cells one invocation trains (a time-boxed job).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from privzo.audit import AuditRecord
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
-from privzo.run import finished_run, run
+from privzo.run import finished_run, holds_other_run, run, starts_over
 from privzo.rundir import (
     SUMMARY_FILE,
     RunSummary,
@@ -78,6 +79,7 @@ def run_scaling_study(
         tracking_uri = default_tracking_uri(tracking_root)
     cells = expand_cells(study)
     configs = check_cells(study, cells)  # every cell, before the first trains
+    _check_cell_dirs(cells, configs, output_dir)
     audits = audit_cell_names(study, cells)
     _check_audit_cells(study, cells, configs, audits, output_dir)
     if study.search is not None:
@@ -168,6 +170,20 @@ def _run_trained_cells(
         )
         trained += 1
     return summaries, trained
+
+
+def _check_cell_dirs(cells: list[Cell], configs: dict[str, RunConfig], output_dir: Path) -> None:
+    """A cell whose directory holds another config's run (the study's base, overrides or
+    experiment changed since it ran) is refused before any cell trains: its released steps are
+    not written over."""
+    for index, cell in enumerate(cells, start=1):
+        cell_dir = output_dir / CELLS_DIR / cell.name
+        if holds_other_run(cell_dir, configs[cell.name]):
+            raise ConfigError(
+                f"study cell {index}/{len(cells)} {cell.name}: {cell_dir} holds a run of another "
+                "config (the study's base, overrides or experiment changed since it ran); delete "
+                "that directory to run the cell with this config, or choose another --output-dir"
+            )
 
 
 def _check_audit_cells(
@@ -271,7 +287,9 @@ def _run_cell(
         cell_dir,
         cache_dir=cache_dir,
         progress=progress,
-        overwrite=True,  # an interrupted attempt's files; a finished cell was returned above
+        # an interrupted attempt goes on from its trajectory, into its MLflow run; one that
+        # cannot (no trajectory) starts over; a finished cell was returned above
+        overwrite=starts_over(config, cell_dir),
         tracking_root=tracking_root,
         tracking_uri=tracking_uri,
         tags=tags,

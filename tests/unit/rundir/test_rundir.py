@@ -156,3 +156,28 @@ def test_a_summary_written_before_its_tracking_run_ends_is_untracked(run_dir):
     mark_tracked(directory)
     assert untracked(directory, config) is None and not (directory / RESUME_FILE).exists()
     assert finished(directory, config) is not None
+
+
+def test_a_caller_naming_the_directory_resumes_starts_over_or_keeps_another_run(
+    run_dir, tiny_run_config
+):
+    """What a study's cell or a demo arm passes as ``overwrite``: an unfinished run of its config
+    resumes (when it keeps a trajectory) or starts over (when it cannot); another config's run
+    is never written over."""
+    from privzo.rundir import ResumePoint, holds_other_run, starts_over, write_resume_point
+
+    directory, config = run_dir
+    other = tiny_run_config("seed=7")
+    assert not holds_other_run(directory / "empty", config)
+    assert starts_over(config, directory / "empty")  # nothing there to keep
+    assert not holds_other_run(directory, config) and holds_other_run(directory, other)
+    assert starts_over(config, directory)  # no resume point: nothing to go on from
+    assert not starts_over(other, directory)  # ``run`` refuses it instead
+    write_resume_point(directory, ResumePoint("abc123", None))
+    assert not starts_over(config, directory)  # goes on from its trajectory
+    first_order = tiny_run_config("optimizer.algorithm=dpsgd")
+    write_config(directory, first_order)
+    assert starts_over(first_order, directory)  # keeps no trajectory: starts over
+    (directory / CONFIG_FILE).unlink()
+    write_summary(directory / SUMMARY_FILE, RunSummary.from_dict(SUMMARY))
+    assert holds_other_run(directory, config)  # records without their config are no one's

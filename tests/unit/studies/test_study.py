@@ -16,6 +16,7 @@ from mlflow.entities import Metric
 from privzo.analysis import build_report
 from privzo.analysis.plots import distinct_curves, split_withheld
 from privzo.config import ConfigError
+from privzo.run import TrainingLoop
 from privzo.studies import load_study_config, run_study
 from privzo.studies.cells import cell_config, expand_cells
 from privzo.tracking import make_tracker, open_client, read_run, read_table
@@ -162,7 +163,24 @@ def _study_file(tmp_path: Path, sentiment_files, **study) -> Path:
     return path
 
 
-def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_files, cache_dir):
+def _stop_at_step(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl+C (what it raises) as the loop is about to take ``step``, once."""
+    real_step = TrainingLoop.step
+
+    def stop(self, index):
+        if index == step:
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+        return real_step(self, index)
+
+    monkeypatch.setattr(TrainingLoop, "step", stop)
+
+
+def test_study_resumed_reruns_nothing_finished_and_reports(
+    tmp_path, sentiment_files, cache_dir, monkeypatch
+):
+    """A finished cell is not run again; a cell stopped by Ctrl+C goes on from its own
+    trajectory into its MLflow run (each step drawn once); a changed config is refused."""
     study = load_study_config(_study_file(tmp_path, sentiment_files))
     assert [cell.name for cell in expand_cells(study)] == [
         "tiny-opt-task-dpzero-eps2-seed0",
@@ -176,10 +194,26 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     done = output / "cells" / "tiny-opt-task-dpzero-eps2-seed0" / "summary.json"
     mtime = done.stat().st_mtime_ns
 
+    stopped = output / "cells" / "tiny-opt-task-dpzero-eps4-seed0"
+    _stop_at_step(4, monkeypatch)  # inside the second window of the second cell
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, output, **options)
+    kept = pq.read_table(stopped / "trajectory.parquet").to_pylist()
+    killed_run = json.loads((stopped / "resume.json").read_text())["tracking_run_id"]
+    uri = f"sqlite:///{output / 'mlflow.db'}"
+    assert [row["step"] for row in kept] == [0, 1, 2, 3]
+    assert read_run(uri, killed_run)["status"] == "KILLED"
+
     second = run_study(study, output, **options)
     assert second["complete"] is True and second["cells_finished"] == 3
     assert done.stat().st_mtime_ns == mtime  # not run again
     assert second["parent_run_id"] == first["parent_run_id"]
+    rows = pq.read_table(stopped / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in rows] == list(range(6)) and rows[:4] == kept
+    resumed = json.loads((stopped / "summary.json").read_text())
+    assert resumed["tracking_run_id"] == killed_run and resumed["steps"] == 6
+    assert read_run(uri, killed_run)["status"] == "FINISHED"
+    assert json.loads((stopped / "privacy.json").read_text())["steps_accounted"] == 6
 
     client = open_client(f"sqlite:///{output / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny").experiment_id
@@ -228,6 +262,14 @@ def test_study_resumed_reruns_nothing_finished_and_reports(tmp_path, sentiment_f
     assert dpzero_line.count("withheld") == 3
     artifacts = [a.path for a in client.list_artifacts(first["parent_run_id"], "report")]
     assert "report/report.md" in artifacts and "report/scaling.png" in artifacts
+
+    changed = study.model_copy(update={"overrides": {"optimizer.learning_rate": 2e-3}})
+    with pytest.raises(
+        ConfigError,
+        match=r"study cell 1/3 tiny-opt-task-dpzero-eps2-seed0: .*holds a run of another config",
+    ):
+        run_study(changed, output, **options)
+    assert done.stat().st_mtime_ns == mtime  # its released steps kept
 
 
 @pytest.mark.parametrize(
