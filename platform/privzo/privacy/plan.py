@@ -22,7 +22,8 @@ from privzo.privacy.truncation import (
     NON_PRIVATE_EXCEED,
     BatchBound,
     default_bound,
-    truncation_delta,
+    delta_of_exceeding,
+    exceed_probability,
 )
 from privzo.section import ConfigError
 
@@ -44,6 +45,7 @@ class PrivacyPlan:
     # truncating a larger Poisson draw takes (privzo.privacy.truncation)
     max_batch_size: int | None = None
     truncation_delta: float = 0.0
+    run_exceed_probability: float = 0.0  # that any of the T draws exceeds max_batch_size
 
     @property
     def mechanism_delta(self) -> float | None:
@@ -114,6 +116,7 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         noise_parameters=mechanism_parameters(config),
         max_batch_size=bound.rows if bound else None,
         truncation_delta=truncation,
+        run_exceed_probability=bound.run_exceed_probability if bound else 0.0,
     )
 
 
@@ -135,7 +138,8 @@ def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> Bat
         dataset_size, sample_rate, steps, budget if private else NON_PRIVATE_EXCEED, multiple
     )
     rows = privacy.max_batch_size or suggested
-    truncation = truncation_delta(dataset_size, sample_rate, rows, steps, epsilon)
+    exceed = steps * exceed_probability(dataset_size, sample_rate, rows)
+    truncation = delta_of_exceeding(exceed, epsilon)
     if private and truncation > MAX_SHARE * privacy.delta:
         raise ConfigError(
             f"privacy.max_batch_size={rows}: a Poisson batch of the {dataset_size} examples at "
@@ -144,7 +148,7 @@ def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> Bat
             f"{privacy.delta:g}; allowed: "
             f"max_batch_size ≥ {suggested} (the default, null), or task.pad_to='batch'"
         )
-    return BatchBound(rows, truncation if private else 0.0)
+    return BatchBound(rows, truncation if private else 0.0, exceed)
 
 
 def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:

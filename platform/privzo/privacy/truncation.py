@@ -25,6 +25,7 @@ __all__ = [
     "MAX_SHARE",
     "BatchBound",
     "default_bound",
+    "delta_of_exceeding",
     "exceed_probability",
     "truncation_delta",
 ]
@@ -44,10 +45,22 @@ truncated (nothing to account, but its batches should still be Poisson draws).""
 
 @dataclass(frozen=True)
 class BatchBound:
-    """The rows every padded batch has and the δ its truncation takes (0 if it never does)."""
+    """The rows every padded batch has, the chance that any of the run's draws exceeds them
+    (T·P[exceed]) and the δ that truncation takes (0 if it never happens)."""
 
     rows: int
     truncation_delta: float
+    run_exceed_probability: float = 0.0
+
+
+def delta_of_exceeding(exceed: float, epsilon: float) -> float:
+    """(1 + e^ε)·P[E], capped at 1: the δ a mechanism that is ε-DP otherwise gains from
+    behaving differently on an event E of probability at most ``exceed`` (module docstring)."""
+    if exceed == 0.0:
+        return 0.0
+    if epsilon > 700:
+        return 1.0
+    return min(1.0, (1.0 + math.exp(epsilon)) * exceed)
 
 
 def exceed_probability(dataset_size: int, sample_rate: float, bound: int) -> float:
@@ -64,12 +77,8 @@ def truncation_delta(
 ) -> float:
     """δ_trunc = (1 + e^ε)·T·P[exceed] (capped at 1): what truncating above ``bound`` adds to
     the δ of a T-step run that is ε-DP otherwise (module docstring)."""
-    exceed = exceed_probability(dataset_size, sample_rate, bound)
-    if exceed == 0.0:
-        return 0.0
-    if epsilon > 700:
-        return 1.0
-    return min(1.0, (1.0 + math.exp(epsilon)) * steps * exceed)
+    exceed = steps * exceed_probability(dataset_size, sample_rate, bound)
+    return delta_of_exceeding(exceed, epsilon)
 
 
 def default_bound(
