@@ -137,7 +137,7 @@ def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> Bat
     suggested = default_bound(
         dataset_size, sample_rate, steps, budget if private else NON_PRIVATE_EXCEED, multiple
     )
-    rows = privacy.max_batch_size or suggested
+    rows = -(-(privacy.max_batch_size or suggested) // multiple) * multiple  # whole micro-batches
     exceed = steps * exceed_probability(dataset_size, sample_rate, rows)
     truncation = delta_of_exceeding(exceed, epsilon)
     if private and truncation > MAX_SHARE * privacy.delta:

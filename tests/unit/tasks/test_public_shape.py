@@ -150,6 +150,7 @@ def test_the_default_bound_is_the_smallest_within_its_share():
 
 
 def test_the_plan_calibrates_at_delta_less_truncation(tiny_run_config):
+    micro_batches = ("optimizer.physical_batch_size=4",)
     config = tiny_run_config()
     plan = plan_privacy(config, 64)
     assert plan.delta == 1e-5 and 0 < plan.truncation_delta <= DEFAULT_SHARE * 1e-5
@@ -163,6 +164,8 @@ def test_the_plan_calibrates_at_delta_less_truncation(tiny_run_config):
     )
     assert epsilon <= 3.0 * (1 + 1e-9)
     assert plan.truncation_delta == truncation_delta(64, 8 / 64, plan.max_batch_size, 12, 3.0)
+    rounded = plan_privacy(tiny_run_config("privacy.max_batch_size=30", *micro_batches), 64)
+    assert rounded.max_batch_size == 32  # whole micro-batches of 4
     batch = plan_privacy(tiny_run_config("task.pad_to=batch"), 64)
     assert batch.max_batch_size is None and batch.truncation_delta == 0.0
 
