@@ -75,6 +75,7 @@ class Preflight:
             f"steps       {config.optimizer.steps}, batch {config.optimizer.batch_size}, "
             f"sample rate q = {privacy.sample_rate:.6g} ({config.privacy.sampler})",
         ]
+        lines.append(f"batches     {self.batch_shape()}")
         forwards = self.forwards_per_step
         if forwards is not None:
             count = config.optimizer.directions_per_step
@@ -99,6 +100,21 @@ class Preflight:
             lines.append("privacy     none (a non-private run: no noise, no ε)")
         lines.append(f"memory      {_describe_memory(self.memory, config)}")
         return lines
+
+    def batch_shape(self) -> str:
+        """How training batches are padded, in words (``task.pad_to``)."""
+        config, privacy = self.config, self.privacy
+        if config.pad_to == "batch":
+            return "padded to each batch's longest member (task.pad_to=batch)"
+        length = config.task.max_length or "(the model's limit)"
+        micro = config.optimizer.physical_batch_size or privacy.max_batch_size
+        shape = (
+            f"{privacy.max_batch_size} rows × {length} tokens, {micro} rows per forward "
+            "(task.pad_to=max_length)"
+        )
+        if not privacy.private:
+            return shape
+        return f"{shape}; truncation takes δ {privacy.truncation_delta:.3g}"
 
     def data_lines(self) -> list[str]:
         """Which rows the run trains on: their source, counts and label words (a run prints
@@ -128,6 +144,9 @@ class Preflight:
             "forwards_per_step": self.forwards_per_step,
             "batch_size": self.config.optimizer.batch_size,
             "sample_rate": privacy.sample_rate,
+            "pad_to": self.config.pad_to,
+            "max_batch_size": privacy.max_batch_size,
+            "truncation_delta": privacy.truncation_delta if privacy.private else None,
             "mechanism": privacy.mechanism,
             "accountant": privacy.accountant,
             "noise_multiplier": privacy.noise_multiplier,

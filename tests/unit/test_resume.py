@@ -66,7 +66,7 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
         noise_multiplier=summary["noise_multiplier"],
         sample_rate=summary["sample_rate"],
         steps=STEPS,
-        delta=summary["delta"],
+        delta=summary["delta"] - summary["truncation_delta"],  # the rest is truncation's
         noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)  # 12 steps, booked once

@@ -29,11 +29,18 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert on_disk == summary.to_dict()
     assert summary.steps == 12 and summary.private is True
     assert 0 < summary.epsilon <= 3.0 * (1 + 1e-6)
+    privacy = json.loads((output / "privacy.json").read_text())
+    # batches of a public shape: truncating Poisson draws above the bound takes part of δ,
+    # and ε is spent at the rest, so the stated δ covers both
+    assert summary.pad_to == "max_length" and summary.max_batch_size == privacy["max_batch_size"]
+    assert summary.delta == privacy["delta"] == 1e-5
+    assert 0 < summary.truncation_delta == privacy["truncation_delta"] <= 1e-7
+    assert privacy["mechanism_delta"] == pytest.approx(1e-5 - summary.truncation_delta)
     expected = compute_epsilon(
         noise_multiplier=summary.noise_multiplier,
         sample_rate=8 / 64,
         steps=12,
-        delta=1e-5,
+        delta=privacy["mechanism_delta"],
         noise_parameters=summary.mechanism_parameters,
     )
     assert summary.mechanism_parameters == {"grid": 1024}  # discrete noise by default
@@ -43,7 +50,6 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert summary.replace_one_epsilon == pytest.approx(2 * summary.epsilon)
     assert summary.replace_one_delta == pytest.approx((1 + math.exp(summary.epsilon)) * 1e-5)
     assert summary.skipped_rows is None  # a count over the private file's rows: withheld
-    privacy = json.loads((output / "privacy.json").read_text())
     assert privacy["adjacency"] == "add-remove"
     assert privacy["replace_one_epsilon"] == summary.replace_one_epsilon
     assert privacy["replace_one_delta"] == summary.replace_one_delta

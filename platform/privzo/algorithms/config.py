@@ -22,6 +22,7 @@ __all__ = [
     "MAX_PERTURBATION_SCALE",
     "MAX_STEPS",
     "MIN_PERTURBATION_SCALE",
+    "PADDED_SHAPE_ALGORITHMS",
     "AlgorithmName",
     "FirstOrderConfig",
     "OptimizerConfig",
@@ -31,6 +32,10 @@ __all__ = [
 # registry's keys and to the noise table.
 AlgorithmName = Literal["mezo", "dpzero", "dpzo-laplace", "dpsgd", "adamw", "dpgd-0th"]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+
+PADDED_SHAPE_ALGORITHMS = ("mezo", "dpzero", "dpzo-laplace")
+"""The algorithms whose forwards can take the public shape of ``task.pad_to='max_length'``:
+the zeroth-order stepper's (the baselines collate their own batches)."""
 
 MAX_DIRECTIONS = 1024
 """Largest ``optimizer.directions_per_step``: each direction costs two forwards and four

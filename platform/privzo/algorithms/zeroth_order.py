@@ -18,7 +18,12 @@ from privzo.layouts.context import RunContext
 from privzo.privacy.plan import make_sampler
 from privzo.privacy.sampling import Sampler
 from privzo.tasks.interface import ScoringTask
-from privzo.tasks.micro_batches import losses_in_micro_batches
+from privzo.tasks.micro_batches import (
+    PublicShape,
+    losses_in_micro_batches,
+    padded_batch,
+    public_shape,
+)
 from privzo.zo.directions import step_seed
 from privzo.zo.estimators import GradientEstimator, estimator_for
 from privzo.zo.integrity import check_finite_weights
@@ -52,6 +57,12 @@ class ZerothOrderStepper(Stepper):
         self.sampler = sampler or make_sampler(config, plan, len(context.train))
         self.estimator = estimator or estimator_for(config, plan)
         self.forward_on_empty = forward_on_empty
+        self.shape: PublicShape | None = None
+        if config.pad_to == "max_length":
+            optimizer = config.optimizer
+            self.shape = public_shape(
+                plan.max_batch_size, optimizer.physical_batch_size, context.task.max_length
+            )
         self.schedule = make_schedule(
             config.optimizer.lr_schedule, config.optimizer.learning_rate, config.optimizer.steps
         )
@@ -60,10 +71,8 @@ class ZerothOrderStepper(Stepper):
         context = self.context
         task: ScoringTask = context.task
         indices = self.sampler.next_batch()
-        batch = task.collate(context.train, indices) if len(indices) else None
-        batch_size, keep = len(indices), len(indices)
-        if self.forward_on_empty and not len(indices):  # a public input: no record is read
-            batch, batch_size = task.collate(task.public_example(), [0]), 1
+        batch, batch_size = self.batch(task, indices)
+        keep = len(indices)  # the real rows come first; the others' losses are dropped
         with self.meter.measure():
             record = zo_step(
                 step=step,
@@ -80,14 +89,27 @@ class ZerothOrderStepper(Stepper):
         self.nonfinite += record.nonfinite
         return StepOutcome(record.learning_rate, record.mean_loss, not len(indices), record)
 
+    def batch(self, task: ScoringTask, indices: Any) -> tuple[Any, int]:
+        """The step's batch and its rows: of the public shape when there is one; else the
+        drawn examples, a public example when an empty share must still forward, or none."""
+        if self.shape is not None:
+            return padded_batch(task, self.context.train, indices, self.shape), self.shape.rows
+        if len(indices):
+            return task.collate(self.context.train, indices), len(indices)
+        if self.forward_on_empty:  # a public input: no record is read
+            return task.collate(task.public_example(), [0]), 1
+        return None, 0
+
     def per_example_losses(self, batch: Any) -> torch.Tensor:
         """The task's per-example losses at the current weights, in micro-batches of at most
-        ``optimizer.physical_batch_size`` examples (all at the same perturbation)."""
+        ``optimizer.physical_batch_size`` examples (all at the same perturbation); of exactly
+        the public shape's micro-batch when batches have one."""
         context = self.context
+        micro_batch = context.config.optimizer.physical_batch_size
         return losses_in_micro_batches(
             lambda chunk: context.task.per_example_loss(context.scoring_model, chunk),
             batch,
-            context.config.optimizer.physical_batch_size,
+            micro_batch if self.shape is None else self.shape.micro_batch,
         )
 
     def end_window(self, steps_done: int) -> None:

@@ -12,10 +12,12 @@ from privzo.cli.arguments import (
     DTYPES,
     Commands,
     add_command,
+    add_config,
     add_json,
     add_subcommands,
     dtype_name,
     finish_command,
+    load_run_config,
 )
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
 
@@ -38,6 +40,7 @@ def add_bench(commands: Commands) -> None:
     _add_kernels(benches)
     _add_memory(benches)
     _add_distributed(benches)
+    _add_pad_to(benches)
 
 
 def _add_zo_step(benches: Commands) -> None:
@@ -179,6 +182,32 @@ def _distributed_command(args: argparse.Namespace) -> int:
 
         ray.shutdown()
     return _print_result(result, args.json)
+
+
+def _add_pad_to(benches: Commands) -> None:
+    pad_to = add_command(
+        benches,
+        "pad-to",
+        "CPU time per step with task.pad_to=max_length vs batch",
+        "privzo bench pad-to configs/runs/tiny-dpzero.yaml --steps 20",
+        description="CPU time per step of a zeroth-order run config with batches of a public "
+        "shape (task.pad_to=max_length) and padded to their longest member (batch), side by "
+        "side.",
+    )
+    add_config(pad_to, "run", "configs/runs/tiny-dpzero.yaml")
+    pad_to.add_argument("--steps", type=int, default=20, help="timed steps per case")
+    add_json(pad_to)
+    finish_command(pad_to, _pad_to_command)
+
+
+def _pad_to_command(args: argparse.Namespace) -> int:
+    config = load_run_config(args)
+    from privzo.bench.pad_to import pad_to_benchmark
+
+    quiet_libraries(args.verbose)
+    result = pad_to_benchmark(config, args.cache_dir, args.steps)
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    return 0
 
 
 def _print_result(result: dict[str, Any], as_json: bool) -> int:

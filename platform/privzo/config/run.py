@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from privzo.algorithms.config import OptimizerConfig
+from privzo.algorithms.config import PADDED_SHAPE_ALGORITHMS, OptimizerConfig
 from privzo.algorithms.noise import NOISE
-from privzo.config.tasks import TaskConfig
+from privzo.config.tasks import PadTo, TaskConfig
 from privzo.layouts.config import ParallelConfig
 from privzo.models.config import ModelConfig
 from privzo.privacy.accountants import ACCOUNTANTS, accountants_for
@@ -40,6 +40,7 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _private_settings_consistent(self) -> RunConfig:
         _check_zero3_forwards(self)
+        _check_padding(self)
         if not self.optimizer.is_private:
             return self
         mechanism = self.mechanism
@@ -81,6 +82,16 @@ class RunConfig(Section):
         return not self.optimizer.is_private or self.tracking.log_private_diagnostics
 
     @property
+    def pad_to(self) -> PadTo:
+        """How training batches are padded: ``task.pad_to``, or by default ``max_length`` for a
+        private run of an algorithm that supports it (its shapes then reveal nothing of the
+        data), ``batch`` otherwise."""
+        if self.task.pad_to is not None:
+            return self.task.pad_to
+        padded = self.optimizer.algorithm in PADDED_SHAPE_ALGORITHMS
+        return "max_length" if padded and self.optimizer.is_private else "batch"
+
+    @property
     def noise_grid(self) -> int | None:
         """The grid of this run's scalar noise (None: continuous, or no scalar noise)."""
         if not NOISE[self.optimizer.algorithm].scalar:
@@ -110,6 +121,23 @@ def _check_test_split_is_not_private(config: RunConfig) -> None:
         "guarantee; give task.test_path (a separate, public test file), or set "
         "tracking.log_private_diagnostics=true to release them anyway"
     )
+
+
+def _check_padding(config: RunConfig) -> None:
+    """Refuse a public shape the algorithm cannot take, and a batch bound with nothing to
+    bound."""
+    algorithm = config.optimizer.algorithm
+    if config.task.pad_to == "max_length" and algorithm not in PADDED_SHAPE_ALGORITHMS:
+        raise ValueError(
+            f"task.pad_to='max_length' with optimizer.algorithm={algorithm!r}: its batches are "
+            f"collated by its own loop; allowed: 'batch' (or null), or an algorithm of "
+            f"{list(PADDED_SHAPE_ALGORITHMS)}"
+        )
+    if config.privacy.max_batch_size is not None and config.pad_to != "max_length":
+        raise ValueError(
+            f"privacy.max_batch_size={config.privacy.max_batch_size} bounds the padded batches "
+            f"of task.pad_to='max_length', but this run pads to {config.pad_to!r}; unset it"
+        )
 
 
 def _check_zero3_forwards(config: RunConfig) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,7 @@ from privzo.section import Section
 
 __all__ = [
     "DATA_SOURCES",
+    "PadTo",
     "TaskConfig",
     "given_data_sources",
     "replace_data_source",
@@ -27,6 +28,8 @@ DATA_SOURCES = ("builtin_dataset", "data_dir", "train_path", "hf_dataset")
 preset without any reads its own hub source)."""
 # keys that belong to one source and go with it when another source replaces it
 _SOURCE_COMPANIONS = {"train_path": ("test_path",), "hf_dataset": ("hf_subset",)}
+
+PadTo = Literal["max_length", "batch"]
 
 
 class TaskConfig(Section):
@@ -88,6 +91,13 @@ class TaskConfig(Section):
     )
     max_length: int | None = Field(
         None, ge=4, description="Longest prompt in tokens; null = what the model's positions allow."
+    )
+    pad_to: PadTo | None = Field(
+        None,
+        description="How a training batch is padded. 'max_length': every forward is "
+        "[micro-batch, max_length] and a batch is filled with masked public rows to "
+        "privacy.max_batch_size, so shapes, time and memory depend only on settings; 'batch': "
+        "to its longest member. null = 'max_length' for private zeroth-order runs, else 'batch'.",
     )
 
     @model_validator(mode="after")

@@ -19,9 +19,17 @@ from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
 class PartitionedPoissonSampler(Sampler):
     name = "poisson"
 
-    def __init__(self, dataset_size: int, sample_rate: float, group: WorkerGroup) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        sample_rate: float,
+        group: WorkerGroup,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """``max_batch_size``: the global bound, which also bounds each share (a share above
+        it means a global draw above it, the event the truncation δ already covers)."""
         self.partition = np.arange(group.rank, dataset_size, group.world_size, dtype=np.int64)
-        self._local = PoissonSampler(len(self.partition), sample_rate)
+        self._local = PoissonSampler(len(self.partition), sample_rate, max_batch_size)
         self.dataset_size = dataset_size
         self.expected_batch_size = sample_rate * dataset_size  # of the global batch
 
@@ -49,8 +57,9 @@ def worker_sampler(
     sample_rate: float,
     seed: int,
     group: WorkerGroup,
+    max_batch_size: int | None = None,
 ) -> Sampler:
     """This worker's sampler for ``privacy.sampler`` = ``kind``."""
     if kind == "poisson":
-        return PartitionedPoissonSampler(dataset_size, sample_rate, group)
+        return PartitionedPoissonSampler(dataset_size, sample_rate, group, max_batch_size)
     return StridedShuffleSampler(dataset_size, batch_size, seed, group)

@@ -116,6 +116,7 @@ def _rank_stepper(context: RunContext, group: WorkerGroup, layout: Layout) -> St
         plan.sample_rate,
         config.task.data_seed,
         group,
+        plan.max_batch_size,
     )
     estimator = distribute_estimator(estimator_for(config, plan), group)
 

@@ -6,6 +6,7 @@ from the same plan: the single-process run, the Ray Train workers and the baseli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -15,6 +16,15 @@ from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.curve import EpsilonCurve
 from privzo.privacy.ledger import BudgetLedger, check_feasible
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
+from privzo.privacy.truncation import (
+    DEFAULT_SHARE,
+    MAX_SHARE,
+    NON_PRIVATE_EXCEED,
+    BatchBound,
+    default_bound,
+    delta_of_exceeding,
+    exceed_probability,
+)
 from privzo.section import ConfigError
 
 
@@ -31,6 +41,16 @@ class PrivacyPlan:
     mechanism: str | None = None
     accountant: str | None = None
     noise_parameters: dict[str, Any] | None = None  # lmo's, or {"grid": K} of discrete noise
+    # task.pad_to='max_length': the rows every batch is filled to, and the part of δ that
+    # truncating a larger Poisson draw takes (privzo.privacy.truncation)
+    max_batch_size: int | None = None
+    truncation_delta: float = 0.0
+    run_exceed_probability: float = 0.0  # that any of the T draws exceeds max_batch_size
+
+    @property
+    def mechanism_delta(self) -> float | None:
+        """The δ the accountant evaluates ε at: the stated δ less what truncation takes."""
+        return None if self.delta is None else self.delta - self.truncation_delta
 
 
 class _Accounting(TypedDict):
@@ -53,15 +73,22 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
             f"allowed: 1..{dataset_size}"
         )
     sample_rate = batch_size / dataset_size
+    bound = batch_bound(config, dataset_size, sample_rate)
     if not config.optimizer.is_private:
-        return PrivacyPlan(private=False, sample_rate=sample_rate, expected_batch_size=batch_size)
+        return PrivacyPlan(
+            private=False,
+            sample_rate=sample_rate,
+            expected_batch_size=batch_size,
+            max_batch_size=bound.rows if bound else None,
+        )
     privacy, steps = config.privacy, config.optimizer.steps
     mechanism = config.mechanism
     assert mechanism is not None, "every private algorithm has a mechanism"
+    truncation = bound.truncation_delta if bound else 0.0
     common = _Accounting(
         sample_rate=sample_rate,
         steps=steps,
-        delta=privacy.delta,
+        delta=privacy.delta - truncation,
         mechanism=mechanism,
         accountant=privacy.accountant,
         noise_parameters=mechanism_parameters(config),
@@ -87,7 +114,41 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
         mechanism=config.mechanism,
         accountant=privacy.accountant,
         noise_parameters=mechanism_parameters(config),
+        max_batch_size=bound.rows if bound else None,
+        truncation_delta=truncation,
+        run_exceed_probability=bound.run_exceed_probability if bound else 0.0,
     )
+
+
+def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> BatchBound | None:
+    """The public rows of a padded batch (None unless ``task.pad_to='max_length'``), a
+    multiple of the micro-batch so every forward has the same shape, and its truncation δ.
+
+    Raises ConfigError for a bound whose truncation takes more than half of δ."""
+    if config.pad_to != "max_length":
+        return None
+    optimizer, privacy = config.optimizer, config.privacy
+    multiple = optimizer.physical_batch_size or 1
+    if privacy.sampler == "shuffle":  # fixed-size batches: never above the batch size
+        return BatchBound(-(-optimizer.batch_size // multiple) * multiple, 0.0)
+    steps, epsilon = optimizer.steps, privacy.epsilon
+    private = optimizer.is_private
+    budget = DEFAULT_SHARE * privacy.delta / (1 + math.exp(min(epsilon, 700)))
+    suggested = default_bound(
+        dataset_size, sample_rate, steps, budget if private else NON_PRIVATE_EXCEED, multiple
+    )
+    rows = -(-(privacy.max_batch_size or suggested) // multiple) * multiple  # whole micro-batches
+    exceed = steps * exceed_probability(dataset_size, sample_rate, rows)
+    truncation = delta_of_exceeding(exceed, epsilon)
+    if private and truncation > MAX_SHARE * privacy.delta:
+        raise ConfigError(
+            f"privacy.max_batch_size={rows}: a Poisson batch of the {dataset_size} examples at "
+            f"rate {sample_rate:.4g} exceeds it often enough over {steps} steps that truncating "
+            f"it would add {truncation:.3g} to delta, more than half of privacy.delta="
+            f"{privacy.delta:g}; allowed: "
+            f"max_batch_size ≥ {suggested} (the default, null), or task.pad_to='batch'"
+        )
+    return BatchBound(rows, truncation if private else 0.0, exceed)
 
 
 def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
@@ -105,7 +166,7 @@ def make_sampler(config: RunConfig, plan: PrivacyPlan, dataset_size: int) -> Sam
     """The single-process sampler of ``privacy.sampler``: Poisson at the plan's rate (secret
     generator), or public seeded shuffling."""
     if config.privacy.sampler == "poisson":
-        return PoissonSampler(dataset_size, plan.sample_rate)
+        return PoissonSampler(dataset_size, plan.sample_rate, plan.max_batch_size)
     return ShuffleSampler(dataset_size, config.optimizer.batch_size, seed=config.task.data_seed)
 
 
@@ -113,8 +174,8 @@ def make_ledger(config: RunConfig, plan: PrivacyPlan) -> BudgetLedger | None:
     """The plan's accountant behind the ε budget (None for a non-private run)."""
     if not plan.private:
         return None
-    assert plan.delta is not None
-    ledger = BudgetLedger(plan_accountant(plan), config.privacy.epsilon, plan.delta)
+    assert plan.mechanism_delta is not None
+    ledger = BudgetLedger(plan_accountant(plan), config.privacy.epsilon, plan.mechanism_delta)
     ledger.authorize(config.optimizer.steps)  # once: windows are then booked without PLD
     return ledger
 
@@ -132,8 +193,8 @@ def make_epsilon_curve(plan: PrivacyPlan, step_counts: list[int]) -> EpsilonCurv
     """ε after each of ``step_counts`` computed off the training thread (None if non-private)."""
     if not plan.private or not step_counts:
         return None
-    assert plan.delta is not None
-    return EpsilonCurve(lambda: plan_accountant(plan), plan.delta, step_counts)
+    assert plan.mechanism_delta is not None
+    return EpsilonCurve(lambda: plan_accountant(plan), plan.mechanism_delta, step_counts)
 
 
 def privacy_record(
@@ -142,6 +203,8 @@ def privacy_record(
     """What ``privacy.json`` holds: the mechanism, σ, q, the steps accounted, ε spent at δ and
     the ledger's state (budget and accountant settings), from which a resumed run goes on.
 
+    δ is the stated one: the accountant's δ plus what truncating Poisson draws above
+    ``max_batch_size`` takes (``privzo.privacy.truncation``).
     ε spent and δ hold under add/remove adjacency given the training set's size N; the
     replace-one pair covers the whole release, N included (``privzo.privacy.adjacency``).
     A run in progress saves it at every window with ``final=False``: ε spent is then left out
@@ -156,13 +219,17 @@ def privacy_record(
     if ledger is None:
         return record
     spent = ledger.epsilon_spent if final else None
-    grouped = replace_one(spent, ledger.delta) if spent is not None else None
+    delta = ledger.delta + plan.truncation_delta  # ε spent holds at this δ, truncation included
+    grouped = replace_one(spent, delta) if spent is not None else None
     return record | {
         "mechanism": plan.mechanism,
         "noise_multiplier": plan.noise_multiplier,
         "noise_parameters": plan.noise_parameters,
         "accountant": plan.accountant,
-        "delta": ledger.delta,
+        "delta": delta,
+        "mechanism_delta": ledger.delta,  # what the accountant evaluates ε spent at
+        "max_batch_size": plan.max_batch_size,  # every batch's rows with task.pad_to=max_length
+        "truncation_delta": plan.truncation_delta,  # δ taken by truncating larger draws
         "epsilon_budget": ledger.epsilon_budget,
         "steps_accounted": ledger.accountant.steps,
         "epsilon_spent": spent,

@@ -38,24 +38,42 @@ class PoissonSampler(Sampler):
     This is exactly the sampling the subsampled-mechanism accountants assume. Batches are sorted
     index arrays whose size is Binomial(N, p); divide the noisy sum by ``expected_batch_size``
     (p·N), not by the realised size, which depends on the data membership being hidden.
+
+    With ``max_batch_size`` a larger draw keeps a secret uniformly random subset of that many
+    (truncated Poisson sampling; ``privzo.privacy.truncation`` accounts for it).
     """
 
     name: ClassVar[str] = "poisson"
 
-    def __init__(self, dataset_size: int, sample_rate: float) -> None:
+    def __init__(
+        self, dataset_size: int, sample_rate: float, max_batch_size: int | None = None
+    ) -> None:
         self.dataset_size = check_count("dataset_size", dataset_size, 1)
         self.sample_rate = check_sample_rate(sample_rate)
         self.expected_batch_size = self.sample_rate * self.dataset_size
+        self.max_batch_size = (
+            None if max_batch_size is None else check_count("max_batch_size", max_batch_size, 1)
+        )
         self._generator = SecretGenerator()
 
     def next_batch(self) -> np.ndarray:
         if self.sample_rate == 1.0:
-            return np.arange(self.dataset_size, dtype=np.int64)
+            return self._truncated(np.arange(self.dataset_size, dtype=np.int64))
         mask = self._generator.uniform(self.dataset_size) < self.sample_rate
-        return np.flatnonzero(mask).astype(np.int64)
+        return self._truncated(np.flatnonzero(mask).astype(np.int64))
+
+    def _truncated(self, batch: np.ndarray) -> np.ndarray:
+        """``batch``, or a secret uniformly random ``max_batch_size`` of it (sorted)."""
+        if self.max_batch_size is None or len(batch) <= self.max_batch_size:
+            return batch
+        kept = np.argsort(self._generator.uniform(len(batch)))[: self.max_batch_size]
+        return np.sort(batch[kept])
 
     def __repr__(self) -> str:
-        return f"PoissonSampler(dataset_size={self.dataset_size}, sample_rate={self.sample_rate})"
+        return (
+            f"PoissonSampler(dataset_size={self.dataset_size}, sample_rate={self.sample_rate}, "
+            f"max_batch_size={self.max_batch_size})"
+        )
 
 
 class ShuffleSampler(Sampler):

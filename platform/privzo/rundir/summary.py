@@ -49,6 +49,9 @@ class RunSummary(RecordKeys):
     replace_one_delta: float | None
     sample_rate: float
     expected_batch_size: float
+    pad_to: str  # task.pad_to as run: "max_length" (public shapes) or "batch"
+    max_batch_size: int | None  # the rows every padded batch has (pad_to="max_length")
+    truncation_delta: float | None  # the part of delta truncated Poisson draws take
     clip: float | None
     steps: int
     resumed_steps: int  # replayed from an earlier attempt (resume)
@@ -167,6 +170,9 @@ def summary_record(
         **record_fields(epsilon, plan.delta),
         sample_rate=plan.sample_rate,
         expected_batch_size=plan.expected_batch_size,
+        pad_to=config.pad_to,
+        max_batch_size=plan.max_batch_size,
+        truncation_delta=plan.truncation_delta if plan.private else None,
         clip=config.privacy.clip if plan.private else None,
         steps=loop.resumed_steps + len(loop.step_times),
         resumed_steps=loop.resumed_steps,

@@ -21,6 +21,7 @@ from privzo.models.loading import (
 from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.discrete import noise_units
 from privzo.privacy.discrete_rdp import MAX_LATTICE_SCALE
+from privzo.privacy.truncation import delta_of_exceeding
 from privzo.run import plan_privacy
 from privzo.search.config import PRIVACY_KEYS, RangeSpec, SearchConfig, base_run_config
 from privzo.search.privacy import (
@@ -56,10 +57,16 @@ class SearchPlan:
             return {"private": False}
         curve = worst_curve(self.events)
         records = composition_epsilon(curve, trials_run, self.delta)
+        trials = self.search.trials
+        export = None
+        if trials.distribution == "geometric":
+            assert trials.mean is not None
+            export = repeat_and_select_epsilon(curve, trials.mean, self.delta)
+        delta = self.delta + self._truncation_delta(trials_run, records, export)
         bounds: dict[str, Any] = {
             "private": True,
             "per_trial_epsilon": self.base.privacy.epsilon,
-            "delta": self.delta,
+            "delta": delta,
             "records_epsilon": records,
             "selection": self._selection_text(),
         }
@@ -67,7 +74,7 @@ class SearchPlan:
         # count) composes: that is the search's end-to-end bound, whatever the trial count.
         bounds["end_to_end_epsilon"] = records
         # the records state the training set's size, which only replace-one adjacency covers
-        grouped = replace_one(records, self.delta)
+        grouped = replace_one(records, delta)
         bounds |= {
             "adjacency": ADD_REMOVE,
             "replace_one_epsilon": grouped.epsilon,
@@ -75,24 +82,33 @@ class SearchPlan:
         }
         stored = (
             f"composition of {trials_run} trials (RDP): the best trial and every record of "
-            f"the search together are ({records:.3g}, {self.delta:g})-DP under add/remove "
+            f"the search together are ({records:.3g}, {delta:g})-DP under add/remove "
             f"adjacency given the training set's size N, and ({grouped.epsilon:.3g}, "
             f"{grouped.delta:.3g})-DP under replace-one adjacency, which also covers N"
         )
-        trials = self.search.trials
-        if trials.distribution != "geometric":
+        if export is None:
             bounds["guarantee"] = stored
             return bounds
-        assert trials.mean is not None
-        export = repeat_and_select_epsilon(curve, trials.mean, self.delta)
         bounds["best_export_epsilon"] = export
         bounds["guarantee"] = (
             f"{stored}; `privzo export-best` releases the best trial alone (no trial count, no "
-            f"trial ids, no other trial), which is ({export:.3g}, {self.delta:g})-DP by "
+            f"trial ids, no other trial), which is ({export:.3g}, {delta:g})-DP by "
             f"repeat-and-select (Papernot & Steinke 2022; geometric trial count, mean "
             f"{trials.mean:g}) as long as nothing else of the search is released"
         )
         return bounds
+
+    def _truncation_delta(self, trials_run: int, records: float, export: float | None) -> float:
+        """What truncating padded Poisson draws adds to the search's δ: the RDP curves bound
+        untruncated trials, and some trial truncates with chance at most (trials)·max P[a
+        trial truncates] (the mean trial count for the repeat-and-select export)."""
+        exceed = max(event.exceed_probability for event in self.events)
+        added = delta_of_exceeding(trials_run * exceed, records)
+        if export is not None:
+            mean = self.search.trials.mean
+            assert mean is not None
+            added = max(added, delta_of_exceeding(mean * exceed, export))
+        return added
 
     def _selection_text(self) -> str:
         selection = self.search.selection
@@ -189,6 +205,7 @@ def plan_search(
                     score_noise_multiplier=search.selection.score_noise_multiplier,
                     score_grid=search.selection.score_grid,
                     noise_grid=config.noise_grid,
+                    exceed_probability=privacy.run_exceed_probability,
                 )
             )
     _check_other_points(search)

@@ -53,6 +53,9 @@ class TrialEvent:
     score_noise_multiplier: float | None = None
     noise_grid: int | None = None  # the trial's noise is discrete on this grid
     score_grid: int = DEFAULT_SCORE_GRID  # the scores' discrete noise is on the grid 1/m
+    # that any of the trial's Poisson draws exceeds its padded bound and is truncated
+    # (privzo.privacy.truncation): the curve bounds the untruncated trial
+    exceed_probability: float = 0.0
 
     @property
     def effective_noise_multiplier(self) -> float:

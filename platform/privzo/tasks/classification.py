@@ -53,9 +53,13 @@ class Batch:
         return int(self.labels.numel())
 
 
-def collate_examples(examples: EncodedExamples, indices: Indices, pad: int) -> Batch:
-    """The examples at ``indices`` padded to the longest of them (right padding), on the CPU."""
-    length = max(len(examples.input_ids[i]) for i in indices)
+def collate_examples(
+    examples: EncodedExamples, indices: Indices, pad: int, length: int | None = None
+) -> Batch:
+    """The examples at ``indices`` right-padded to ``length`` tokens (None: to the longest of
+    them), on the CPU."""
+    if length is None:
+        length = max(len(examples.input_ids[i]) for i in indices)
     input_ids = torch.full((len(indices), length), pad, dtype=torch.long)
     attention_mask = torch.zeros((len(indices), length), dtype=torch.long)
     for row, index in enumerate(indices):
@@ -193,9 +197,11 @@ class PromptClassificationTask:
             return ids, len(ids) - 1
         return ids, ids.index(tokenizer.mask_token_id)
 
-    def collate(self, examples: EncodedExamples, indices: Indices) -> Batch:
+    def collate(
+        self, examples: EncodedExamples, indices: Indices, length: int | None = None
+    ) -> Batch:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return collate_examples(examples, indices, pad)
+        return collate_examples(examples, indices, pad, length)
 
     def label_logits(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """fp32 logits of the label words at each example's scored position, shape [B, K]."""
@@ -342,7 +348,9 @@ def score_candidates(
             sequences.append(prompt + tokens)
             # positions whose next-token prediction is a candidate token
             targets.append([(length - 1 + j, token) for j, token in enumerate(tokens)])
-    width = max(len(sequence) for sequence in sequences)
+    # the batch's width plus the longest candidate: a function of the batch's shape alone, so
+    # a batch of a public shape (task.pad_to='max_length') keeps one here too
+    width = batch.input_ids.shape[1] + max(len(tokens) for tokens in candidates)
     input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     for index, sequence in enumerate(sequences):

@@ -189,10 +189,13 @@ class GenerationTask:
         head = 1 if self.tokenizer.bos_token_id is not None else 0
         return prompt_ids[:head] + prompt_ids[len(prompt_ids) - (budget - head) :]
 
-    def collate(self, examples: GenerationExamples, indices: Indices) -> GenerationBatch:
-        """Right padding: every real token keeps the position it has in an unpadded forward."""
+    def collate(
+        self, examples: GenerationExamples, indices: Indices, length: int | None = None
+    ) -> GenerationBatch:
+        """Right padding (to ``length``, or the longest sequence): every real token keeps the
+        position it has in an unpadded forward."""
         sequences = [examples.prompt_ids[i] + examples.target_ids[i] for i in indices]
-        width = max(len(ids) for ids in sequences)
+        width = length if length is not None else max(len(ids) for ids in sequences)
         input_ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
         loss_mask = torch.zeros((len(sequences), width), dtype=torch.long)

@@ -23,8 +23,9 @@ class ScoringTask(Protocol):
         """An encoded input built from the template alone (no record)."""
         ...
 
-    def collate(self, examples: Any, indices: Indices) -> Any:
-        """The examples at ``indices`` as one padded batch on the CPU."""
+    def collate(self, examples: Any, indices: Indices, length: int | None = None) -> Any:
+        """The examples at ``indices`` as one batch on the CPU, right-padded to ``length``
+        tokens (None: to the longest of them)."""
         ...
 
     def per_example_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

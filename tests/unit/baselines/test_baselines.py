@@ -67,6 +67,7 @@ def test_dpsgd_run_meets_the_budget_with_the_zeroth_order_sigma(
         "optimizer.algorithm=dpzero",
         f"privacy.accountant={accountant}",
         "privacy.noise_grid=null",  # the continuous Gaussian, as Opacus' noise
+        "task.pad_to=batch",  # as the baseline pads: no truncation takes part of δ
     )
     assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
     assert json.loads((output / "summary.json").read_text()) == summary.to_dict()
@@ -243,6 +244,7 @@ def test_dpgd_run_meets_the_budget_and_noises_every_tensor(tmp_path, tiny_run_co
         "optimizer.algorithm=dpzero",
         "privacy.accountant=rdp",
         "privacy.noise_grid=null",  # the continuous Gaussian, which dpgd-0th's d-dim noise is
+        "task.pad_to=batch",  # as the baseline pads: no truncation takes part of δ
     )
     assert summary["noise_multiplier"] == pytest.approx(plan_privacy(dpzero, 64).noise_multiplier)
     assert not (output / "trajectory.parquet").exists()

@@ -36,6 +36,14 @@ def test_poisson_partitions_are_disjoint_and_cover_the_data():
     assert samplers[0].expected_batch_size == 11.0  # the global expectation p·N
 
 
+def test_poisson_shares_are_truncated_at_the_global_bound():
+    groups = [WorkerGroup(rank, 2) for rank in range(2)]
+    samplers = [PartitionedPoissonSampler(40, 1.0, group, max_batch_size=5) for group in groups]
+    for rank, sampler in enumerate(samplers):
+        batch = sampler.next_batch()  # 20 drawn from each partition, 5 kept
+        assert len(batch) == 5 and set(batch % 2) == {rank}
+
+
 def test_poisson_shares_sample_each_example_at_rate_p():
     samplers = [PartitionedPoissonSampler(40, 0.25, WorkerGroup(rank, 2)) for rank in range(2)]
     counts = np.zeros(40)

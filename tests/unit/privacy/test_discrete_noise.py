@@ -152,7 +152,7 @@ def test_a_private_zeroth_order_run_draws_on_the_grid_by_default():
             noise_multiplier=plan.noise_multiplier,
             sample_rate=plan.sample_rate,
             steps=50,
-            delta=plan.delta,
+            delta=plan.mechanism_delta,  # δ less what truncating padded batches takes
             noise_parameters=GRID,
         )
     )

@@ -262,7 +262,7 @@ def test_lmo_run_records_its_mechanism_parameters_and_epsilon(tmp_path, sentimen
         noise_multiplier=summary["noise_multiplier"],
         sample_rate=8 / 64,
         steps=12,
-        delta=1e-5,
+        delta=1e-5 - summary["truncation_delta"],  # the rest of δ is truncation's
         mechanism="lmo",
         accountant="numeric",
         noise_parameters=summary["mechanism_parameters"],

@@ -62,6 +62,11 @@ def test_plan_calibrates_each_trial_to_the_same_epsilon(make_search, sentiment_f
     assert bounds["replace_one_epsilon"] == 2 * bounds["end_to_end_epsilon"]
     assert "under replace-one adjacency, which also covers N" in bounds["guarantee"]
     assert "composition of 4 trials" in bounds["guarantee"]
+    # the curves bound untruncated trials: truncating padded Poisson draws adds to δ
+    exceed = max(event.exceed_probability for event in plan.events)
+    records = bounds["records_epsilon"]
+    assert exceed > 0 and bounds["delta"] == 1e-5 + (1 + math.exp(records)) * 4 * exceed
+    assert f"{bounds['delta']:g})-DP under add/remove" in bounds["guarantee"]
 
 
 def test_public_selection_costs_no_score_releases(make_search, sentiment_files, cache_dir):

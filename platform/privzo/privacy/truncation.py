@@ -1,0 +1,98 @@
+"""The public bound a padded Poisson batch is filled to, and what truncating above it costs.
+
+With ``task.pad_to='max_length'`` every batch is filled with masked public rows to a fixed
+number of rows, so a Poisson draw larger than that bound is truncated to a secret uniformly
+random subset of it (truncated Poisson sampling, as in Chua et al. 2024, "Scalable DP-SGD:
+Shuffling vs. Poisson Subsampling"). The accountants bound the untruncated mechanism M; the run
+is M', which equals M (same randomness) unless some step's draw exceeds the bound (event E).
+For any outputs S and add/remove neighbours D, D':
+P[M'(D) ∈ S] ≤ P[M(D) ∈ S] + P[E_D] ≤ e^ε·P[M(D') ∈ S] + δ + P[E_D]
+≤ e^ε·P[M'(D') ∈ S] + δ + P[E_D] + e^ε·P[E_D'], and by a union bound over the T steps
+P[E] ≤ T·P[Binomial(N + 1, q) > bound] for either neighbour. So M' is (ε, δ + δ_trunc)-DP with
+δ_trunc = (1 + e^ε)·T·P[Binomial(N + 1, q) > bound]; the plan calibrates σ at δ − δ_trunc, so
+the stated δ covers both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.stats import binom
+
+__all__ = [
+    "DEFAULT_SHARE",
+    "MAX_SHARE",
+    "BatchBound",
+    "default_bound",
+    "delta_of_exceeding",
+    "exceed_probability",
+    "truncation_delta",
+]
+
+DEFAULT_SHARE = 0.01
+"""The default bound is the smallest whose truncation takes at most this share of δ: a few
+standard deviations above the expected batch size, for at most 1 % more noise."""
+
+MAX_SHARE = 0.5
+"""A bound whose truncation would take more than this share of δ is refused: the mechanism's
+own δ would be left too small to calibrate σ usefully."""
+
+NON_PRIVATE_EXCEED = 0.01
+"""A non-private run's default bound: at most this chance that any batch of the run is
+truncated (nothing to account, but its batches should still be Poisson draws)."""
+
+
+@dataclass(frozen=True)
+class BatchBound:
+    """The rows every padded batch has, the chance that any of the run's draws exceeds them
+    (T·P[exceed]) and the δ that truncation takes (0 if it never happens)."""
+
+    rows: int
+    truncation_delta: float
+    run_exceed_probability: float = 0.0
+
+
+def delta_of_exceeding(exceed: float, epsilon: float) -> float:
+    """(1 + e^ε)·P[E], capped at 1: the δ a mechanism that is ε-DP otherwise gains from
+    behaving differently on an event E of probability at most ``exceed`` (module docstring)."""
+    if exceed == 0.0:
+        return 0.0
+    if epsilon > 700:
+        return 1.0
+    return min(1.0, (1.0 + math.exp(epsilon)) * exceed)
+
+
+def exceed_probability(dataset_size: int, sample_rate: float, bound: int) -> float:
+    """P[a Poisson draw from N + 1 examples at rate q has more than ``bound``]: the larger of
+    the two add/remove neighbours' chances, since it grows with N. Positive (at least the
+    smallest float) whenever it is not exactly 0, so an underflow never reads as a certainty."""
+    if bound >= dataset_size + 1 or sample_rate == 0.0:
+        return 0.0
+    return max(float(binom.sf(bound, dataset_size + 1, sample_rate)), math.ulp(0.0))
+
+
+def truncation_delta(
+    dataset_size: int, sample_rate: float, bound: int, steps: int, epsilon: float
+) -> float:
+    """δ_trunc = (1 + e^ε)·T·P[exceed] (capped at 1): what truncating above ``bound`` adds to
+    the δ of a T-step run that is ε-DP otherwise (module docstring)."""
+    exceed = steps * exceed_probability(dataset_size, sample_rate, bound)
+    return delta_of_exceeding(exceed, epsilon)
+
+
+def default_bound(
+    dataset_size: int, sample_rate: float, steps: int, exceed_budget: float, multiple: int
+) -> int:
+    """The smallest multiple of ``multiple`` whose chance that any of ``steps`` draws exceeds
+    it, T·P[exceed], is at most ``exceed_budget`` (N + 1, rounded up, when the budget is 0)."""
+    low, high = 1, dataset_size + 1  # no draw from N + 1 examples exceeds N + 1
+    if exceed_budget <= 0.0:
+        low = high
+    while low < high:
+        middle = (low + high) // 2
+        if steps * exceed_probability(dataset_size, sample_rate, middle) <= exceed_budget:
+            high = middle
+        else:
+            low = middle + 1
+    return -(-low // multiple) * multiple
