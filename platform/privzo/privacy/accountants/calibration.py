@@ -272,7 +272,9 @@ def _secant_probes(
             hi = (u, h)
         if lo is not None and hi is not None and hi[0] - lo[0] <= tau:
             break
-        if previous is not None and abs(u - previous[0]) > 4 * tau:
+        # an accountant answers ε = inf below some σ (the discrete noise's grid): no slope there
+        finite = math.isfinite(h) and previous is not None and math.isfinite(previous[1])
+        if finite and previous is not None and abs(u - previous[0]) > 4 * tau:
             measured = (h - previous[1]) / (u - previous[0])
             slope = measured if measured < 0 else slope
         previous = (u, h)
