@@ -18,6 +18,7 @@ from privzo.config.loading import load_config
 from privzo.run import finished_run, run
 from privzo.rundir import RunSummary
 from privzo.threads import threads_per_process, use_threads
+from privzo.tracking.store import ui_address
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
 # checkout's configs/ links to these files.
@@ -66,7 +67,7 @@ def run_demo(
     experiments = ["privzo-tiny"] if arms_only else DEMO_EXPERIMENTS
     print(
         f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        f"\n(then open http://127.0.0.1:5000: experiments {', '.join(map(repr, experiments))})"
+        f"\n(then open {ui_address()}: experiments {', '.join(map(repr, experiments))})"
     )
     return rows
 
