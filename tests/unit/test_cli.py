@@ -378,13 +378,12 @@ def test_the_run_job_defaults_to_an_absolute_directory_it_names(monkeypatch, cap
 
 
 def test_the_tiny_shapes_size_against_demo_opt_s_is_stated_as_computed(capsys):
-    from privzo import demo_data
     from privzo.models.architecture import DecoderArch, count_parameters
-    from privzo.models.builtin import BUILTIN_MODELS, MAX_POSITIONS, build_word_tokenizer
+    from privzo.models.builtin import BUILTIN_MODELS, MAX_POSITIONS, build_tokenizer
     from privzo.models.shapes import TINY
 
     recipe = BUILTIN_MODELS["demo-opt-s"]
-    vocab = len(build_word_tokenizer(demo_data.vocabulary()))
+    vocab = len(build_tokenizer())
     demo = DecoderArch(recipe.layers, recipe.hidden, recipe.ffn, recipe.heads, vocab, MAX_POSITIONS)
     stated = f"{count_parameters(TINY) / 1e6:.2f}M parameters: "
     stated += f"{count_parameters(TINY) / count_parameters(demo):.1f} times"

@@ -22,7 +22,7 @@ from privzo.cli.arguments import (
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
 
 SHAPES = (
-    "tiny (an OPT of 5.32M parameters: 43.5 times the built-in demo-opt-s, and not the "
+    "tiny (an OPT of 5.32M parameters: 32.3 times the built-in demo-opt-s, and not the "
     "built-in tiny-opt), a named shape (opt-125m ... opt-66b, llama-3.1-8b, qwen2.5-7b, "
     "mistral-7b, ...: privzo plan --model all lists them), its hub id, or a model directory"
 )

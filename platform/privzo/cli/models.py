@@ -161,7 +161,7 @@ def add_models(commands: Commands) -> None:
     init.add_argument(
         "--shape",
         required=True,
-        help="tiny (an OPT of 5.32M parameters: 43.5 times the built-in demo-opt-s, and not the "
+        help="tiny (an OPT of 5.32M parameters: 32.3 times the built-in demo-opt-s, and not the "
         f"built-in tiny-opt), {SHAPE_NAMES}",
     )
     init.add_argument(

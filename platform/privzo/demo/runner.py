@@ -20,6 +20,7 @@ from privzo.run import finished_run, holds_other_run, run, starts_over
 from privzo.rundir import RunSummary
 from privzo.section import ConfigError
 from privzo.threads import threads_per_process, use_threads
+from privzo.tracking.store import ui_address
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
 # checkout's configs/ links to these files.
@@ -68,7 +69,7 @@ def run_demo(
     experiments = ["privzo-tiny"] if arms_only else DEMO_EXPERIMENTS
     print(
         f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        f"\n(then open http://127.0.0.1:5000: experiments {', '.join(map(repr, experiments))})"
+        f"\n(then open {ui_address()}: experiments {', '.join(map(repr, experiments))})"
     )
     return rows
 

@@ -1,7 +1,8 @@
 """Built-in models that need no download: the offline default of the demo and the tests.
 
 Each built-in is a *recipe* (architecture, sizes, and for the demo models a short first-order
-pretraining run on the public synthetic corpus of ``privzo.demo_data``). ``materialize_builtin``
+pretraining run on the public synthetic corpus of ``privzo.demo_data``); all share one byte-level
+BPE tokenizer trained on that corpus. ``materialize_builtin``
 turns a recipe into an ordinary Hugging Face directory (model + tokenizer), so everything
 downstream loads built-ins exactly like hub checkpoints, with ``from_pretrained``.
 
@@ -13,6 +14,7 @@ leaves a half-written cache behind.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -26,7 +28,17 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+import torch.nn.functional as F
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from transformers import (
     OPTConfig,
     OPTForCausalLM,
@@ -40,8 +52,12 @@ from privzo import demo_data
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
 # Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 MAX_POSITIONS = 128
+# The tokenizer's training text: this many public sentences (seed 0). Its merges stop well below
+# the cap (every word one token), which only guards against an unbounded vocabulary.
+TOKENIZER_CORPUS_SENTENCES = 20_000
+MAX_BPE_VOCABULARY = 2048
 
 
 @dataclass(frozen=True)
@@ -77,17 +93,19 @@ class BuiltinRecipe:
         """A short hash of everything that determines the built files."""
         payload = {
             "recipe": asdict(self),
-            "vocab": demo_data.vocabulary(),
+            "vocab": tokenizer_words(),
+            "tokenizer": TOKENIZER_CORPUS_SENTENCES,
             "fmt": BUILD_FORMAT,
-            # A corpus sample catches generator edits that a version bump might miss.
-            "corpus": demo_data.public_corpus(64, 0) if self.pretrain else None,
+            # A corpus sample catches generator edits that a version bump might miss; every
+            # built-in's tokenizer is trained on the corpus.
+            "corpus": demo_data.public_corpus(64, 0),
         }
         blob = json.dumps(payload, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
 # tiny-*: random init, for tests. demo-opt-*: pretrained once (800 AdamW steps, batch 64) and
-# cached; 0.12M / 0.64M / 0.98M parameters.
+# cached; 0.16M / 0.72M / 1.09M parameters.
 BUILTIN_MODELS: dict[str, BuiltinRecipe] = {
     "tiny-opt": BuiltinRecipe("opt", hidden=32, layers=2, heads=4, ffn=64),
     "tiny-roberta": BuiltinRecipe("roberta", hidden=32, layers=2, heads=4, ffn=64),
@@ -102,29 +120,22 @@ def is_builtin(name: str) -> bool:
     return name in BUILTIN_MODELS
 
 
-def build_word_tokenizer(
-    words: Sequence[str], *, append_eos: bool = False
+def build_tokenizer(
+    *, append_eos: bool = False, size: int | None = None
 ) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ``words``: every word, including label words, is one token.
+    """privzo's byte-level BPE tokenizer: any text encodes, none of it to ``<unk>``.
 
-    Causal models get ``<s> text`` (no trailing ``</s>``, so the last prompt token is the one
-    scored); masked models get ``<s> text </s>`` as RoBERTa expects.
+    Its merges are those of :func:`public_bpe`; ``size`` pads the vocabulary with reserved
+    tokens (``<reserved_N>``, which no text encodes to) so that its length is an embedding's
+    row count. Causal models get ``<s> text`` (no trailing ``</s>``, so the last prompt token is
+    the one scored); masked models get ``<s> text </s>`` as RoBERTa expects.
     """
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    for word in words:
-        vocab.setdefault(word.lower(), len(vocab))
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()]
-    )
-    core.add_special_tokens(list(SPECIAL_TOKENS))
+    core = Tokenizer.from_str(_pad_vocabulary(public_bpe(), size))
+    ids = {token: core.token_to_id(token) for token in ("<s>", "</s>")}
     single = "<s> $A </s>" if append_eos else "<s> $A"
     pair = "<s> $A </s> $B:1 </s>:1" if append_eos else "<s> $A $B:1"
     core.post_processor = processors.TemplateProcessing(
-        single=single,
-        pair=pair,
-        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
+        single=single, pair=pair, special_tokens=list(ids.items())
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -132,9 +143,59 @@ def build_word_tokenizer(
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        mask_token="<mask>",
+        mask_token=AddedToken("<mask>", lstrip=True, special=True, normalized=False),
         model_max_length=MAX_POSITIONS,
     )
+
+
+def tokenizer_words() -> list[str]:
+    """Public words that must be single tokens: the demo generator's and the task presets' label
+    words (so a masked LM's one slot holds each)."""
+    from privzo.tasks.presets import PRESETS
+
+    label_words = (w for p in PRESETS.values() for ws in p.label_words.values() for w in ws)
+    return list(dict.fromkeys([*demo_data.vocabulary(), *(w.lower() for w in label_words)]))
+
+
+@functools.cache
+def public_bpe() -> str:
+    """The byte-level BPE (serialised) trained on the public corpus and :func:`tokenizer_words`.
+
+    Merges run until every word of both is one token, so demo prompts are as many tokens as
+    words; training is deterministic. Text is lowercased first, as the corpus is: the built-in
+    models know lowercase words only.
+    """
+    core = Tokenizer(models.BPE())
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=MAX_BPE_VOCABULARY,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = demo_data.public_corpus(TOKENIZER_CORPUS_SENTENCES, seed=0)
+    core.train_from_iterator([*texts, " ".join(tokenizer_words())], trainer)
+    state = json.loads(core.to_str())
+    for token in state["added_tokens"]:
+        # RoBERTa's convention: "was <mask>" puts the mask right after "Ġwas", not after "Ġ".
+        token["lstrip"] = token["content"] == "<mask>"
+    return json.dumps(state)
+
+
+def _pad_vocabulary(serialised: str, size: int | None) -> str:
+    """``serialised`` with reserved tokens appended to its BPE vocabulary up to ``size``."""
+    if size is None:
+        return serialised
+    state = json.loads(serialised)
+    vocab: dict[str, int] = state["model"]["vocab"]
+    if size < len(vocab):
+        raise ValueError(
+            f"a vocabulary of {size} rows is smaller than privzo's tokenizer ({len(vocab)} tokens)"
+        )
+    vocab.update({f"<reserved_{i}>": i for i in range(len(vocab), size)})
+    return json.dumps(state)
 
 
 def _build_model(recipe: BuiltinRecipe, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
@@ -193,6 +254,17 @@ def _lr_factor(step: int, recipe: PretrainRecipe) -> float:
     return max(0.0, (recipe.steps - step) / max(1, recipe.steps - recipe.warmup_steps))
 
 
+def _next_token_loss(
+    model: PreTrainedModel, batch: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The causal-LM loss with the output layer applied to real tokens only: with a byte-level
+    vocabulary that layer is a large share of the step, and a third of the rows are padding."""
+    hidden = model.base_model(input_ids=batch, attention_mask=mask.long()).last_hidden_state
+    targets = mask[:, 1:]
+    logits = model.get_output_embeddings()(hidden[:, :-1][targets])
+    return F.cross_entropy(logits.float(), batch[:, 1:][targets])
+
+
 def pretrain(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
@@ -213,9 +285,7 @@ def pretrain(
     start, every = time.perf_counter(), max(1, recipe.steps // 10)
     for step in range(recipe.steps):
         batch = data[torch.randint(len(data), (recipe.batch_size,), generator=generator)]
-        mask = batch.ne(tokenizer.pad_token_id)
-        labels = batch.masked_fill(~mask, -100)
-        loss = model(input_ids=batch, attention_mask=mask.long(), labels=labels).loss
+        loss = _next_token_loss(model, batch, batch.ne(tokenizer.pad_token_id))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -235,7 +305,7 @@ def pretrain(
 
 def _build(name: str, recipe: BuiltinRecipe, target: Path, progress: bool) -> None:
     """Build the model and tokenizer of ``recipe`` and save both to ``target``."""
-    tokenizer = build_word_tokenizer(demo_data.vocabulary(), append_eos=recipe.arch == "roberta")
+    tokenizer = build_tokenizer(append_eos=recipe.arch == "roberta")
     model = _build_model(recipe, tokenizer)
     losses: list[float] = []
     if recipe.pretrain is not None:

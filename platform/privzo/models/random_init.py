@@ -3,9 +3,9 @@ Llama, Qwen2 or Mistral; ``privzo.models.shapes``).
 
 It holds what a hub checkpoint holds (``save_pretrained`` weights and config, and a tokenizer),
 so ``privzo run`` loads it with ``model.name_or_path=DIR`` like any checkpoint: a way to try
-a real size's memory and speed with no download. The tokenizer is the word-level one privzo
-builds for its built-in models (over the public demo vocabulary), so the demo task runs on it;
-its ids are a small prefix of the shape's vocabulary.
+a real size's memory and speed with no download. The tokenizer is the byte-level BPE of privzo's
+built-in models (trained on the public demo corpus), so any text encodes and the demo task runs
+on it; reserved tokens fill its vocabulary up to the shape's, one token per embedding row.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from privzo import demo_data
 from privzo.memory import available_memory_bytes
 from privzo.models.architecture import count_parameters
-from privzo.models.builtin import build_word_tokenizer
+from privzo.models.builtin import build_tokenizer
 from privzo.models.shapes import random_model, resolve_shape, weight_bytes
 
 _GIB = 2**30
@@ -42,9 +41,8 @@ def init_model_directory(
     parameters = count_parameters(arch)
     say = _progress(parameters > PROGRESS_PARAMETERS)
     started = time.perf_counter()
-    tokenizer = build_word_tokenizer(demo_data.vocabulary())
+    tokenizer = build_tokenizer(size=arch.vocab)
     tokenizer.model_max_length = arch.max_positions
-    assert len(tokenizer) <= arch.vocab, "the tokenizer's ids must fit the shape's vocabulary"
     say(f"building {shape} ({parameters / 1e9:.3g}B parameters, {dtype}, {need / _GIB:.1f} GiB)")
     model = random_model(
         arch,

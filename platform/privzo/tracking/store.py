@@ -208,10 +208,17 @@ def open_client(uri: str) -> MlflowClient:
         return MlflowClient(tracking_uri=uri)
 
 
-# MLflow 3's UI opens an experiment in the view its kind tag names; without the tag it guesses
-# (GenAI traces or classic runs). privzo's runs are compared by metrics and tags: the classic view.
+# Earlier MLflow 3 UIs open an experiment in the view its kind tag names; later ones (3.17) open
+# the GenAI view unless the address asks for the classic one (CLASSIC_VIEW_QUERY). privzo's runs
+# are compared by metrics and tags: the classic view.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_EXPERIMENT_KIND = "custom_model_development"
+CLASSIC_VIEW_QUERY = "workflowType=machine_learning"
+
+
+def ui_address(host: str = "http://127.0.0.1:5000") -> str:
+    """The address of ``mlflow ui``'s experiment list in the classic view of runs and charts."""
+    return f"{host}/#/experiments?{CLASSIC_VIEW_QUERY}"
 
 
 def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:

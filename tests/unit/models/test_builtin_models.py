@@ -10,32 +10,67 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
+from conftest import REPO
 from privzo import demo_data
 from privzo.models import builtin
+from privzo.tasks.label_words import label_word_tokens
+from privzo.tasks.presets import PRESETS
+
+ARBITRARY_TEXT = (
+    "I tried the Hotel in Zürich, room 42 for $129.50 — the staff was lovely 😀! It was",
+    "naïve café 東京 ½ \t tabs\nnewlines and CAPITALS 0123456789",
+    "we booked the sofa . the price was poor but the seats was superb .",
+)
 
 
-def test_tokenizer_round_trip_and_single_token_label_words(tmp_path: Path) -> None:
-    builtin.build_word_tokenizer(demo_data.vocabulary()).save_pretrained(tmp_path)
+@pytest.mark.parametrize("text", ARBITRARY_TEXT)
+def test_any_text_encodes_without_unknown_tokens_and_decodes_back(
+    text: str, tmp_path: Path
+) -> None:
+    builtin.build_tokenizer().save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
-    text = "I tried the hotel . The staff was Lovely ! It was"
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.bos_token_id and ids[-1] != tok.eos_token_id
     assert tok.unk_token_id not in ids
-    assert tok.decode(ids, skip_special_tokens=True) == text.lower()
-    for word in demo_data.LABEL_WORDS:
+    # lowercased as the corpus is; the prefix space makes the first word a word like the others
+    assert tok.decode(ids, skip_special_tokens=True) == " " + text.lower()
+
+
+def test_the_demo_words_and_the_presets_label_words_are_single_tokens() -> None:
+    tok = builtin.build_tokenizer()
+    for word in builtin.tokenizer_words():
         (word_id,) = tok(f" {word}", add_special_tokens=False)["input_ids"]
-        assert word_id != tok.unk_token_id and tok.convert_ids_to_tokens(word_id) == word
+        assert tok.convert_ids_to_tokens(word_id) == f"Ġ{word}"
+    for name, preset in PRESETS.items():
+        for kind, words in preset.label_words.items():
+            for word in words:
+                tokens = label_word_tokens(tok, word, " ", "a review . It was", single=True)
+                assert tok.convert_ids_to_tokens(tokens) == [f"Ġ{word.lower()}"], (name, kind)
     specials = (tok.pad_token, tok.bos_token, tok.eos_token, tok.unk_token, tok.mask_token)
     assert specials == builtin.SPECIAL_TOKENS
-    assert tok("a <mask> .", add_special_tokens=False)["input_ids"][1] == tok.mask_token_id
+    assert tok.convert_tokens_to_ids(list(builtin.SPECIAL_TOKENS)) == [0, 1, 2, 3, 4]
+    guide = (REPO / "docs" / "guides" / "models-peft.md").read_text()
+    assert f"byte-level BPE ({len(tok)} tokens" in " ".join(guide.split())
+    masked = builtin.build_tokenizer(append_eos=True)
+    ids = masked("it was <mask> .")["input_ids"]
+    assert masked.convert_ids_to_tokens(ids) == ["<s>", "Ġit", "Ġwas", "<mask>", "Ġ.", "</s>"]
 
 
-def test_every_generated_word_is_in_the_vocabulary() -> None:
-    tok = builtin.build_word_tokenizer(demo_data.vocabulary())
+def test_demo_prompts_are_one_token_per_word() -> None:
+    """The merges cover the demo's words, so its prompts cost what a word-level tokenizer's do."""
+    tok = builtin.build_tokenizer()
     train, test = demo_data.private_sentiment_task(200, 200, seed=3)
-    texts = demo_data.public_corpus(500, seed=3) + [r["sentence"] for r in train + test]
-    for ids in tok(texts, add_special_tokens=False)["input_ids"]:
-        assert tok.unk_token_id not in ids
+    texts = demo_data.public_corpus(500, seed=3) + [str(r["sentence"]) for r in train + test]
+    for text, ids in zip(texts, tok(texts, add_special_tokens=False)["input_ids"], strict=True):
+        assert len(ids) == len(text.split())
+
+
+def test_a_padded_vocabulary_has_one_token_per_embedding_row() -> None:
+    tok = builtin.build_tokenizer(size=8192)
+    assert len(tok) == 8192 and tok.decode([8191]) == "<reserved_8191>"
+    assert tok("the soup")["input_ids"] == builtin.build_tokenizer()("the soup")["input_ids"]
+    with pytest.raises(ValueError, match="smaller than privzo's tokenizer"):
+        builtin.build_tokenizer(size=100)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +88,7 @@ def test_tiny_models_build_and_reload(name: str, auto_cls: type, cache_dir: Path
     with torch.no_grad():
         logits = model(**batch).logits
     assert logits.shape == (*batch["input_ids"].shape, len(tok))
+    assert model.get_input_embeddings().num_embeddings == len(tok)
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
 
 

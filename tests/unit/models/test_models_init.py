@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+from transformers import AutoTokenizer
 
 from privzo.cli import main
 from privzo.models.architecture import count_parameters
@@ -19,6 +20,14 @@ def test_init_then_run_on_it(tmp_path, capsys):
     assert "model.name_or_path=" in capsys.readouterr().out
     record = json.loads((model_dir / "privzo_init.json").read_text())
     assert record["parameters"] == count_parameters(SHAPES["tiny"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    assert len(tokenizer) == rows == SHAPES["tiny"].vocab
+    ids = tokenizer("Zürich, 42 rooms 😀 . It was")["input_ids"]
+    assert (
+        tokenizer.unk_token_id not in ids
+        and tokenizer.decode([rows - 1]) == f"<reserved_{rows - 1}>"
+    )
     config = {
         "model": {"name_or_path": str(model_dir)},
         "task": {

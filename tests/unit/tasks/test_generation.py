@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from privzo.config import ConfigError
-from privzo.models.builtin import build_word_tokenizer, materialize_builtin
+from privzo.models.builtin import materialize_builtin
 from privzo.tasks.generation import DROP_TEMPLATE, SQUAD_TEMPLATE, GenerationTask
+from word_tokenizer import build_word_tokenizer
 
 SQUAD_ROW = {
     "title": "France",
@@ -230,7 +231,7 @@ def _always_predict(model: torch.nn.Module, token_id: int) -> torch.nn.Module:
 
 
 def test_known_greedy_output_gives_exact_metrics(opt_dir, opt_tokenizer) -> None:
-    great = opt_tokenizer.convert_tokens_to_ids("great")
+    great = opt_tokenizer.convert_tokens_to_ids("Ġgreat")
     model = _always_predict(_opt_model(opt_dir), great)
     rows = _film_rows(2)
     rows[0]["answers"], rows[1]["answers"] = ["Great!"], ["lovely", "clean"]

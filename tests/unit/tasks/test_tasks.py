@@ -13,9 +13,9 @@ import pytest
 from transformers import OPTConfig, OPTForCausalLM, RobertaConfig, RobertaForMaskedLM
 
 from privzo.config import ConfigError, TaskConfig, load_config
-from privzo.models.builtin import build_word_tokenizer
 from privzo.run import run
 from privzo.tasks import PRESETS, build_task, load_splits, resolve_task_config
+from word_tokenizer import build_word_tokenizer
 
 # One row per preset, in the dataset's own field names.
 ROWS = {
