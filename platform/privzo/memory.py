@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +56,39 @@ def current_rss_mb() -> float:
     return 0.0 if kib is None else kib / 1024
 
 
+# glibc's mallopt parameter for the size from which malloc maps a block of its own
+_M_MMAP_THRESHOLD = -3
+# Blocks from this size on get their own mapping, returned to the system when freed.
+MMAP_THRESHOLD_BYTES = 2**20
+
+
+def map_large_blocks() -> bool:
+    """Give every C-heap block of ``MMAP_THRESHOLD_BYTES`` or more its own mapping, returned to
+    the system when freed; False where the C library is not glibc.
+
+    glibc raises its threshold (up to 32 MiB) each time a mapped block is freed, so a model's
+    load and a ZeRO-3 rank's gathered layers (16 to 400 MiB, freed and made again every forward)
+    land in the heap, where the freed ones stay counted in the process: each ZeRO-3 rank held
+    more than the single process it divides. A set threshold stays fixed. Called before a model
+    loads, by every layout.
+    """
+    libc = _glibc()
+    return libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+
+
+def _glibc() -> Any:
+    """glibc, or None where the C library is another (macOS, musl: their allocators return
+    memory themselves)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - both are glibc's
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def return_freed_memory() -> bool:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where
     the C library is not glibc.
@@ -63,16 +97,13 @@ def return_freed_memory() -> bool:
     other live ones in the process (counted in its RSS) for reuse; a ZeRO-3 rank then held
     more than the single process it divides. Called once the model is loaded.
     """
-    import ctypes
     import gc
 
     gc.collect()  # Python's own cycles first, so their tensors' storage is free too
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # macOS, musl: their allocators return memory themselves
+    libc = _glibc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True
 
 

@@ -46,6 +46,12 @@ OFFLOADS = ("none", "cpu", "nvme")
 # Host memory of each worker process beyond the partitions it holds: torch, transformers,
 # DeepSpeed and the CUDA host libraries, and the load path's buffers. A round, stated number.
 HOST_OVERHEAD_BYTES = 4 * _GIB
+# Memory of a CPU worker process beyond the tensors the formula counts: the interpreter with
+# torch, transformers, DeepSpeed and Ray imported (611 MiB on Linux, torch 2.13). A round number.
+CPU_PROCESS_BYTES = int(0.6 * _GIB)
+# gloo's all-gather on CPU stages the gathered tensor in a buffer of its own before copying it
+# out: gathering a 393 MiB parameter over 2 ranks raised each rank's peak by 787 MiB.
+GLOO_GATHER_COPIES = 2
 # DeepSpeed's NVMe swap buffers in pinned host memory, per worker: buffer_count (5) buffers of
 # the largest parameter (``privzo.distributed.zero3`` sizes them so).
 NVME_BUFFERS = 5
@@ -66,6 +72,8 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 ATTENTION = ("eager", "sdpa")
+# Tokens per example where a plan is not told its length: a long few-shot prompt.
+SEQ_LEN = 256
 
 
 @dataclass(frozen=True)
@@ -227,7 +235,7 @@ def plan(
     gpu_memory_gb: float,
     dtype: str = "float16",
     batch_size: int = 16,
-    seq_len: int = 256,
+    seq_len: int = SEQ_LEN,
     attention: str = "eager",
     kv_cache: bool = False,
     offload: str = "none",
@@ -284,6 +292,33 @@ def plan(
     if offload == "none":
         return result
     return _offloaded(result, arch, offload, host_memory_gb, forwards_per_step)
+
+
+def cpu_worker_bytes(
+    model: str | DecoderArch,
+    *,
+    strategy: str,
+    workers: int,
+    dtype: str,
+    batch_size: int,
+    seq_len: int,
+    attention: str = "eager",
+) -> int:
+    """Peak memory of one worker process of a CPU run, where the process's memory is the
+    device's: the weights it holds (all of them, or under "zero3" its 1/workers partition, offloaded
+    or not: host memory is its own, plus the largest unit DeepSpeed gathers, a layer or the token
+    embedding, twice: gloo's staging buffer and the gathered tensor), the activations of one
+    forward of ``batch_size`` (its share of a batch) and ``CPU_PROCESS_BYTES``."""
+    if strategy not in ("single", "replica", "zero3"):
+        raise ValueError(f"unknown strategy {strategy!r}; known: single, replica, zero3")
+    _, arch = resolve_arch(model)
+    d = _dtype_bytes(dtype)
+    weights = count_parameters(arch) * d
+    if strategy == "zero3":
+        gathered = max(layer_parameters(arch), largest_parameter(arch)) * d
+        weights = -(-weights // workers) + GLOO_GATHER_COPIES * gathered
+    activations = estimate_activation_bytes(arch, batch_size, seq_len, dtype, attention=attention)
+    return weights + activations + CPU_PROCESS_BYTES
 
 
 def _offloaded(

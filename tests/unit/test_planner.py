@@ -247,3 +247,20 @@ def test_family_estimate_within_10_percent_of_measured_forward(
     print(f"{family} {attention}: measured {measured:.1f} MiB, est {estimated:.1f}")
     assert measured > 0
     assert abs(estimated - measured) <= 0.1 * measured
+
+
+def test_a_cpu_zero3_worker_holds_its_partition_and_the_gathered_embedding():
+    """On CPU a process is its own device: a zero3 worker of 2 holds half the weights plus the
+    largest unit gathered (OPT's token embedding) twice over (gloo's staging copy), the same
+    activations and process overhead as the single process."""
+    from privzo.planner import cpu_worker_bytes, largest_parameter, resolve_arch
+
+    _, arch = resolve_arch("opt-1.3b")
+    shape = {"dtype": "bfloat16", "batch_size": 4, "seq_len": 32}
+    single = cpu_worker_bytes(arch, strategy="single", workers=1, **shape)
+    zero3 = cpu_worker_bytes(arch, strategy="zero3", workers=2, **shape)
+    weights = count_parameters(arch) * 2
+    assert single - zero3 == weights - (-(-weights // 2) + 2 * largest_parameter(arch) * 2)
+    assert zero3 < single
+    with pytest.raises(ValueError, match="unknown strategy 'zero2'"):
+        cpu_worker_bytes(arch, strategy="zero2", workers=2, **shape)

@@ -18,6 +18,7 @@ from privzo.cli.arguments import (
     dtype_name,
     finish_command,
     load_run_config,
+    path_argument,
 )
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
 
@@ -41,6 +42,7 @@ def add_bench(commands: Commands) -> None:
     _add_memory(benches)
     _add_distributed(benches)
     _add_pad_to(benches)
+    _add_planner(benches)
 
 
 def _add_zo_step(benches: Commands) -> None:
@@ -208,6 +210,54 @@ def _pad_to_command(args: argparse.Namespace) -> int:
     result = pad_to_benchmark(config, args.cache_dir, args.steps)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
     return 0
+
+
+def _add_planner(benches: Commands) -> None:
+    planner = add_command(
+        benches,
+        "planner",
+        "the planner's memory per worker against real-size runs",
+        "privzo bench planner --model models/opt-1.3b --output-dir runs/bench-planner",
+        description="Short MeZO and DPZero runs of a model directory (e.g. privzo models init "
+        "--shape opt-1.3b) on CPU, single, replica and zero3 with 2 workers and zero3 offloaded, "
+        "in float32 and bfloat16, one at a time: each worker's peak memory beside the planner's, "
+        "the step time over two forwards and the projected gradients' agreement with the single "
+        "process. Cases finished in the output directory are read, not run again.",
+    )
+    planner.add_argument("--model", required=True, type=path_argument, help="a model directory")
+    planner.add_argument(
+        "--output-dir",
+        type=path_argument,
+        required=True,
+        help="where each case's run is kept (and found again)",
+    )
+    planner.add_argument("--algorithms", default="mezo,dpzero", help="comma-separated")
+    planner.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
+    planner.add_argument(
+        "--layouts", default="single,replica,zero3,zero3-offload", help="comma-separated"
+    )
+    planner.add_argument("--steps", type=int, default=2, help="steps per case")
+    planner.add_argument("--batch-size", type=int, default=8, help="examples per step")
+    planner.add_argument("--max-length", type=int, default=32, help="tokens per example at most")
+    add_json(planner)
+    finish_command(planner, _planner_command)
+
+
+def _planner_command(args: argparse.Namespace) -> int:
+    from privzo.bench.planner_check import cases, planner_benchmark
+
+    selected = cases(args.algorithms.split(","), args.dtypes.split(","), args.layouts.split(","))
+    quiet_libraries(args.verbose)
+    result = planner_benchmark(
+        str(args.model),
+        args.output_dir,
+        args.cache_dir,
+        selected=selected,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
+    return _print_result(result, args.json)
 
 
 def _print_result(result: dict[str, Any], as_json: bool) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
-from privzo.memory import return_freed_memory
+from privzo.memory import map_large_blocks, return_freed_memory
 from privzo.models.loading import (
     LoadedModel,
     apply_view,
@@ -170,6 +170,7 @@ def build_context(
             splits.train = hooks.training_rows(task_config, splits.train)
         plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
+    map_large_blocks()  # freed weights and gathered layers go back to the system
     loaded = loader.load(config, cache_dir, progress)
     return_freed_memory()  # the load path's freed buffers would stay in this process
     fingerprint = loader.fingerprint(loaded)
