@@ -170,7 +170,9 @@ def build_context(
             splits.train = hooks.training_rows(task_config, splits.train)
         plan = plan_privacy(config, len(splits.train))
     directions = direction_sampler(config)  # before the model: a missing Triton is refused now
-    map_large_blocks()  # freed weights and gathered layers go back to the system
+    if config.parallel.strategy == "zero3":  # its gathered layers, made again every forward
+        # go back to the system when freed; elsewhere small mappings would slow every step
+        map_large_blocks()
     loaded = loader.load(config, cache_dir, progress)
     return_freed_memory()  # the load path's freed buffers would stay in this process
     fingerprint = loader.fingerprint(loaded)
