@@ -105,7 +105,8 @@ def test_check_prints_what_the_run_would_do_and_writes_nothing(tmp_path, sentime
     assert f"N = {len(expected.splits.train)}: the whole release is {replace_one}" in printed
     assert "layout      single, 1 worker(s)" in printed
     rows, truncation = expected.privacy.max_batch_size, expected.privacy.truncation_delta
-    assert f"batches     {rows} rows × (the model's limit) tokens, {rows} rows per" in printed
+    length = loaded.task.max_length  # the demo config's bound on its prompts
+    assert f"batches     {rows} rows × {length} tokens, {rows} rows per" in printed
     # q = 64/64: every draw holds all N rows, so the bound is N + 1 and nothing is truncated
     assert rows == 65 and f"truncation takes δ {truncation:.3g}" in printed and truncation == 0
     assert f"steps       {loaded.optimizer.steps}" in printed

@@ -250,7 +250,7 @@ SPACE = {"privacy.clip": [0.5, 1.0], "optimizer.steps": [10, 30]}  # make_search
         ({"budget": {"max_forward_passes": 200}}, "costs 480 forward passes"),
         ({"overrides": {"task.validation_size": None}}, "needs task.validation_size"),
         ({"overrides": {"privacy.epsilon": 1e-4}}, "cannot be met"),
-        ({"overrides": {"task.label_words": ["terrible", "notaword"]}}, "notaword"),
+        ({"overrides": {"task.label_words": ["great", "Great"]}}, "map to equal tokens"),
         ({"overrides": {"optimizer.algorithm": "dpzo-laplace"}}, "cannot account"),
         (
             {"selection": {"split": "public", "public_path": "/no/such/file.jsonl"}},

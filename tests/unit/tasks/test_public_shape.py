@@ -13,7 +13,6 @@ from privzo.algorithms.stepper import StepMeter
 from privzo.algorithms.zeroth_order import ZerothOrderStepper
 from privzo.config import ConfigError, TaskConfig
 from privzo.memory import PeakMemory
-from privzo.models.builtin import build_word_tokenizer
 from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.privacy.truncation import (
     DEFAULT_SHARE,
@@ -25,6 +24,7 @@ from privzo.run import build_context, plan_privacy
 from privzo.tasks.build import build_task
 from privzo.tasks.micro_batches import PublicShape, losses_in_micro_batches, padded_batch
 from privzo.tasks.resolve import resolve_task_config
+from word_tokenizer import build_word_tokenizer
 
 WORDS = ["the", "film", "was", "dull", "bright", "and", "long", "It", "terrible", "great"]
 
