@@ -249,11 +249,12 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(private_lora_ru
     for key in ("noise_multiplier", "sample_rate", "expected_batch_size", "steps"):
         assert replica[key] == single[key], key
     assert replica["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
+    assert replica["truncation_delta"] == single["truncation_delta"]
     expected = compute_epsilon(
         noise_multiplier=single["noise_multiplier"],
         sample_rate=8 / 64,
         steps=12,
-        delta=1e-5,
+        delta=1e-5 - single["truncation_delta"],  # what the accountant evaluates ε at
         noise_parameters=single["mechanism_parameters"],  # the discrete noise's grid
     )
     assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
@@ -293,7 +294,7 @@ def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, c
         noise_multiplier=summary["noise_multiplier"],
         sample_rate=2 / 64,
         steps=24,
-        delta=1e-5,
+        delta=1e-5 - summary["truncation_delta"],  # what the accountant evaluates ε at
         noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)

@@ -114,7 +114,7 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
         noise_multiplier=summary["noise_multiplier"],
         sample_rate=summary["sample_rate"],
         steps=STEPS,
-        delta=summary["delta"],
+        delta=summary["delta"] - summary["truncation_delta"],  # the accountant's δ
         noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
     )
     assert summary["steps"] == STEPS
@@ -258,7 +258,7 @@ def _check_accounted_once(output: Path, summary: dict, steps: int, seed: int) ->
         noise_multiplier=summary["noise_multiplier"],
         sample_rate=summary["sample_rate"],
         steps=steps,
-        delta=summary["delta"],
+        delta=summary["delta"] - summary["truncation_delta"],  # the accountant's δ
         noise_parameters=summary["mechanism_parameters"],
     )
     privacy = json.loads((output / "privacy.json").read_text())

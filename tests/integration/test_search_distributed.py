@@ -66,7 +66,7 @@ def test_search_over_distributed_trials_of_two_workers(tmp_path, make_search, ca
             noise_multiplier=row.noise_multiplier,
             sample_rate=row.sample_rate,
             steps=int(row.steps),
-            delta=1e-5,
+            delta=1e-5 - run_summary["truncation_delta"],  # what the accountant evaluates ε at
             noise_parameters={"grid": 1024},  # the default discrete noise
         )
         assert row.epsilon == pytest.approx(expected, rel=1e-6)

@@ -237,11 +237,12 @@ def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick
     for row in trials.itertuples():
         # on the grid Δ = ⌈K/σ⌉ moves in steps of ~σ/K, so ε lands up to ~1.5σ/K below target
         assert 2.0 * (1 - 5e-3) <= row.epsilon <= 2.0
+        trial = json.loads((output / "trials" / row.trial_id / "summary.json").read_text())
         expected = compute_epsilon(
             noise_multiplier=row.noise_multiplier,
             sample_rate=row.sample_rate,
             steps=int(row.steps),
-            delta=1e-5,
+            delta=1e-5 - trial["truncation_delta"],  # what the accountant evaluates ε at
             noise_parameters={"grid": 1024},  # the default discrete noise
         )
         assert row.epsilon == pytest.approx(expected, rel=1e-6)
