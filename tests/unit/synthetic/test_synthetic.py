@@ -375,8 +375,9 @@ def test_dpzero_grows_less_with_dimension_than_dpgd0th(
 @pytest.mark.slow
 def test_over_the_full_dimension_range_dpzero_stays_nearly_flat(tmp_path: Path) -> None:
     """d from 20 to 2000 at effective rank ≈ ln d. Measured with 6 seeds over 6 repeats: DPZero
-    grew 1.19-1.57x, DPGD-0th 2.1-2.95x, ratio 1.37-2.17; this uses 8 seeds. In the shipped
-    study (3 seeds) DPZero went 0.196 → 0.251, DPGD-0th 0.374 → 1.12."""
+    grew 1.19-1.57x, DPGD-0th 2.1-2.95x, ratio 1.37-2.17; with 8 seeds a run of the marked
+    suite drew 1.79 (the noise is fresh each run), so this uses 16. In the shipped study
+    (3 seeds) DPZero went 0.196 → 0.251, DPGD-0th 0.374 → 1.12."""
     config = build_synthetic_config(
         {
             "dimensions": [20, 2000],
@@ -388,7 +389,7 @@ def test_over_the_full_dimension_range_dpzero_stays_nearly_flat(tmp_path: Path) 
                 "learning_rates": [0.001, 0.01, 0.03, 0.1, 0.3, 1.0],
                 "clip_thresholds": [0.1, 0.3, 1.0, 3.0, 30.0],
             },
-            "seeds": list(range(8)),
+            "seeds": list(range(16)),
         }
     )
     rows = run_synthetic_study(config, tmp_path, progress=False)["rows"]
