@@ -62,19 +62,20 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 2**20
 
 
-def map_large_blocks() -> bool:
-    """Give every C-heap block of ``MMAP_THRESHOLD_BYTES`` or more its own mapping, returned to
-    the system when freed; False where the C library is not glibc.
+def map_large_blocks(from_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Give every C-heap block of ``from_bytes`` or more its own mapping, returned to the system
+    when freed; False where the C library is not glibc.
 
     glibc raises its threshold (up to 32 MiB) each time a mapped block is freed, so a model's
     load and a ZeRO-3 rank's gathered layers (16 to 400 MiB, freed and made again every forward)
     land in the heap, where the freed ones stay counted in the process: each ZeRO-3 rank held
     more than the single process it divides. A set threshold stays fixed. Called before a model
     loads by ZeRO-3 runs only: mapping every block of 1 MiB slowed the tiny CPU step by about
-    half (docs/measurements.md).
+    half (docs/measurements.md). ``privzo bench memory``'s cases set 128 KiB, so their peaks
+    count live tensors only.
     """
     libc = _glibc()
-    return libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    return libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, from_bytes) == 1
 
 
 def _glibc() -> Any:

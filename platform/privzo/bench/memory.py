@@ -6,7 +6,7 @@ shape. Each algorithm runs the real training code (the run pipeline's context an
 fresh process (forked from a server that only imported the libraries), so its peak resident
 memory (VmHWM on CPU) is not inflated by what another case allocated, and each process also
 times the inference forward it is compared with. Each process maps every allocation of 128 KiB
-or more on its own (``_map_large_allocations``), so freed tensors leave the resident set and a
+or more on its own (``MAPPED_FROM_BYTES``), so freed tensors leave the resident set and a
 peak counts the tensors alive at it.
 The batch is fixed: sample rate 1 (every example in every step) and a fixed noise multiplier,
 so no calibration runs and every step sees the same shape.
@@ -158,33 +158,21 @@ def measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str
     Library messages printed to stdout while importing (DeepSpeed announces its accelerator)
     go to stderr instead, so the parent's stdout (e.g. ``--json``) stays clean.
     """
+    from privzo.memory import map_large_blocks
+
     with contextlib.redirect_stdout(sys.stderr):
-        _map_large_allocations()
+        map_large_blocks(MAPPED_FROM_BYTES)
         return _measure_case(overrides, cache_dir, repeats)
 
 
-# glibc's mallopt parameter and the size from which every allocation is its own mapping
-_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES = -3, 128 * 1024
-
-
-def _map_large_allocations() -> None:
-    """Make the resident peak follow live tensors: every allocation of 128 KiB or more gets a
-    mapping of its own, returned to the system when freed.
-
-    By default glibc raises that threshold each time a large mapping is freed (up to 32 MiB),
-    after which large tensors come from the heap, whose freed memory stays resident: a step's
-    new buffer (DPGD-0th's 12.4 MiB noise vector) could then reuse memory the forward's freed
-    activations left behind and raise the peak by a fraction of its size (6.4 and 7.6 MiB were
-    read, 13.0 MiB in another run). A fixed threshold stops that adjustment. Other C libraries
-    (no ``mallopt``) keep their default.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES)
+# Every allocation of this size or more gets a mapping of its own in a case's process
+# (``privzo.memory.map_large_blocks``), so the resident peak follows live tensors: by default glibc
+# raises its threshold each time a large mapping is freed (up to 32 MiB), after which large tensors
+# come from the heap, whose freed memory stays resident, and a step's new buffer (DPGD-0th's
+# 12.4 MiB noise vector) could reuse memory the forward's freed activations left behind and raise
+# the peak by a fraction of its size (6.4 and 7.6 MiB were read, 13.0 MiB in another run). Other
+# C libraries keep their default.
+MAPPED_FROM_BYTES = 128 * 1024
 
 
 def _measure_case(overrides: list[str], cache_dir: str, repeats: int) -> dict[str, Any]:
