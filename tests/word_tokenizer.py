@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from privzo.models.builtin import MAX_POSITIONS, SPECIAL_TOKENS
+from privzo.models.builtin import SPECIAL_TOKENS, wrap_tokenizer
 
 
 def build_word_tokenizer(
@@ -25,19 +25,4 @@ def build_word_tokenizer(
         [pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()]
     )
     core.add_special_tokens(list(SPECIAL_TOKENS))
-    single = "<s> $A </s>" if append_eos else "<s> $A"
-    pair = "<s> $A </s> $B:1 </s>:1" if append_eos else "<s> $A $B:1"
-    core.post_processor = processors.TemplateProcessing(
-        single=single,
-        pair=pair,
-        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        model_max_length=MAX_POSITIONS,
-    )
+    return wrap_tokenizer(core, append_eos=append_eos)

@@ -131,6 +131,15 @@ def build_tokenizer(
     the one scored); masked models get ``<s> text </s>`` as RoBERTa expects.
     """
     core = Tokenizer.from_str(_pad_vocabulary(public_bpe(), size))
+    mask = AddedToken("<mask>", lstrip=True, special=True, normalized=False)
+    return wrap_tokenizer(core, append_eos=append_eos, mask_token=mask)
+
+
+def wrap_tokenizer(
+    core: Tokenizer, *, append_eos: bool, mask_token: str | AddedToken = "<mask>"
+) -> PreTrainedTokenizerFast:
+    """``core`` (whose vocabulary holds ``SPECIAL_TOKENS``) as a transformers tokenizer with
+    privzo's special tokens: ``<s> text`` for causal models, ``<s> text </s>`` for masked ones."""
     ids = {token: core.token_to_id(token) for token in ("<s>", "</s>")}
     single = "<s> $A </s>" if append_eos else "<s> $A"
     pair = "<s> $A </s> $B:1 </s>:1" if append_eos else "<s> $A $B:1"
@@ -143,7 +152,7 @@ def build_tokenizer(
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        mask_token=AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+        mask_token=mask_token,
         model_max_length=MAX_POSITIONS,
     )
 
