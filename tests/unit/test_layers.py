@@ -76,19 +76,21 @@ LAYERS = {
     "privzo.bench": 5,  # zo-step, memory, distributed and the kernels' check
 }
 
-# Inside privzo.privacy.accountants, from the bottom: the one calibration search (which knows no
-# accountant: they hand it ε(σ) curves), the run's dp_accounting event and what every accountant
-# shares, the accountants, and the registry, the only module that knows them all.
+# Inside privzo.privacy.accountants, from the bottom: the memo of ε evaluations, the one
+# calibration search (which knows no accountant: they hand it ε(σ) curves), the run's
+# dp_accounting event and what every accountant shares, the accountants, and the registry, the
+# only module that knows them all.
 ACCOUNTANT_LAYERS = {
-    "privzo.privacy.accountants.calibration": 0,
-    "privzo.privacy.accountants.events": 1,
-    "privzo.privacy.accountants.base": 1,
-    "privzo.privacy.accountants.pure": 2,
-    "privzo.privacy.accountants.pld": 2,
-    "privzo.privacy.accountants.rdp": 2,
-    "privzo.privacy.accountants.numeric": 2,
-    "privzo.privacy.accountants.registry": 3,
-    "privzo.privacy.accountants": 4,  # re-exports only
+    "privzo.privacy.accountants.memo": 0,
+    "privzo.privacy.accountants.calibration": 1,
+    "privzo.privacy.accountants.events": 2,
+    "privzo.privacy.accountants.base": 2,
+    "privzo.privacy.accountants.pure": 3,
+    "privzo.privacy.accountants.pld": 3,
+    "privzo.privacy.accountants.rdp": 3,
+    "privzo.privacy.accountants.numeric": 3,
+    "privzo.privacy.accountants.registry": 4,
+    "privzo.privacy.accountants": 5,  # re-exports only
 }
 
 # Inside privzo.cli, from the bottom: the shared argument helpers and the process policy, the

@@ -20,6 +20,7 @@ from privzo.privacy.accountants import (
     calibrate_noise_multiplier,
     compute_epsilon,
     get_accountant,
+    keep_epsilons_in,
     make_accountant,
 )
 from privzo.privacy.curve import EpsilonCurve
@@ -63,5 +64,6 @@ __all__ = [
     "compute_epsilon",
     "get_accountant",
     "get_mechanism",
+    "keep_epsilons_in",
     "make_accountant",
 ]

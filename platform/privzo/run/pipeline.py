@@ -24,6 +24,7 @@ from privzo.layouts.context import PlannedData, RunContext, RunHooks, build_cont
 from privzo.layouts.layout import get_layout
 from privzo.layouts.train import train_and_evaluate
 from privzo.preflight import Preflight, preflight
+from privzo.privacy import keep_epsilons_in
 from privzo.privacy.plan import privacy_record
 from privzo.replay import MODEL_LOADER, write_model_data
 from privzo.rundir import (
@@ -79,6 +80,7 @@ def run(
     MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, task, seed).
     """
     output_dir = Path(output_dir).resolve()
+    keep_epsilons_in(cache_dir)  # a rerun, a resume or a search's next trial calibrates anew
     stopped = None if overwrite else untracked(output_dir, config)
     if stopped is not None:  # trained and recorded: only its tracking run is left to end
         return _end_tracking(

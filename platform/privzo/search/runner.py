@@ -19,6 +19,7 @@ import yaml
 from privzo.distributed.cluster import RayCluster, RayTarget, choose_cluster, connect_ray
 from privzo.distributed.launch import ray_runtime_env
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
+from privzo.privacy import keep_epsilons_in
 from privzo.rundir import write_json_atomically, write_text_atomically
 from privzo.search.config import SearchConfig
 from privzo.search.plan import SearchPlan, plan_search
@@ -74,6 +75,7 @@ def run_search(
     may use, which Ray would otherwise take from the machine; a joined cluster keeps its own.
     """
     output_dir = Path(output_dir).resolve()
+    keep_epsilons_in(cache_dir)  # each trial's calibration, as the trials' runs keep theirs
     tracking_root = Path(tracking_root or output_dir).resolve()
     state_path = output_dir / STATE_FILE
     state = SearchState.load(state_path)

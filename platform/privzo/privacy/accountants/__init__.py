@@ -19,10 +19,10 @@ Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
 - ``numeric``: a certified numeric PLD of any symmetric 1-D noise with a computable tail
   (Gaussian, Laplace and the LMO mixture).
 
-``calibration`` holds the one search for the smallest σ meeting an ε target (and its
-process-wide memo of ε), ``events`` the run's dp_accounting event, ``base`` what the
-accountants share (validation, the ``Accountant`` class, which states what each bounds), and
-``registry`` the accountants by name.
+``calibration`` holds the one search for the smallest σ meeting an ε target, ``memo`` the memo
+of ε evaluations (for the process, and in a cache directory for later processes), ``events``
+the run's dp_accounting event, ``base`` what the accountants share (validation, the
+``Accountant`` class, which states what each bounds), and ``registry`` the accountants by name.
 
 Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanisms``): the noise
 is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
@@ -48,6 +48,7 @@ from privzo.privacy.accountants.calibration import (
     MIN_NOISE_MULTIPLIER,
 )
 from privzo.privacy.accountants.events import quiet_absl
+from privzo.privacy.accountants.memo import keep_epsilons_in
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
@@ -82,6 +83,7 @@ __all__ = [
     "check_positive",
     "compute_epsilon",
     "get_accountant",
+    "keep_epsilons_in",
     "make_accountant",
     "quiet_absl",
 ]

@@ -8,30 +8,29 @@ finishes with Brent's method on the bracket, verified the way
 ``dp_accounting.calibrate_dp_mechanism`` verifies it (so ε at the returned σ is within the
 target). ε(σ) need only fall as σ grows: the discrete mechanisms' step functions work too.
 
-Every ε a curve evaluates is kept in ``EPSILONS``, a process-wide memo keyed by the public
-parameters of the evaluation: a run's preflight, a study's cells and a search's trials repeat the
-same calibrations, and the PLD accountant's evaluations (``pld``) share it.
+Every ε a curve evaluates is kept in ``memo.EPSILONS``, keyed by the public parameters of the
+evaluation: a run's preflight, a study's cells and a search's trials repeat the same
+calibrations, and the PLD accountant's evaluations (``pld``) share it.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from privzo.privacy.accountants.memo import EPSILONS
+
 __all__ = [
     "CALIBRATION_RTOL",
     "COARSE_FACTOR",
-    "EPSILONS",
     "MAX_NOISE_MULTIPLIER",
     "MIN_NOISE_MULTIPLIER",
     "CalibrationTarget",
     "Curve",
-    "EpsilonMemo",
     "laplace_sigma_for_pure_dp",
     "noise_hint",
     "search_sigma",
@@ -84,35 +83,6 @@ class Curve:
 
     def __call__(self, sigma: float) -> float:
         return EPSILONS.get((self.key, sigma), lambda: self.epsilon_of(sigma))
-
-
-class EpsilonMemo:
-    """ε by the public parameters of its evaluation, bounded (the oldest goes first).
-
-    Floats only, never a PLD's arrays, so it costs kilobytes; locked because a run's ε-curve
-    thread evaluates while the run steps. The value is computed outside the lock: two threads
-    may both compute a missing one, which is only wasted time.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._values: dict[Hashable, float] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, compute: Callable[[], float]) -> float:
-        with self._lock:
-            known = self._values.get(key)
-        if known is not None:
-            return known
-        value = float(compute())
-        with self._lock:
-            if len(self._values) >= self._size:
-                self._values.pop(next(iter(self._values)))
-            self._values[key] = value
-        return value
-
-
-EPSILONS = EpsilonMemo(4096)
 
 
 # --- the first guess ---------------------------------------------------------------------------

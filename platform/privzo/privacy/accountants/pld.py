@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from privzo.privacy.accountants.base import PLD_VALUE_DISCRETIZATION, Accountant
 from privzo.privacy.accountants.calibration import (
     COARSE_FACTOR,
-    EPSILONS,
     MIN_NOISE_MULTIPLIER,
     CalibrationTarget,
     Curve,
 )
 from privzo.privacy.accountants.events import event_curve
+from privzo.privacy.accountants.memo import EPSILONS
 from privzo.privacy.discrete import grid_sensitivity
 
 if TYPE_CHECKING:
