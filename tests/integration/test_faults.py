@@ -1,8 +1,8 @@
 """Fault injection. A single run SIGKILLed at random steps, again and again,
 then let finish: every kill lands wherever the run is (inside a step, while a window's
 trajectory and resume point are written, while MLflow is logging); the same command resumes.
-A distributed run's worker and a search trial are each SIGKILLed at a random step boundary,
-then resumed (the second part of this module).
+A distributed run's worker, then its driver, and a search trial are each SIGKILLed at a random
+step boundary, then resumed (the second part of this module).
 
 Checked at the end of the single run: every step in the trajectory exactly once and in order,
 the rows each killed attempt had written kept unchanged (nothing lost, nothing redrawn), ε the
@@ -63,6 +63,7 @@ def _start(config: Path, output: Path, cache_dir: Path, train: Path, test: Path)
         f"task.test_path={test}",
         f"optimizer.steps={STEPS}",
         "optimizer.batch_size=8",
+        "task.max_length=16",  # prompts of at most 6 tokens: batches pad to 16, not 128
         "tracking.log_every=5",
         "tracking.experiment=faults",
         "privacy.epsilon=3",
@@ -287,60 +288,6 @@ def _released_checkpoint(storage: Path, step: int) -> list[dict]:
     raise AssertionError(f"no checkpoint for step {step} in {storage}")
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.integration
-def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(ray_with, tmp_path, cache_dir):
-    """A replica run of DPZero on two workers: one worker (rank 0 or 1, drawn) SIGKILLed at a
-    drawn step; the run restarts its workers (max_failures=1) and finishes."""
-    from privzo.config import load_config
-    from privzo.run import RunHooks, run
-    from privzo.tracking import find_runs
-
-    seed = _fault_seed()
-    rng = random.Random(seed)
-    step, rank = rng.randrange(2, RAY_STEPS - 2), rng.randrange(2)
-    print(f"seed {seed}: kill rank {rank} at step {step} of {RAY_STEPS}")
-    ray_with()
-    config = load_config(
-        TINY_DPZERO,
-        [
-            *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
-            *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
-            *("parallel.strategy=replica", "parallel.workers=2", "parallel.max_failures=1"),
-            *("eval_before=false", "tracking.experiment=faults-distributed", "save_model=true"),
-        ],
-    )
-    output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
-    pause = _pause_at(step, pid_file)
-    hooks = RunHooks(after_window=lambda _context, done, _metrics: pause(done))
-    thread, outcome = _in_thread(
-        run, config, output, cache_dir=cache_dir, progress=False, hooks=hooks
-    )
-    rank0 = _wait_for(pid_file, thread, outcome, seed)
-    workers = _descendants("RayTrainWorker")
-    assert len(workers) == 2 and rank0 in workers, f"seed {seed}: {rank0} not one of {workers}"
-    released = _released_checkpoint(output / "ray", step)
-    assert len(released) == step
-    (victim,) = [pid for pid in workers if (pid == rank0) == (rank == 0)]
-    _kill(workers[victim], seed)  # the kill happened before anything is asserted of the resume
-    summary = _join(thread, outcome, seed)
-
-    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == step, f"seed {seed}"
-    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
-    _check_trajectory(rows, released, RAY_STEPS, seed)
-    _check_accounted_once(output, summary, RAY_STEPS, seed)
-    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    runs = find_runs(uri, "faults-distributed")
-    assert [(r.run_id, r.status) for r in runs] == [(summary["tracking_run_id"], "FINISHED")]
-    assert read_run(uri, runs[0].run_id)["metrics"]["final_epsilon"] == summary["epsilon"]
-    _check_released_once(uri, summary["tracking_run_id"], rows, seed)
-    # a window per step over two attempts checkpointed; Ray keeps only the newest
-    kept = [path for path in (output / "ray").glob("*/checkpoint_*") if path.is_dir()]
-    assert len(kept) == CHECKPOINTS_KEPT, f"seed {seed}: {kept}"
-    _check_replays_to_the_saved_model(output, cache_dir, seed)
-
-
 def _check_replays_to_the_saved_model(output: Path, cache_dir: Path, seed: int) -> None:
     """The restarted ranks rebuilt θ by replaying the kept steps: the saved weights are the
     whole trajectory's, replayed from the base model."""
@@ -355,28 +302,29 @@ def _check_replays_to_the_saved_model(output: Path, cache_dir: Path, seed: int) 
         assert torch.equal(replayed[name], tensor), f"seed {seed}: {name}"
 
 
-# The CLI itself (``privzo.cli.main``, argv as given), with rank 0 of the run pausing at a step
-# until the test has killed the driver: the same ``after_window`` wait as above, installed by
-# wrapping ``privzo.run.run`` (which the CLI imports when it runs). Defined in ``__main__``, so
-# cloudpickle ships the wait by value to the Ray Train workers.
+# The CLI itself (``privzo.cli.main``, argv as given), with rank 0 of the run pausing at each of
+# the given steps until the test has killed a victim: the same ``after_window`` wait as above,
+# installed by wrapping ``privzo.run.run`` (which the CLI imports when it runs). Defined in
+# ``__main__``, so cloudpickle ships the wait by value to the Ray Train workers.
 PAUSING_CLI = """
 import os, sys, time
 from pathlib import Path
 
 import privzo.run as pipeline
 
-pid_file, step = Path(os.environ["FAULT_PID_FILE"]), int(os.environ["FAULT_STEP"])
+pid_dir, steps = Path(os.environ["FAULT_PID_DIR"]), os.environ["FAULT_STEPS"].split(",")
 limit, real = float(os.environ["FAULT_PAUSE_LIMIT_S"]), pipeline.run
 
 
 def pause(_context, done, _metrics):
-    if done != step or pid_file.exists():
+    pid_file = pid_dir / f"rank0-{done}.pid"
+    if str(done) not in steps or pid_file.exists():
         return
     written = pid_file.with_suffix(".tmp")
     written.write_text(str(os.getpid()))
     written.rename(pid_file)
     time.sleep(limit)
-    raise RuntimeError(f"paused {limit} s at step {step} and was not killed")
+    raise RuntimeError(f"paused {limit} s at step {done} and was not killed")
 
 
 def paused_run(*args, **kwargs):
@@ -404,53 +352,73 @@ def _gone(pid: int, limit_s: float) -> bool:
     return False
 
 
+def _paused_rank0(pid_file: Path, driver: subprocess.Popen, log: Path, seed: int) -> int:
+    """The PID of rank 0, once it waits at the step ``pid_file`` names; the driver alive."""
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while not pid_file.exists() and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), f"seed {seed}: rank 0 never paused\n{log.read_text()[-3000:]}"
+    assert driver.poll() is None, f"seed {seed}: the driver ended while rank 0 paused"
+    return int(pid_file.read_text())
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.integration
-def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
-    tmp_path, cache_dir
-):
-    """``privzo run`` of a two-worker replica DPZero run, SIGKILLed (the driver, so nothing
-    of it runs after the kill) while rank 0 waits at a drawn step; the same command again
-    goes on from the newest checkpoint the killed launch committed, in the same MLflow run."""
+def test_a_distributed_run_survives_a_killed_worker_then_a_killed_driver(tmp_path, cache_dir):
+    """``privzo run`` of a two-worker replica DPZero run with one restart allowed. While rank 0
+    waits at a drawn step, one worker (rank 0 or 1, drawn) is SIGKILLed: the run restarts its
+    workers, which rebuild θ by replaying the kept steps. While the new rank 0 waits at a later
+    drawn step, the driver is SIGKILLed (nothing of it runs after the kill). The same command
+    again goes on from the newest checkpoint the killed launch committed, in the same MLflow
+    run, and every step is drawn and booked once over the three attempts."""
     from privzo.distributed.resume import committed
 
     seed = _fault_seed()
-    step = random.Random(seed).randrange(2, RAY_STEPS - 2)
-    print(f"seed {seed}: kill the driver at step {step} of {RAY_STEPS}")
-    output, pid_file = tmp_path / "runs" / "replica", tmp_path / "rank0.pid"
+    rng = random.Random(seed)
+    worker_step = rng.randrange(2, RAY_STEPS - 3)
+    driver_step, rank = rng.randrange(worker_step + 1, RAY_STEPS - 2), rng.randrange(2)
+    print(f"seed {seed}: kill rank {rank} at step {worker_step}, the driver at {driver_step}")
+    output, pids = tmp_path / "runs" / "replica", tmp_path / "pids"
+    pids.mkdir()
     command = [
         *(sys.executable, "-c", PAUSING_CLI, "run", str(TINY_DPZERO), "--quiet"),
         *("--cache-dir", str(cache_dir), "--output-dir", str(output)),
         *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
         *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
-        *("parallel.strategy=replica", "parallel.workers=2", "tracking.experiment=driver"),
+        *("parallel.strategy=replica", "parallel.workers=2", "parallel.max_failures=1"),
+        *("tracking.experiment=driver", "save_model=true"),
     ]
     environment = {
         **os.environ,
         **RAY_TEST_ENV,
         "PYTHONUNBUFFERED": "1",
-        "FAULT_PID_FILE": str(pid_file),
-        "FAULT_STEP": str(step),
+        "FAULT_PID_DIR": str(pids),
+        "FAULT_STEPS": f"{worker_step},{driver_step}",
         "FAULT_PAUSE_LIMIT_S": str(PAUSE_LIMIT_S),
     }
     log = tmp_path / "killed.log"
     with log.open("w") as sink:
         driver = subprocess.Popen(command, env=environment, stdout=sink, stderr=sink)
-        deadline = time.monotonic() + RUN_LIMIT_S
-        while not pid_file.exists() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pid_file.exists(), f"seed {seed}: rank 0 never paused\n{log.read_text()[-3000:]}"
-        assert driver.poll() is None, f"seed {seed}: the driver ended while rank 0 paused"
-        driver.kill()  # SIGKILL: no handler of the driver runs (no salvage, no MLflow status)
-        driver.wait(timeout=120)
-    rank0 = int(pid_file.read_text())
+        try:
+            rank0 = _paused_rank0(pids / f"rank0-{worker_step}.pid", driver, log, seed)
+            workers = _descendants("RayTrainWorker")
+            assert len(workers) == 2 and rank0 in workers, f"seed {seed}: {rank0} of {workers}"
+            released_first = _released_checkpoint(output / "ray", worker_step)
+            assert len(released_first) == worker_step
+            (victim,) = [pid for pid in workers if (pid == rank0) == (rank == 0)]
+            _kill(workers[victim], seed)
+            # the restarted workers replay the kept steps and go on to the driver's step
+            rank0 = _paused_rank0(pids / f"rank0-{driver_step}.pid", driver, log, seed)
+        finally:
+            driver.kill()  # SIGKILL: no handler of the driver runs (no salvage, no MLflow status)
+            driver.wait(timeout=120)
     # Ray's controller and workers share the fate of the driver that owns them
     assert _gone(rank0, 300), f"seed {seed}: rank 0 ({rank0}) outlived its driver"
     (ray_run,) = (output / "ray").iterdir()
     newest = committed(str(ray_run))
-    assert newest.steps == step, f"seed {seed}: committed {newest.steps}"
-    released = _released_checkpoint(output / "ray", step)
+    assert newest.steps == driver_step, f"seed {seed}: committed {newest.steps}"
+    released = _released_checkpoint(output / "ray", driver_step)
     point = json.loads((output / "resume.json").read_text())
     assert point["ray_run"] == ray_run.name and not (output / "trajectory.parquet").exists()
 
@@ -461,14 +429,16 @@ def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
     assert done.returncode == 0, f"seed {seed}\n{log.read_text()[-4000:]}"
 
     summary = json.loads((output / "summary.json").read_text())
-    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == step, f"seed {seed}"
+    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == driver_step, seed
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
+    _check_trajectory(rows, released_first, RAY_STEPS, seed)
     _check_trajectory(rows, released, RAY_STEPS, seed)
     _check_accounted_once(output, summary, RAY_STEPS, seed)
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     runs = find_runs(uri, "driver")
     assert [(r.run_id, r.status) for r in runs] == [(point["tracking_run_id"], "FINISHED")]
     assert summary["tracking_run_id"] == point["tracking_run_id"]
+    assert read_run(uri, runs[0].run_id)["metrics"]["final_epsilon"] == summary["epsilon"]
     _check_released_once(uri, summary["tracking_run_id"], rows, seed)
     # one Ray Train run for both launches, holding only its newest checkpoints
     assert [path.name for path in (output / "ray").iterdir()] == [ray_run.name]
@@ -477,6 +447,7 @@ def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(
     assert sorted(kept) == list(range(RAY_STEPS - CHECKPOINTS_KEPT + 1, RAY_STEPS + 1))
     assert len([path for path in ray_run.glob("checkpoint_*") if path.is_dir()]) == CHECKPOINTS_KEPT
     assert not (output / "resume.json").exists()
+    _check_replays_to_the_saved_model(output, cache_dir, seed)
 
 
 def _pausing_trials(step: int, pid_file: Path):
