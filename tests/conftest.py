@@ -240,7 +240,13 @@ def make_search(tmp_path, sentiment_files):
         train, test = sentiment_files
         base = {
             "model": {"name_or_path": "tiny-opt"},
-            "task": {"train_path": str(train), "test_path": str(test), "validation_size": 16},
+            # prompts of at most 6 tokens: private batches pad to 16, not the model's 128
+            "task": {
+                "train_path": str(train),
+                "test_path": str(test),
+                "validation_size": 16,
+                "max_length": 16,
+            },
             "optimizer": {"algorithm": "dpzero", "steps": 10, "batch_size": 8},
             "privacy": {"epsilon": 2.0, "delta": 1e-5},
             "tracking": {"experiment": "search-test", "log_every": 5},

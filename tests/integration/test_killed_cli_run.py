@@ -18,6 +18,8 @@ from privzo.tracking import read_run
 
 pytestmark = pytest.mark.integration
 
+STEPS = 120  # the stop lands after step 10: most of the run is left to resume
+
 
 def _cli(args: list[str], **kwargs) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -39,7 +41,8 @@ def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_file
         "model.name_or_path=tiny-opt",
         f"task.train_path={train}",
         f"task.test_path={test}",
-        "optimizer.steps=400",
+        f"optimizer.steps={STEPS}",
+        "task.max_length=16",  # prompts of at most 6 tokens: batches pad to 16, not 128
         "optimizer.batch_size=8",
         "tracking.log_every=5",
     ]
@@ -62,7 +65,7 @@ def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_file
     _out, err = resumed.communicate(timeout=1800)
     assert resumed.returncode == 0, err
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
-    assert [row["step"] for row in rows] == list(range(400))
+    assert [row["step"] for row in rows] == list(range(STEPS))
     assert rows[:done] == first
     summary = json.loads((output / "summary.json").read_text())
     assert summary["tracking_run_id"] == point["tracking_run_id"]
