@@ -139,13 +139,14 @@ def _bench_distributed(words: list[str], cwd: Path, stdout: str) -> None:
     """The layouts' figures for tiny-opt: the all-reduced payload, zero3's partition."""
     result = json.loads(stdout)
     assert result["allreduce_bytes_per_step"] == 16  # [noisy clipped sum, count] in fp64
-    assert all(t > 0 for t in result["replica_step_time_s"].values())
+    assert set(result["step_time_s"]) == {"single", "replica_2"}
+    assert all(t > 0 for t in result["step_time_s"].values())
     full = result["zero3_parameter_bytes_full"]
     assert full == 4 * _parameters(words)  # tiny-opt's float32 weights
     # two ranks hold about half each (the last rank's partition may be short of padding)
     assert sum(result["zero3_parameter_bytes_per_rank"]) == full
     assert all(0.45 < fraction <= 0.55 for fraction in result["zero3_fraction_per_rank"])
-    assert "replica step time, 2 workers" in result["table"]
+    assert "replica step time, 2 workers" in result["table"] and "single process" in result["table"]
 
 
 CHECKS = {

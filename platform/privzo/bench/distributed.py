@@ -1,10 +1,12 @@
 """``privzo bench distributed``: what scale-out costs and saves, measured on this machine.
 
-Three short DPZero runs on Ray (CPU, gloo): replica with 1 and 2 workers (mean step time: two
-forwards on each worker's share of the batch plus one all-reduce), the payload the algorithm
-all-reduces per step, and each rank's trainable-parameter bytes under zero3 with 2 ranks (about
-half of one full copy). With a tiny model on a few shared CPU cores, communication and
-scheduling dominate the step; the numbers are measured here, not a GPU projection.
+Three short DPZero runs: one in this process (single: two forwards on the whole batch), and on
+Ray (CPU, gloo) replica with 2 workers (two forwards on each worker's share of the batch plus one
+all-reduce) and zero3 with 2 ranks, for the payload the algorithm all-reduces per step and each
+rank's trainable-parameter bytes (about half of one full copy). The single process is the
+reference the scale-out is weighed against: what the run costs without it. With a tiny model on a
+few shared CPU cores, communication and scheduling dominate the step; the numbers are measured on
+the machine that runs them, not a GPU projection.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from privzo.config.loading import build_config
 from privzo.config.run import RunConfig
 from privzo.run import run
 
-LAYOUTS = (("replica", 1), ("replica", 2), ("zero3", 2))
+LAYOUTS = (("single", 1), ("replica", 2), ("zero3", 2))
 
 
 def bench_config(
@@ -56,23 +58,25 @@ def distributed_benchmark(
     summaries = {}
     with tempfile.TemporaryDirectory(prefix="privzo-bench-") as root:
         for strategy, workers in LAYOUTS:
-            config = bench_config(model, strategy, workers, steps, env_vars or {})
+            ray_env = (env_vars or {}) if strategy != "single" else {}
+            config = bench_config(model, strategy, workers, steps, ray_env)
             output = Path(root) / f"{strategy}-{workers}"
             summaries[f"{strategy}_{workers}"] = run(
                 config, output, cache_dir=cache_dir, progress=progress
             )
     one, two, zero3 = (summaries[f"{s}_{w}"] for s, w in LAYOUTS)
+    peaks = {"single_1": [one["peak_memory_mb"]]}
+    for name in ("replica_2", "zero3_2"):
+        peaks[name] = summaries[name]["peak_memory_mb_per_worker"]
     full = zero3["parameter_bytes_full"]
     result = {
         "model": model,
         "steps": steps,
         "expected_batch_size": one["expected_batch_size"],
-        "replica_step_time_s": {"1": one["mean_step_time_s"], "2": two["mean_step_time_s"]},
-        "replica_speedup_2_over_1": one["mean_step_time_s"] / two["mean_step_time_s"],
+        "step_time_s": {"single": one["mean_step_time_s"], "replica_2": two["mean_step_time_s"]},
+        "replica_2_speedup_over_single": one["mean_step_time_s"] / two["mean_step_time_s"],
         "allreduce_bytes_per_step": two["allreduce_bytes_per_step"],
-        "peak_memory_mb_per_worker": {
-            name: summary["peak_memory_mb_per_worker"] for name, summary in summaries.items()
-        },
+        "peak_memory_mb_per_worker": peaks,
         "zero3_parameter_bytes_per_rank": zero3["parameter_bytes_per_worker"],
         "zero3_parameter_bytes_full": full,
         "zero3_fraction_per_rank": [held / full for held in zero3["parameter_bytes_per_worker"]],
@@ -82,16 +86,16 @@ def distributed_benchmark(
 
 
 def _table(result: dict[str, Any]) -> str:
-    times = result["replica_step_time_s"]
+    times = result["step_time_s"]
     fractions = ", ".join(f"{f:.3f}" for f in result["zero3_fraction_per_rank"])
     per_rank = ", ".join(f"{b / 2**20:.3f}" for b in result["zero3_parameter_bytes_per_rank"])
     return "\n".join(
         [
             f"Distributed benchmark: {result['model']}, DPZero, {result['steps']} steps, "
             f"expected batch {result['expected_batch_size']:g}, CPU / gloo",
-            f"replica step time, 1 worker     {times['1']:.4f} s",
-            f"replica step time, 2 workers    {times['2']:.4f} s"
-            f"  (speedup {result['replica_speedup_2_over_1']:.2f}x)",
+            f"single process step time        {times['single']:.4f} s",
+            f"replica step time, 2 workers    {times['replica_2']:.4f} s"
+            f"  (speedup {result['replica_2_speedup_over_single']:.2f}x)",
             f"all-reduced per step            {result['allreduce_bytes_per_step']:.0f} bytes",
             f"zero3 parameters per rank (MiB) {per_rank} of "
             f"{result['zero3_parameter_bytes_full'] / 2**20:.3f}  (fractions {fractions})",

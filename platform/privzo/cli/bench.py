@@ -158,7 +158,7 @@ def _add_distributed(benches: Commands) -> None:
     distributed = add_command(
         benches,
         "distributed",
-        "replica step time (1 vs 2 workers), bytes per step, zero3 memory",
+        "step time (single vs 2 replica workers), bytes per step, zero3 memory",
         "privzo bench distributed --steps 30",
     )
     add_json(distributed)
