@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from privzo.config import RunConfig, load_config
+from privzo.privacy import keep_epsilons_in
 
 # The fused Triton kernels (privzo.zo.kernels) run on CPU tensors under Triton's interpreter,
 # which Triton reads when a kernel is defined: privzo imports Triton only on first use, so
@@ -189,6 +190,14 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("privzo-cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def epsilons_kept(cache_dir) -> Path:
+    """ε evaluations kept in the session's cache, as ``privzo run`` keeps them in its own: a
+    test's calibration that another test already made is read, not evaluated again."""
+    keep_epsilons_in(cache_dir)
+    return cache_dir
+
+
 @pytest.fixture
 def sentiment_files(tmp_path) -> tuple[Path, Path]:
     return (
@@ -210,6 +219,7 @@ SMALL_RUN = [
 # The tiny run the run-level tests share: 12 DPZero steps of tiny-opt on ``sentiment_files``,
 # 8 rows a batch, learning rate 1e-3, ε = 3, metrics every 5 steps.
 TINY_RUN = (
+    "task.max_length=16",  # prompts of at most 6 tokens: private batches pad to 16, not 128
     "optimizer.steps=12",
     "optimizer.batch_size=8",
     "optimizer.learning_rate=1e-3",

@@ -13,7 +13,7 @@ def test_both_paddings_are_measured_with_their_shapes(tiny_run_config, cache_dir
     padded, batch = result.cases
     assert (padded.pad_to, batch.pad_to) == ("max_length", "batch")
     assert padded.rows is not None and padded.rows % 2 == 0 and padded.rows > 4
-    assert padded.length == 128  # tiny-opt's position limit: task.max_length is null
+    assert padded.length == config.task.max_length == 16  # TINY_RUN's bound
     assert batch.rows is None and batch.length is None
     for case in result.cases:
         assert case.steps == 2 and 0 < case.min_cpu_s <= case.median_cpu_s <= case.max_cpu_s
