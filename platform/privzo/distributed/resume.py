@@ -15,6 +15,9 @@ again.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,9 @@ from privzo.distributed.checkpoint import read_checkpoint
 from privzo.section import ConfigError
 
 CHECKPOINT_PREFIX = "checkpoint_"
+# Ray Train's checkpoint manager, whose snapshot reader logs SNAPSHOT_NOTICE at INFO
+SNAPSHOT_LOGGER = "ray.train.v2._internal.execution.checkpoint.checkpoint_manager"
+SNAPSHOT_NOTICE = "A run snapshot was found"
 
 
 def ray_run_path(storage: str, ray_run: str) -> str:
@@ -46,7 +52,8 @@ def committed(run_path: str) -> Committed:
     from ray.train.v2.api.result import Result  # see fit() in launch.py for the module
 
     try:
-        result = Result.from_path(run_path)
+        with snapshot_notice_dropped():
+            result = Result.from_path(run_path)
     except RuntimeError:  # no run folder or no snapshot: no launch committed a checkpoint
         return Committed(None, 0, frozenset())
     except Exception as error:  # a snapshot naming checkpoints that are gone, or unreadable
@@ -61,6 +68,22 @@ def committed(run_path: str) -> Committed:
     kept = {checkpoint.path for checkpoint, _metrics in result.best_checkpoints or []}
     kept.add(result.checkpoint.path)
     return Committed(result.checkpoint, state.steps_done, frozenset(kept))
+
+
+@contextlib.contextmanager
+def snapshot_notice_dropped() -> Iterator[None]:
+    """Without Ray Train's notice that a run snapshot was found, which tells the user to delete
+    the run's folder to start anew: privzo reads the snapshot to go on, and says so itself."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return SNAPSHOT_NOTICE not in record.getMessage()
+
+    logger = logging.getLogger(SNAPSHOT_LOGGER)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _unresumable(run_path: str, error: Exception) -> ConfigError:

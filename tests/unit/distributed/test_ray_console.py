@@ -5,7 +5,8 @@ or a busy machine), Ray Train's placement-group cleaner, a detached actor, logs 
 Ray Train Controller actor state" about once a second for as long as a run lasts. Whether the
 State API answers depends on the machine, so the tests check the mechanism instead: the logger
 privzo silences is the one that logs that message, and privzo's runtime env silences it in
-every worker process of the job, detached actors included.
+every worker process of the job, detached actors included. The driver's own read of a run's
+checkpoints drops Ray Train's "delete the folder" notice.
 """
 
 from __future__ import annotations
@@ -50,3 +51,28 @@ def test_every_worker_process_of_the_job_silences_the_noisy_logger():
     assert level == logging.ERROR
     # A worker's default: the warning would show (so the assertion above can fail).
     assert logging.getLogger(NOISY_RAY_LOGGERS[0]).getEffectiveLevel() <= logging.WARNING
+
+
+def test_reading_a_runs_checkpoints_drops_ray_trains_delete_the_folder_notice():
+    """privzo reads a distributed run's committed checkpoints through Ray Train's result, whose
+    checkpoint manager logs that a snapshot was found and to delete the folder for a new run."""
+    from privzo.distributed.resume import SNAPSHOT_LOGGER, SNAPSHOT_NOTICE, snapshot_notice_dropped
+
+    source = inspect.getsource(importlib.import_module(SNAPSHOT_LOGGER))
+    assert SNAPSHOT_NOTICE in source and "logging.getLogger(__name__)" in source
+    logger = logging.getLogger(SNAPSHOT_LOGGER)
+    seen: list[str] = []
+    handler = logging.Handler(logging.INFO)  # Ray's loggers do not propagate to the root's
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with snapshot_notice_dropped():
+            logger.info(f"{SNAPSHOT_NOTICE} in storage folder at: 'x'")
+            logger.info("another message")
+        logger.info(f"{SNAPSHOT_NOTICE} outside privzo's read")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert seen == ["another message", f"{SNAPSHOT_NOTICE} outside privzo's read"]
