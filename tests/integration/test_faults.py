@@ -594,6 +594,7 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
     summary = run_search(search, output, **options)  # it resumes
     assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"
+    assert summary["restarts"] == 0, f"seed {seed}: the trial resumed, it did not start over"
     trial = json.loads((trial_dir / "summary.json").read_text())
     assert trial["steps"] == RAY_STEPS and trial["resumed_steps"] == step, f"seed {seed}"
     rows = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()

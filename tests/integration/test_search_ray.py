@@ -232,6 +232,8 @@ def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick
     assert len(trials) == 3 and set(trials["status"]) == {"finished"}
     assert set(trials["strategy"]) == {"single"} and set(trials["workers"]) == {1}
     assert summary["interrupted"] is False and summary["trials_finished"] == 3
+    # the interrupted DPZero trial went on from its trajectory: no attempt started over
+    assert summary["restarts"] == 0 and set(trials["restarts"]) == {0}
 
     # every trial spends the same ε although steps differ; σ differs where steps differ
     for row in trials.itertuples():

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from privzo.algorithms.registry import writes_trajectory
 from privzo.config.run import RunConfig
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, finished_run, run
@@ -197,9 +198,13 @@ class _ToTune:
 
 
 def count_restart(config: RunConfig, trial_dir: Path) -> int:
-    """Count, before it is cleared, an unfinished attempt of the trial that this one starts
-    over from (one that cannot resume); returns the trial's count of such attempts."""
+    """Count, before it is cleared, an unfinished attempt of a trial without a trajectory that
+    this one starts over from; returns the trial's count of such attempts. A trial with a
+    trajectory starts over only when its attempt saved no window, and a window's scores and
+    metrics go out only once it is saved: that attempt released nothing."""
     count = restarts(trial_dir)
+    if writes_trajectory(config):
+        return count
     if holds_run(trial_dir) and starts_over(config, trial_dir):
         count += 1
         write_json_atomically(trial_dir / RESTARTS_FILE, {"restarts": count})

@@ -507,9 +507,11 @@ def test_a_trial_without_a_trajectory_counts_each_attempt_it_starts_over_from(
     assert restarts(trial_dir) == 1
     write_config(trial_dir, first_order)  # interrupted again
     assert count_restart(first_order, trial_dir) == 2 == restarts(trial_dir)
-    zeroth_order = tiny_run_config()  # goes on from its own trajectory: no attempt is lost
-    resumable = tmp_path / "resumable"
+    # a DPZero trial goes on from its trajectory, or, when it saved no window (released
+    # nothing), starts over: neither loses an attempt
+    zeroth_order, resumable = tiny_run_config(), tmp_path / "resumable"
     prepare_output_dir(resumable)
     write_config(resumable, zeroth_order)
+    assert count_restart(zeroth_order, resumable) == 0  # no window saved
     write_resume_point(resumable, ResumePoint("abc123", None))
     assert count_restart(zeroth_order, resumable) == 0 == restarts(resumable)
