@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from conftest import RAY_TEST_ENV, REPO, local_ray
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
+from privzo.search.tuner import tune_dir
 from privzo.tracking import find_runs, read_run
 
 pytestmark = pytest.mark.integration
@@ -517,7 +518,7 @@ def _wait_for_reports(output: Path, steps: list[int], seed: int) -> None:
 def _tune_reports(output: Path) -> list[dict]:
     """What Tune recorded of the trials' reports (every attempt's, from its result files)."""
     reports = []
-    for path in sorted((output / "tune").rglob("result.json")):
+    for path in sorted(tune_dir(output, private=True).rglob("result.json")):
         reports += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return reports
 

@@ -515,3 +515,18 @@ def test_a_trial_without_a_trajectory_counts_each_attempt_it_starts_over_from(
     assert count_restart(zeroth_order, resumable) == 0  # no window saved
     write_resume_point(resumable, ResumePoint("abc123", None))
     assert count_restart(zeroth_order, resumable) == 0 == restarts(resumable)
+
+
+def test_a_private_searchs_tune_experiment_is_kept_beside_its_directory(tmp_path):
+    """Tune names its state files after each session's start: a private search keeps them out
+    of its directory (one found inside is moved out), a non-private one inside."""
+    from privzo.search.tuner import tune_dir
+
+    output = tmp_path / "search"
+    assert tune_dir(output, private=False) == output / "tune"
+    (output / "tune" / "search").mkdir(parents=True)
+    (output / "tune" / "search" / "experiment_state-x.json").write_text("{}")
+    beside = tune_dir(output, private=True)
+    assert beside == tmp_path / "search.tune-state" and not (output / "tune").exists()
+    assert (beside / "search" / "experiment_state-x.json").read_text() == "{}"
+    assert tune_dir(output, private=True) == beside
