@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from conftest import RAY_TEST_ENV, REPO, local_ray
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
+from privzo.search.tuner import tune_dir
 from privzo.tracking import find_runs, read_run
 
 pytestmark = pytest.mark.integration
@@ -488,7 +489,7 @@ def _wait_for_reports(output: Path, steps: list[int], seed: int) -> None:
 def _tune_reports(output: Path) -> list[dict]:
     """What Tune recorded of the trials' reports (every attempt's, from its result files)."""
     reports = []
-    for path in sorted((output / "tune").rglob("result.json")):
+    for path in sorted(tune_dir(output, private=True).rglob("result.json")):
         reports += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return reports
 
@@ -565,6 +566,7 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     ray_with(worker_process_setup_hook=_pausing_trials(step, pid_file))
     summary = run_search(search, output, **options)  # it resumes
     assert summary["interrupted"] is False and summary["trials_finished"] == 1, f"seed {seed}"
+    assert summary["restarts"] == 0, f"seed {seed}: the trial resumed, it did not start over"
     trial = json.loads((trial_dir / "summary.json").read_text())
     assert trial["steps"] == RAY_STEPS and trial["resumed_steps"] == step, f"seed {seed}"
     rows = pq.read_table(trial_dir / "trajectory.parquet").to_pylist()

@@ -17,6 +17,7 @@ import pytest
 from conftest import RAY_TEST_ENV
 from privzo.privacy import compute_epsilon
 from privzo.search import load_search_config, plan_search
+from privzo.search.tuner import tune_dir
 from privzo.tracking import open_client
 
 # Margins for a loaded machine (2 cores shared by several jobs), not timings: Ray Train's worker
@@ -105,7 +106,9 @@ def _assert_tune_saw_scores(output: Path, trial_id: str, final_score: float) -> 
     """Tune's result.json for the trial: the window score at step 5 (sent by rank 0 of the
     Train workers) and the final one at step 10 (sent by the trial's driver)."""
     results = [
-        path for path in (output / "tune").rglob("result.json") if trial_id in path.parent.name
+        path
+        for path in tune_dir(output, private=True).rglob("result.json")
+        if trial_id in path.parent.name
     ]
     assert len(results) == 1, results
     lines = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()]

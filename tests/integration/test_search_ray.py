@@ -173,14 +173,26 @@ def test_main_job_quick_prints_arms_search_and_scaling_report(quick_demo):
 
 
 def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_demo):
-    """Tune's result.json, progress.csv and experiment states (one per Tune session: the
-    interrupted one and its resume) of the quick demo's private search (three trials) hold no
-    time_this_iter_s, time_total_s, time_since_restore, timestamp or date, its trials' starts
-    and last reports are at the public time and their folders' names carry no date."""
+    """The quick demo's private search directory holds no name or content that reads as the
+    wall clock: Tune's experiment, whose state files are named after each session's start, is
+    kept beside it. There, Tune's result.json, progress.csv and experiment states (one per Tune
+    session: the interrupted one and its resume; three trials) hold no time_this_iter_s,
+    time_total_s, time_since_restore, timestamp or date, its trials' starts and last reports
+    are at the public time and their folders' names carry no date."""
+    from privzo.search.tuner import tune_dir as tune_dir_of
     from privzo.search.withhold import TIMING_FIELDS
 
     output = quick_demo.output
-    tune_dir = output / "search" / "tune"
+    search = output / "search"
+    released = list(search.rglob("*"))
+    assert {"trials", "trials.parquet", "search_summary.json"} <= {p.name for p in released}
+    assert not (search / "tune").exists()
+    assert not [path for path in released if re.search(r"\d{4}-\d\d-\d\d", path.name)]
+    for path in released:
+        if path.is_file():
+            assert _clock_text(path) == [], path
+    tune_dir = tune_dir_of(search, private=True)
+    assert tune_dir.parent == search.parent
     results = [*tune_dir.rglob("result.json"), *tune_dir.rglob("progress.csv")]
     states = list(tune_dir.rglob("experiment_state-*.json"))  # trials' last results, metrics
     assert len(results) == 2 * 3 and len(states) == 2, list(tune_dir.rglob("*"))
@@ -210,6 +222,21 @@ def test_the_demos_private_trials_leave_no_timing_fields_in_tunes_records(quick_
         assert units == pytest.approx(round(units), abs=1e-6)
 
 
+def _clock_text(path: Path) -> list[str]:
+    """Today's and yesterday's dates (``YYYY-MM-DD``, the test's clock's) and 10- or 13-digit
+    numbers within a day of now (seconds or milliseconds) in a file's bytes."""
+    now = time.time()
+    text = path.read_bytes().decode("latin-1")
+    days = {
+        time.strftime("%Y-%m-%d", clock(moment))
+        for moment in (now - 86400, now)
+        for clock in (time.gmtime, time.localtime)
+    }
+    numbers = re.findall(r"(?<!\d)(\d{10}|\d{13})(?!\d)", text)
+    near = [n for n in numbers if now - 86400 <= float(n) / (1000 if len(n) == 13 else 1) <= now]
+    return [day for day in days if day in text] + near
+
+
 def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick_demo):
     """Ctrl+C in the demo's search, then the same command: the finished trials are not run
     again, the interrupted one is, and the records (trials table, summary, MLflow, the exported
@@ -232,6 +259,8 @@ def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick
     assert len(trials) == 3 and set(trials["status"]) == {"finished"}
     assert set(trials["strategy"]) == {"single"} and set(trials["workers"]) == {1}
     assert summary["interrupted"] is False and summary["trials_finished"] == 3
+    # the interrupted DPZero trial went on from its trajectory: no attempt started over
+    assert summary["restarts"] == 0 and set(trials["restarts"]) == {0}
 
     # every trial spends the same ε although steps differ; σ differs where steps differ
     for row in trials.itertuples():

@@ -72,12 +72,17 @@ def finished(output_dir: Path, config: RunConfig) -> RunSummary | None:
     return read_summary(Path(output_dir) / SUMMARY_FILE)
 
 
+def holds_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a run's records, finished or not."""
+    return any((Path(output_dir) / name).exists() for name in RUN_FILES)
+
+
 def holds_other_run(output_dir: Path, config: RunConfig) -> bool:
     """Whether ``output_dir`` holds a run's records, finished or not, of a config other than
     ``config``: released steps that a caller naming the directory itself (a study's cell, a
     demo arm) refuses to write over."""
     directory = Path(output_dir)
-    if not any((directory / name).exists() for name in RUN_FILES):
+    if not holds_run(directory):
         return False
     return not holds_configs(directory, {CONFIG_FILE: dump_config(config)})
 

@@ -51,18 +51,22 @@ class SearchPlan:
     def delta(self) -> float:
         return self.base.privacy.delta
 
-    def bounds(self, trials_run: int) -> dict[str, Any]:
-        """The search's guarantees for ``trials_run`` trials (see privzo.search.privacy)."""
+    def bounds(self, trials_run: int, restarts: int = 0) -> dict[str, Any]:
+        """The search's guarantees for ``trials_run`` trials and ``restarts`` attempts that
+        trials started over from (see privzo.search.privacy)."""
         if not self.private:
             return {"private": False}
         curve = worst_curve(self.events)
-        records = composition_epsilon(curve, trials_run, self.delta)
+        # an attempt started over released what any trial may (its scores, its records):
+        # the curve bounds it as it bounds a trial
+        attempts = trials_run + restarts
+        records = composition_epsilon(curve, attempts, self.delta)
         trials = self.search.trials
         export = None
         if trials.distribution == "geometric":
             assert trials.mean is not None
             export = repeat_and_select_epsilon(curve, trials.mean, self.delta)
-        delta = self.delta + self._truncation_delta(trials_run, records, export)
+        delta = self.delta + self._truncation_delta(attempts, records, export)
         bounds: dict[str, Any] = {
             "private": True,
             "per_trial_epsilon": self.base.privacy.epsilon,
@@ -81,10 +85,11 @@ class SearchPlan:
             "replace_one_delta": grouped.delta,
         }
         stored = (
-            f"composition of {trials_run} trials (RDP): the best trial and every record of "
-            f"the search together are ({records:.3g}, {delta:g})-DP under add/remove "
-            f"adjacency given the training set's size N, and ({grouped.epsilon:.3g}, "
-            f"{grouped.delta:.3g})-DP under replace-one adjacency, which also covers N"
+            f"composition of {trials_run} trials{_restarts_text(restarts)} (RDP): the best "
+            f"trial and every record of the search together are ({records:.3g}, {delta:g})-DP "
+            f"under add/remove adjacency given the training set's size N, and "
+            f"({grouped.epsilon:.3g}, {grouped.delta:.3g})-DP under replace-one adjacency, "
+            "which also covers N"
         )
         if export is None:
             bounds["guarantee"] = stored
@@ -98,12 +103,12 @@ class SearchPlan:
         )
         return bounds
 
-    def _truncation_delta(self, trials_run: int, records: float, export: float | None) -> float:
+    def _truncation_delta(self, attempts: int, records: float, export: float | None) -> float:
         """What truncating padded Poisson draws adds to the search's δ: the RDP curves bound
-        untruncated trials, and some trial truncates with chance at most (trials)·max P[a
+        untruncated trials, and some attempt truncates with chance at most (attempts)·max P[a
         trial truncates] (the mean trial count for the repeat-and-select export)."""
         exceed = max(event.exceed_probability for event in self.events)
-        added = delta_of_exceeding(trials_run * exceed, records)
+        added = delta_of_exceeding(attempts * exceed, records)
         if export is not None:
             mean = self.search.trials.mean
             assert mean is not None
@@ -122,6 +127,13 @@ class SearchPlan:
             f"{scale}/{selection.score_grid} = {scale / selection.score_grid:.6g} examples "
             "and accounted"
         )
+
+
+def _restarts_text(restarts: int) -> str:
+    if not restarts:
+        return ""
+    attempts = "attempt" if restarts == 1 else "attempts"
+    return f" and {restarts} earlier {attempts} of trials that started over"
 
 
 def check_clock_free_decisions(search: SearchConfig) -> None:

@@ -13,7 +13,7 @@ from privzo.rundir import read_json_object, write_atomically, write_json_atomica
 from privzo.search.plan import SearchPlan
 from privzo.search.ray_adapter import result_grid_trials
 from privzo.search.summary import SCORE, SearchBounds, SearchSummary, TrialRow
-from privzo.search.trial import TRIALS_DIR
+from privzo.search.trial import TRIALS_DIR, restarts
 from privzo.tracking import Tracker, end_runs, find_runs
 from privzo.tracking.tags import BEST_MODEL_URI
 
@@ -44,15 +44,17 @@ def record_search(
     stopped = {row["trial_id"] for row in rows if row["status"] == "stopped"}
     _close_stopped_children(tracker, plan, stopped)
     trials_run = sum(_started(row, output_dir) for row in rows)
+    restarted = sum(row["restarts"] for row in rows)
     best = best_trial(rows, plan.search.selection.mode)
     summary = SearchSummary(
         interrupted=any(row["status"] in UNFINISHED for row in rows),
         trials_run=trials_run,
         trials_finished=sum(row["status"] == "finished" for row in rows),
+        restarts=restarted,
         best_trial=best,
         space=list(plan.search.space),
         metric=next((row["metric"] for row in rows if row["metric"]), None),
-        bounds=SearchBounds(**plan.bounds(trials_run=trials_run)),
+        bounds=SearchBounds(**plan.bounds(trials_run=trials_run, restarts=restarted)),
         best_model_uri=best_model_uri(rows, best, plan),
         trials=rows,
     )
@@ -101,8 +103,8 @@ def _trial_row(
 ) -> TrialRow:
     """One trials.parquet row: the point, the trial's layout, the run's summary fields and how
     the trial ended."""
-    summary_path = output_dir / TRIALS_DIR / trial.trial_id / RUN_SUMMARY_FILE
-    summary = read_json_object(summary_path) or {}
+    trial_dir = output_dir / TRIALS_DIR / trial.trial_id
+    summary = read_json_object(trial_dir / RUN_SUMMARY_FILE) or {}
     row: TrialRow = {"trial_id": trial.trial_id, "status": _status(status, summary)}
     row.update(trial.config["point"])
     # the layout is not searchable: every trial runs the base's (and overrides') parallel keys
@@ -110,6 +112,7 @@ def _trial_row(
     row.update({"strategy": parallel.strategy, "workers": parallel.workers})
     row.update({key: summary.get(key) for key in _RUN_KEYS})
     row[SCORE] = summary.get(SCORE, (result.metrics or {}).get(SCORE))
+    row["restarts"] = restarts(trial_dir)
     return row
 
 
@@ -167,6 +170,7 @@ def log_search_parent(tracker: Tracker, summary: Mapping[str, Any], output_dir: 
     metrics = {
         "trials_run": summary["trials_run"],
         "trials_finished": summary["trials_finished"],
+        "restarts": summary.get("restarts"),
         "best_selection_score": best.get(SCORE),
         "best_metric_after": best.get("metric_after"),
         "end_to_end_epsilon": summary.get("end_to_end_epsilon"),

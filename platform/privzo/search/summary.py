@@ -50,6 +50,7 @@ class SearchSummary(RecordKeys):
     interrupted: bool
     trials_run: int
     trials_finished: int
+    restarts: int  # attempts of trials that started over (counted in the bounds like trials)
     best_trial: str | None
     space: list[str]
     metric: str | None
@@ -64,6 +65,7 @@ class SearchSummary(RecordKeys):
             "interrupted": self.interrupted,
             "trials_run": self.trials_run,
             "trials_finished": self.trials_finished,
+            "restarts": self.restarts,
             "best_trial": self.best_trial,
             "space": self.space,
             "metric": self.metric,

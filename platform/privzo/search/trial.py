@@ -8,7 +8,10 @@ scores come back in the run's summary and, for ASHA, to Tune as each window is s
 The trial function reads only its Tune config (no module globals, no environment): the search
 config, the point sampled from the space, and where to write. A trial whose directory already
 holds a finished run with the same config reports that run instead of training again, so a
-resumed search never re-runs finished work.
+resumed search never re-runs finished work. An interrupted trial that cannot resume (its
+algorithm keeps no trajectory) starts over, and the attempt it starts over from is counted in its
+directory's ``restarts.json``: what that attempt released stays released, so the search's bound
+composes it as one more trial.
 """
 
 from __future__ import annotations
@@ -17,9 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from privzo.algorithms.registry import writes_trajectory
+from privzo.config.run import RunConfig
 from privzo.privacy.discrete import discrete_gaussian, noise_units, unit_interval_units
 from privzo.run import RunContext, RunHooks, finished_run, run
-from privzo.rundir import RunSummary, can_resume, starts_over, unfinished_steps
+from privzo.rundir import (
+    RunSummary,
+    can_resume,
+    holds_run,
+    read_json_object,
+    starts_over,
+    unfinished_steps,
+    write_json_atomically,
+)
 from privzo.search.config import SearchConfig, base_run_config
 from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
@@ -27,6 +40,7 @@ from privzo.threads import use_threads
 from privzo.tracking.tags import run_label
 
 TRIALS_DIR = "trials"
+RESTARTS_FILE = "restarts.json"  # in a trial's directory, which starting over keeps
 
 
 class SelectionScorer:
@@ -112,6 +126,7 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
     if done is not None:
         tune.report(_report(done, done.extra.get(SCORE)))
         return
+    count_restart(config, output_dir)
     evaluate_every = search.scheduler.evaluate_every if search.scheduler.type == "asha" else None
     report = window_reporter(config.parallel.strategy) if evaluate_every else None
     resumes = can_resume(config, output_dir)  # any layout: a distributed trial's checkpoints too
@@ -180,6 +195,26 @@ class _ToTune:
         if ray.train.get_context().get_world_rank() == 0:  # the run's reporting rank
             # the callback reads only its metrics; Ray Train passes its run context first
             self.callback.after_report(None, [metrics], None)
+
+
+def count_restart(config: RunConfig, trial_dir: Path) -> int:
+    """Count, before it is cleared, an unfinished attempt of a trial without a trajectory that
+    this one starts over from; returns the trial's count of such attempts. A trial with a
+    trajectory starts over only when its attempt saved no window, and a window's scores and
+    metrics go out only once it is saved: that attempt released nothing."""
+    count = restarts(trial_dir)
+    if writes_trajectory(config):
+        return count
+    if holds_run(trial_dir) and starts_over(config, trial_dir):
+        count += 1
+        write_json_atomically(trial_dir / RESTARTS_FILE, {"restarts": count})
+    return count
+
+
+def restarts(trial_dir: Path) -> int:
+    """How many attempts of the trial in ``trial_dir`` were started over (0 if none)."""
+    record = read_json_object(Path(trial_dir) / RESTARTS_FILE) or {}
+    return int(record.get("restarts", 0))
 
 
 def _earlier_scores(done: int, steps: int, evaluate_every: int | None) -> int:

@@ -1,5 +1,12 @@
 """The search's Ray Tune experiment: the trainable, the parameter space, the searcher and
-scheduler, and where the trials write; created anew or restored from the search directory."""
+scheduler, and where the trials write; created anew or restored from where it is kept.
+
+Tune names its state files after each session's start (``experiment_state-<date>_<time>.json``,
+the searcher's beside it) and keeps clocks in them: the session's start and running time, the
+trials' storage timestamps, Ray's session folder, Optuna's trial start and end times. A private
+search's directory is a release, so Tune's experiment is kept beside it (``tune_dir``), as the
+operator's own, like the console; a non-private one keeps it inside.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from privzo.search.trial import run_trial
 
 TUNE_DIR = "tune"
 TUNE_NAME = "search"
+PRIVATE_TUNE_SUFFIX = ".tune-state"  # beside a private search's directory: DIR.tune-state
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,8 @@ def fit(
         tune.with_parameters(run_trial, setup=setup), resources.tune_spec()
     )
     param_space = {"point": tune_param_space(search)}
-    experiment = output_dir / TUNE_DIR / TUNE_NAME
+    storage = tune_dir(output_dir, plan.private)
+    experiment = storage / TUNE_NAME
     if tune.Tuner.can_restore(str(experiment)):
         tuner = tune.Tuner.restore(
             str(experiment), trainable=trainable, param_space=param_space, resume_errored=True
@@ -72,7 +81,7 @@ def fit(
             tune_config=_tune_config(plan),
             run_config=tune.RunConfig(
                 name=TUNE_NAME,
-                storage_path=str(output_dir / TUNE_DIR),
+                storage_path=str(storage),
                 verbose=1 if progress else 0,
                 failure_config=tune.FailureConfig(max_failures=0),
                 # Tune's result files, without its automatic TensorBoard logger (not installed);
@@ -81,6 +90,20 @@ def fit(
             ),
         )
     return tuner.fit()
+
+
+def tune_dir(output_dir: Path, private: bool) -> Path:
+    """Where Tune keeps a search's experiment: ``DIR/tune``, or for a private search
+    ``DIR.tune-state`` beside it (its state there from an earlier privzo is moved out first)."""
+    inside = output_dir / TUNE_DIR
+    if not private:
+        return inside
+    beside = output_dir.with_name(output_dir.name + PRIVATE_TUNE_SUFFIX)
+    if inside.is_dir() and not beside.exists():
+        import shutil
+
+        shutil.move(inside, beside)
+    return beside
 
 
 def _withheld(plan: SearchPlan) -> list[Any]:

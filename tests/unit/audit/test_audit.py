@@ -26,6 +26,7 @@ from privzo.cli import main
 from privzo.cli.audit import report_audit
 from privzo.config import ConfigError
 from privzo.tracking import open_client, read_run
+from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.zo.estimators import PrivateEstimator
 
 AUDIT_RUN = ("tracking.log_every=6", "tracking.experiment=audit-test", "eval_before=false")
@@ -78,6 +79,9 @@ def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_
     assert {AUDIT_FILE, "audit_scores.png"} <= artifacts
     parent = read_run(uri, record.audited_run_id)
     assert parent["status"] == "FINISHED" and parent["tags"]["privzo.audit"] == "true"
+    # the audit and its private run release no clock: both start and end at the public time
+    for logged in (child, parent):
+        assert logged["start_time"] == logged["end_time"] == PUBLIC_TIME_MS
 
 
 PUBLIC_SEED = 0  # the broken run's noise seed: the run's own logged seed

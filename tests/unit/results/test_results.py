@@ -99,10 +99,11 @@ def test_a_search_summary_writes_its_bounds_in_place():
     }
     rows = [{"trial_id": "t0", "status": "finished"}]
     summary = SearchSummary(
-        False, 1, 1, "t0", ["privacy.clip"], "accuracy", SearchBounds(**bounds), None, rows
+        False, 1, 1, 0, "t0", ["privacy.clip"], "accuracy", SearchBounds(**bounds), None, rows
     )
     written = summary.to_dict()
-    head = ["interrupted", "trials_run", "trials_finished", "best_trial", "space", "metric"]
+    head = ["interrupted", "trials_run", "trials_finished", "restarts", "best_trial", "space"]
+    head.append("metric")
     assert list(written) == [*head, *bounds, "best_model_uri", "trials"]
     assert summary.best_row() is rows[0] and summary["guarantee"] == "composition"
     geometric = SearchBounds(**bounds, best_export_epsilon=3.0).to_dict()

@@ -474,3 +474,59 @@ def test_score_releases_are_accounted_at_the_discrete_noise_ratio(make_search, c
         assert per_trial == pytest.approx(epsilon(event, scale / 1024), rel=1e-9)
         assert per_trial < epsilon(event, 5.3)
     assert "discrete Gaussian of std 5428/1024" in plan.bounds(4)["selection"]
+
+
+def test_an_attempt_a_trial_started_over_from_composes_like_a_trial(make_search, cache_dir):
+    """What a restarted trial's earlier attempt released (its scores) stays released: the
+    search's bound, its δ and its words count the attempt as one more trial."""
+    plan = plan_search(load_search_config(make_search()), cache_dir)
+    once, restarted, more = plan.bounds(3), plan.bounds(3, restarts=1), plan.bounds(4)
+    assert restarted["end_to_end_epsilon"] == more["end_to_end_epsilon"]
+    assert restarted["end_to_end_epsilon"] > once["end_to_end_epsilon"]
+    assert restarted["delta"] == more["delta"] > once["delta"]
+    words = "composition of 3 trials and 1 earlier attempt of trials that started over (RDP)"
+    assert words in restarted["guarantee"]
+    assert "earlier attempt" not in once["guarantee"]
+
+
+def test_a_trial_without_a_trajectory_counts_each_attempt_it_starts_over_from(
+    tmp_path, tiny_run_config
+):
+    """An interrupted dpsgd trial cannot resume: the attempt it starts over from is counted in
+    its directory, and starting over (which clears the run's records) keeps the count."""
+    from privzo.rundir import ResumePoint, prepare_output_dir, write_config, write_resume_point
+    from privzo.search.trial import count_restart, restarts
+
+    trial_dir = tmp_path / "trial"
+    first_order = tiny_run_config("optimizer.algorithm=dpsgd")
+    assert count_restart(first_order, trial_dir) == 0  # a first attempt: nothing before it
+    prepare_output_dir(trial_dir)
+    write_config(trial_dir, first_order)  # an attempt began, and was interrupted
+    assert count_restart(first_order, trial_dir) == 1
+    prepare_output_dir(trial_dir)  # the new attempt clears the old one's records
+    assert restarts(trial_dir) == 1
+    write_config(trial_dir, first_order)  # interrupted again
+    assert count_restart(first_order, trial_dir) == 2 == restarts(trial_dir)
+    # a DPZero trial goes on from its trajectory, or, when it saved no window (released
+    # nothing), starts over: neither loses an attempt
+    zeroth_order, resumable = tiny_run_config(), tmp_path / "resumable"
+    prepare_output_dir(resumable)
+    write_config(resumable, zeroth_order)
+    assert count_restart(zeroth_order, resumable) == 0  # no window saved
+    write_resume_point(resumable, ResumePoint("abc123", None))
+    assert count_restart(zeroth_order, resumable) == 0 == restarts(resumable)
+
+
+def test_a_private_searchs_tune_experiment_is_kept_beside_its_directory(tmp_path):
+    """Tune names its state files after each session's start: a private search keeps them out
+    of its directory (one found inside is moved out), a non-private one inside."""
+    from privzo.search.tuner import tune_dir
+
+    output = tmp_path / "search"
+    assert tune_dir(output, private=False) == output / "tune"
+    (output / "tune" / "search").mkdir(parents=True)
+    (output / "tune" / "search" / "experiment_state-x.json").write_text("{}")
+    beside = tune_dir(output, private=True)
+    assert beside == tmp_path / "search.tune-state" and not (output / "tune").exists()
+    assert (beside / "search" / "experiment_state-x.json").read_text() == "{}"
+    assert tune_dir(output, private=True) == beside

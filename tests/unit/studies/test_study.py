@@ -20,6 +20,7 @@ from privzo.run import TrainingLoop
 from privzo.studies import load_study_config, run_study
 from privzo.studies.cells import cell_config, expand_cells
 from privzo.tracking import make_tracker, open_client, read_run, read_table
+from privzo.tracking.clock import PUBLIC_TIME_MS
 
 # (model, parameters) × seed: (accuracy before, private after, non-private after)
 LOGGED = {
@@ -424,6 +425,15 @@ def test_audit_cells_run_after_the_cells_resume_and_fill_the_report(
     client = open_client(f"sqlite:///{output / 'mlflow.db'}")
     logged = {a.path for a in client.list_artifacts(second["parent_run_id"], "report")}
     assert {"report/audits.png", "report/audits.parquet"} <= logged  # the plot via log_figure
+    # a study of a private arm, its private cell and that cell's audit release no clock
+    private_runs = [
+        second["parent_run_id"],
+        records[done.parent.name]["tracking_run_id"],
+        records[done.parent.name]["audited_run_id"],
+    ]
+    for run_id in private_runs:
+        info = client.get_run(run_id).info
+        assert info.start_time == info.end_time == PUBLIC_TIME_MS, run_id
     report = (output / "report" / "report.md").read_text()
     assert "## Audited ε vs claimed ε" in report and "](audits.png)" in report
     section = report.split("## Audited ε vs claimed ε", 1)[1].splitlines()
