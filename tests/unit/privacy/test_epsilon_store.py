@@ -96,3 +96,17 @@ def test_an_unwritable_store_is_only_a_miss(tmp_path):
     memo.keep_in(blocked)  # neither readable nor writable as a directory
     assert memo.get(("x",), lambda: 5.0) == 5.0
     assert memo.get(("x",), _never("x")) == 5.0  # the process's memo still holds it
+
+
+def test_a_store_past_its_size_starts_over(tmp_path, monkeypatch):
+    from privzo.privacy.accountants import memo as memo_module
+
+    store = tmp_path / STORE_NAME
+    entry = json.dumps({"code": code_fingerprint(), "key": "('e',)", "epsilon": 6.0}) + "\n"
+    store.write_text(entry * 3)
+    monkeypatch.setattr(memo_module, "MAX_STORE_BYTES", 2 * len(entry))
+    memo = EpsilonMemo(16)
+    memo.keep_in(tmp_path)
+    assert not store.exists()  # read as empty, and removed
+    assert memo.get(("e",), lambda: 7.0) == 7.0  # evaluated anew, and stored again
+    assert len(store.read_text().splitlines()) == 1

@@ -22,6 +22,8 @@ from pathlib import Path
 __all__ = ["EPSILONS", "STORE_NAME", "EpsilonMemo", "code_fingerprint", "keep_epsilons_in"]
 
 STORE_NAME = "epsilons.jsonl"  # in the directory a caller names (the model cache's)
+# A store past this size starts over (about 60,000 entries): reading it stays well under a second
+MAX_STORE_BYTES = 8 * 2**20
 _LIBRARIES = ("dp-accounting", "numpy", "scipy", "mpmath")
 
 
@@ -98,6 +100,9 @@ class EpsilonMemo:
 
 def _read_store(store: Path, fingerprint: str) -> dict[str, float]:
     try:
+        if store.stat().st_size > MAX_STORE_BYTES:
+            store.unlink()
+            return {}
         lines = store.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         return {}
