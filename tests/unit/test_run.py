@@ -69,7 +69,7 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert record["status"] == "FINISHED"
     # the run's name says, in full and algorithm first, what tells it apart; its tags filter
     task, seed = config.task.name, config.seed
-    assert record["run_name"] == f"dpzero ε=3 tiny-opt {task} seed={seed}"
+    assert record["run_name"] == f"dpzero ε=3 tiny-opt seed={seed} {task}"
     for key, value in {"algorithm": "dpzero", "epsilon": "3", "model": "tiny-opt"}.items():
         assert record["tags"][f"privzo.{key}"] == value, key
     assert record["tags"]["privzo.seed"] == str(seed)
@@ -78,6 +78,8 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary.epsilon)
     assert record["metrics"]["final_replace_one_epsilon"] == pytest.approx(2 * summary.epsilon)
     assert record["metrics"]["final_accuracy_after"] == pytest.approx(scores["accuracy_after"])
+    # one value at step 0, which MLflow's chart view draws as a bar per run
+    assert [step for step, _ in record["history"]["final_accuracy_after"]] == [0]
     steps = [step for step, _ in record["history"]["epsilon_spent"]]
     assert steps == [5, 10, 12]
     epsilons = [value for _, value in record["history"]["epsilon_spent"]]

@@ -21,6 +21,7 @@ from privzo.analysis.plots import (
 from privzo.analysis.runs import load_audits, load_runs
 from privzo.analysis.tables import (
     audit_table,
+    cells_table,
     cost_table,
     frame_markdown,
     privacy_gap_table,
@@ -59,7 +60,8 @@ def build_report(
 
     With a ``tracker`` (the study's parent run) the report goes to it under ``artifact_dir``:
     the files as artifacts, the tables through ``log_table`` and the plots through
-    ``log_figure``, so the MLflow UI shows them as tables and images.
+    ``log_figure``, so the MLflow UI shows them as tables and images: ``cells.json`` is every
+    run side by side, ``scaling.json`` and ``scaling.png`` the comparison by model size.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +70,13 @@ def build_report(
     gap = privacy_gap_table(scaling)
     resources = resources_table(runs)
     cost = cost_table(runs)
-    tables = {"scaling": scaling, "privacy_gap": gap, "resources": resources, "cost": cost}
+    tables = {
+        "scaling": scaling,
+        "cells": cells_table(runs),
+        "privacy_gap": gap,
+        "resources": resources,
+        "cost": cost,
+    }
     for name, table in {"runs": runs, **tables}.items():
         pq.write_table(table, output_dir / f"{name}.parquet")
     figures = {

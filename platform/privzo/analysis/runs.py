@@ -26,6 +26,7 @@ _TAGS = {
     tags.CELL: "cell",
     tags.SEED: "seed",
 }
+RUN_NAME_TAG = "mlflow.runName"  # MLflow's own tag for the name the UI shows
 _METRICS = (
     "final_epsilon",
     "final_delta",
@@ -38,6 +39,7 @@ _METRICS = (
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
+        ("run_name", pa.string()),
         ("model", pa.string()),
         ("model_parameters", pa.int64()),
         ("task", pa.string()),
@@ -84,7 +86,7 @@ def _is_training_run(run: StoredRun, study: str | None) -> bool:
 
 def _row(run: StoredRun) -> dict[str, Any]:
     found, metrics, params = run.tags, run.metrics, run.params
-    row: dict[str, Any] = {"run_id": run.run_id}
+    row: dict[str, Any] = {"run_id": run.run_id, "run_name": found.get(RUN_NAME_TAG)}
     for tag, column in _TAGS.items():
         row[column] = found.get(tag)
     row["model_parameters"] = _int(row["model_parameters"])

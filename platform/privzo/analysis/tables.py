@@ -231,6 +231,34 @@ SAMPLER_MEANING = {
 }
 
 
+CELL_COLUMNS = [
+    "run_name",
+    "model",
+    "model_parameters",
+    "task",
+    "algorithm",
+    "epsilon_target",
+    "seed",
+    "steps",
+    "metric",
+    "metric_before",
+    "metric_after",
+    "epsilon",
+    "delta",
+    "run_id",
+]
+"""The per-run comparison's columns: what tells runs apart, then what each scored and spent.
+No time or memory figure: a private run's follow which records were sampled."""
+
+
+def cells_table(runs: pa.Table) -> pa.Table:
+    """One row per run (a study's cells side by side, seeds apart), smallest model first,
+    then by algorithm, budget and seed."""
+    keys = [("model_parameters", "ascending"), ("algorithm", "ascending")]
+    keys += [("epsilon_target", "ascending"), ("seed", "ascending")]
+    return runs.select(CELL_COLUMNS).sort_by(keys)
+
+
 def sampling_table(runs: pa.Table) -> pa.Table:
     """How each arm drew its batches: private arms Poisson, non-private baselines a seeded
     shuffle (a study sets it), so a baseline's score repeats from run to run."""

@@ -20,7 +20,7 @@ from privzo.run import finished_run, holds_other_run, run, starts_over
 from privzo.rundir import RunSummary
 from privzo.section import ConfigError
 from privzo.threads import threads_per_process, use_threads
-from privzo.tracking.store import ui_address
+from privzo.tracking.store import default_tracking_uri, ui_lines
 
 # Shipped inside the package (package data), so an installed privzo runs the demo anywhere; the
 # checkout's configs/ links to these files.
@@ -67,10 +67,8 @@ def run_demo(
             _run_scaling_study(output_dir / "scaling", cache_dir, config_dir / STUDY_CONFIG, quick)
     print(f"\ndemo: {time.perf_counter() - started:.0f} s in all ({cores} cores)")
     experiments = ["privzo-tiny"] if arms_only else DEMO_EXPERIMENTS
-    print(
-        f"\nMLflow records: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
-        f"\n(then open {ui_address()}: experiments {', '.join(map(repr, experiments))})"
-    )
+    command, *addresses = ui_lines(default_tracking_uri(output_dir), experiments)
+    print(f"\nMLflow records: {command}\nthen open each experiment's runs:", *addresses, sep="\n")
     return rows
 
 

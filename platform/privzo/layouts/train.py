@@ -38,6 +38,10 @@ from privzo.tracking import Tracker
 from privzo.tracking.tags import ADAPTER_URI
 from privzo.zo.trajectory import TrajectoryRecorder
 
+# One value per run: at step 0 MLflow's chart view draws each final metric as a bar per run, side
+# by side (at the last step, as the line chart of one point per run it draws for curves).
+FINAL_METRICS_STEP = 0
+
 logger = logging.getLogger(__name__)
 
 
@@ -125,7 +129,7 @@ def train_and_evaluate(
     if summary is None:
         return Trained(loop, recorder, None)
     summary.add(scores)
-    tracker.log_metrics(summary.final_metrics(), step=config.optimizer.steps)
+    tracker.log_metrics(summary.final_metrics(), step=FINAL_METRICS_STEP)
     return Trained(loop, recorder, summary)
 
 

@@ -77,7 +77,7 @@ def run(
     ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
     rows the run trains on). ``cluster`` says which Ray a distributed layout joins or starts
     (``privzo.distributed.cluster``; default: a new local one). ``run_name`` names the
-    MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, task, seed).
+    MLflow run when the config sets none (default: ``run_label``, algorithm, ε, model, seed, task).
     """
     output_dir = Path(output_dir).resolve()
     keep_epsilons_in(cache_dir)  # a rerun, a resume or a search's next trial calibrates anew

@@ -38,7 +38,13 @@ from privzo.studies.audits import (
 from privzo.studies.cells import Cell, check_cells, expand_cells
 from privzo.studies.config import ScalingStudyConfig
 from privzo.studies.summary import StudySummary
-from privzo.tracking import Tracker, connect_tracker, default_tracking_uri, make_tracker
+from privzo.tracking import (
+    Tracker,
+    connect_tracker,
+    default_tracking_uri,
+    make_tracker,
+    ui_lines,
+)
 
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
@@ -363,4 +369,7 @@ def _report(
         tracker=tracker,
         artifact_dir=REPORT_DIR,
     )
+    lines = ui_lines(tracking_uri, [experiment])
+    if lines:
+        echo("\n".join(["MLflow, the study's runs side by side:", *lines]))
     return str(report)

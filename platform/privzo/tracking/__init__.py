@@ -29,6 +29,8 @@ from privzo.tracking.store import (
     join_split_params,
     open_client,
     split_param,
+    ui_address,
+    ui_lines,
 )
 
 TRACKERS: dict[str, type[Tracker]] = {"mlflow": MlflowTracker, "none": NoopTracker}
@@ -93,6 +95,8 @@ __all__ = [
     "read_table",
     "set_run_tags",
     "split_param",
+    "ui_address",
+    "ui_lines",
 ]
 
 

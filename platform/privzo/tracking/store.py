@@ -33,6 +33,8 @@ __all__ = [
     "open_client",
     "split_param",
     "stamp_run_artifacts",
+    "ui_address",
+    "ui_lines",
 ]
 
 PARAM_VALUE_LIMIT = 6000
@@ -209,16 +211,44 @@ def open_client(uri: str) -> MlflowClient:
 
 
 # Earlier MLflow 3 UIs open an experiment in the view its kind tag names; later ones (3.17) open
-# the GenAI view unless the address asks for the classic one (CLASSIC_VIEW_QUERY). privzo's runs
-# are compared by metrics and tags: the classic view.
+# the GenAI view unless the address asks for the classic one (CLASSIC_VIEW_QUERY), and an
+# experiment reached from the list opens on GenAI's overview unless the browser remembers the
+# "Model training" switch. privzo's runs are compared by metrics and tags: the classic view.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_EXPERIMENT_KIND = "custom_model_development"
 CLASSIC_VIEW_QUERY = "workflowType=machine_learning"
+UI_HOST = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves by default."""
+# The UI nests child runs under their parent only while the table is sorted by creation time;
+# sorted by run name (which starts with the algorithm and ε), a study's cells and a search's
+# trials are rows of their own, side by side.
+RUNS_BY_NAME_QUERY = "orderByKey=tags.%60mlflow.runName%60&orderByAsc=true"
 
 
-def ui_address(host: str = "http://127.0.0.1:5000") -> str:
-    """The address of ``mlflow ui``'s experiment list in the classic view of runs and charts."""
-    return f"{host}/#/experiments?{CLASSIC_VIEW_QUERY}"
+def ui_address(host: str = UI_HOST, experiment_id: str | None = None) -> str:
+    """The address of ``mlflow ui``'s classic view of runs and charts: the experiment list, or
+    with ``experiment_id`` that experiment's runs table, its child runs flat (sorted by name)."""
+    if experiment_id is None:
+        return f"{host}/#/experiments?{CLASSIC_VIEW_QUERY}"
+    return f"{host}/#/experiments/{experiment_id}/runs?{CLASSIC_VIEW_QUERY}&{RUNS_BY_NAME_QUERY}"
+
+
+def ui_lines(uri: str, experiments: list[str]) -> list[str]:
+    """How to open ``experiments`` of the store ``uri`` in the MLflow UI: the ``mlflow ui``
+    command for a local store (a tracking server serves its UI itself), then each existing
+    experiment's runs address (see :func:`ui_address`); nothing for a hosted store."""
+    if uri.startswith(("http://", "https://")):
+        host, lines = uri.rstrip("/"), []
+    elif is_local_store(uri):
+        host, lines = UI_HOST, [f"mlflow ui --backend-store-uri {uri}"]
+    else:
+        return []  # Databricks: its workspace has its own addresses
+    client = open_client(uri)
+    for name in experiments:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            lines.append(f"  {name}: {ui_address(host, experiment.experiment_id)}")
+    return lines
 
 
 def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:

@@ -47,12 +47,13 @@ def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
 
 def run_label(config: RunConfig) -> str:
     """The run's default MLflow name, in full: algorithm and ε first (what runs are told apart
-    by, and what a narrow name column keeps), then the model, the task and the seed."""
+    by, and what a narrow name column keeps), then the model and the seed (what a study's cells
+    differ in), then the task (often one name, and long, for all of them)."""
     optimizer = config.optimizer
     budget = f"ε={config.privacy.epsilon:g}" if optimizer.is_private else "non-private"
     return (
-        f"{optimizer.algorithm} {budget} {config.model.name_or_path} {config.task.name} "
-        f"seed={config.seed}"
+        f"{optimizer.algorithm} {budget} {config.model.name_or_path} seed={config.seed} "
+        f"{config.task.name}"
     )
 
 

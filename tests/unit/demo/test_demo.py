@@ -13,7 +13,7 @@ import yaml
 from privzo.config import ConfigError
 from privzo.demo import ARMS, run_demo
 from privzo.run import TrainingLoop
-from privzo.tracking import open_client, read_run
+from privzo.tracking import open_client, read_run, ui_address
 
 STEPS = 6
 
@@ -34,7 +34,7 @@ def _arm_configs(directory, sentiment_files):
 
 
 def test_an_interrupted_arm_resumes_into_its_mlflow_run(
-    tmp_path, sentiment_files, cache_dir, monkeypatch
+    tmp_path, sentiment_files, cache_dir, monkeypatch, capsys
 ):
     config_dir = _arm_configs(tmp_path, sentiment_files)
     output = tmp_path / "demo"
@@ -68,6 +68,9 @@ def test_an_interrupted_arm_resumes_into_its_mlflow_run(
     experiment = client.get_experiment_by_name("privzo-tiny").experiment_id
     runs = client.search_runs([experiment])
     assert sorted(run.info.status for run in runs) == ["FINISHED", "FINISHED"]  # one per arm
+    printed = capsys.readouterr().out  # the experiment's runs, in the UI's classic view
+    assert f"mlflow ui --backend-store-uri {uri}" in printed
+    assert f"  privzo-tiny: {ui_address(experiment_id=experiment)}" in printed
     private = next(row for row in rows if row.method == "DPZero (private)")
     assert private.steps == STEPS and private.epsilon == summary["epsilon"]
 

@@ -19,7 +19,7 @@ from privzo.config import ConfigError
 from privzo.run import TrainingLoop
 from privzo.studies import load_study_config, run_study
 from privzo.studies.cells import cell_config, expand_cells
-from privzo.tracking import make_tracker, open_client, read_run, read_table
+from privzo.tracking import make_tracker, open_client, read_run, read_table, ui_address
 from privzo.tracking.clock import PUBLIC_TIME_MS
 
 # (model, parameters) × seed: (accuracy before, private after, non-private after)
@@ -116,10 +116,26 @@ def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
         assert f"]({name})" in text
         assert f"report/{name}" in logged["artifacts"]  # through log_figure
     assert "report/report.md" in logged["artifacts"]
-    for name in ("scaling", "privacy_gap", "resources", "sampling"):
+    for name in ("scaling", "cells", "privacy_gap", "resources", "sampling"):
         assert {"path": f"report/{name}.json", "type": "table"} in json.loads(
             logged["tags"]["mlflow.loggedArtifacts"]
         )
+    cells = read_table(uri, tracker.run_id, "report/cells.json")  # every run, side by side
+    assert not [c for c in cells.columns if "time" in c or "memory" in c]  # no side channel
+    expected = sorted(
+        (size, algorithm, seed, values[0], values[1 if algorithm == "dpzero" else 2])
+        for (_, size), seeds in LOGGED.items()
+        for seed, values in seeds.items()
+        for algorithm in ("dpzero", "mezo")
+    )
+    assert [
+        (r.model_parameters, r.algorithm, r.seed, r.metric_before, r.metric_after)
+        for r in cells.itertuples()
+    ] == expected
+    names = {run["run_id"]: run["run_name"] for run in runs.to_pylist()}
+    assert [names[run_id] for run_id in cells["run_id"]] == [
+        read_run(uri, run_id)["run_name"] for run_id in cells["run_id"]
+    ]
     logged_scaling = read_table(uri, tracker.run_id, "report/scaling.json")
     pd.testing.assert_frame_equal(
         logged_scaling,
@@ -189,7 +205,8 @@ def test_study_resumed_reruns_nothing_finished_and_reports(
         "tiny-opt-task-mezo-nonprivate-seed0",
     ]
     output = tmp_path / "study"
-    options = {"cache_dir": cache_dir, "progress": False, "echo": lambda _: None}
+    echoed: list[str] = []
+    options = {"cache_dir": cache_dir, "progress": False, "echo": echoed.append}
     first = run_study(study, output, max_cells=1, **options)  # stops after one cell
     assert first["complete"] is False and first["cells_finished"] == 1
     done = output / "cells" / "tiny-opt-task-dpzero-eps2-seed0" / "summary.json"
@@ -218,6 +235,11 @@ def test_study_resumed_reruns_nothing_finished_and_reports(
 
     client = open_client(f"sqlite:///{output / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny").experiment_id
+    # the complete study says how to see its cells side by side in the MLflow UI
+    assert (
+        f"mlflow ui --backend-store-uri {uri}\n  tiny: {ui_address(experiment_id=experiment)}"
+        in (echoed[-1])
+    )
     children = client.search_runs(
         [experiment], filter_string=f"tags.mlflow.parentRunId = '{first['parent_run_id']}'"
     )
