@@ -26,8 +26,9 @@ from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.config import ParallelConfig
 from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
-from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
+from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.rundir.summary import RunRecords
+from privzo.rundir.trajectory import write_trajectory
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
@@ -415,4 +416,4 @@ def _keep_checkpointed_steps(run_path: str, output_dir: Path) -> None:
         return
     with checkpoint.as_directory() as directory:
         kept = (Path(directory) / TRAJECTORY_FILE).read_bytes()
-    write_atomically(output_dir / TRAJECTORY_FILE, kept)
+    write_trajectory(output_dir, kept)

@@ -17,9 +17,7 @@ from privzo.rundir.files import (
     RESUME_FILE,
     RUN_FILES,
     SUMMARY_FILE,
-    TRAJECTORY_FILE,
     read_json_object,
-    write_atomically,
     write_json_atomically,
     write_text_atomically,
 )
@@ -30,6 +28,7 @@ from privzo.rundir.resume import (
     write_resume_point,
 )
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
+from privzo.rundir.trajectory import write_trajectory
 
 
 def write_config(output_dir: Path, config: RunConfig) -> None:
@@ -44,7 +43,7 @@ def write_records(output_dir: Path, records: RunRecords) -> None:
     until ``mark_tracked``: a run killed after its summary but before its tracking run is final
     is found by ``untracked`` and completed by the same command, not trained again."""
     if records.trajectory is not None:
-        write_atomically(output_dir / TRAJECTORY_FILE, records.trajectory)
+        write_trajectory(output_dir, records.trajectory)
     write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
     if not (output_dir / RESUME_FILE).is_file():
         write_resume_point(output_dir, ResumePoint(records.summary.tracking_run_id, None))

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import json
+import stat
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from privzo.rundir import (
     CONFIG_FILE,
     SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    TRAJECTORY_KEY_FILE,
     RunSummary,
     finished,
     finished_record,
+    prepare_output_dir,
+    read_run_trajectory,
     write_config,
     write_summary,
     write_text_atomically,
+    write_trajectory,
 )
+from privzo.zo.directions import step_seed
+from privzo.zo.step import StepRecord
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, read_trajectory
 
 SUMMARY = {
     "model": "tiny-opt",
@@ -184,3 +195,60 @@ def test_a_caller_naming_the_directory_resumes_starts_over_or_keeps_another_run(
     (directory / CONFIG_FILE).unlink()
     write_summary(directory / SUMMARY_FILE, RunSummary.from_dict(SUMMARY))
     assert holds_other_run(directory, config)  # records without their config are no one's
+
+
+def _trajectory(gradients: list[float], perturbation_scale: float = 1e-3) -> bytes:
+    """A trajectory file's bytes, its plain checksums made by the recorder (as an editor who
+    recomputes them would make them)."""
+    meta = TrajectoryMeta(
+        perturbation_scale, "gaussian", "cpu", "full", {}, 0, "q", "float32", "inplace"
+    )
+    recorder = TrajectoryRecorder(meta, release_batch_size=True)
+    for step, gradient in enumerate(gradients):
+        recorder.append(StepRecord(step, step_seed(0, step), gradient, 0.01, 1, 1.0, 0, 0.0))
+    return recorder.to_bytes()
+
+
+def test_a_run_directory_keeps_its_trajectory_key_to_itself(tmp_path):
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2]))
+    key = tmp_path / TRAJECTORY_KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) & 0o077 == 0  # the owner's alone
+    first = key.read_bytes()
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2, 0.3]))  # the next window: the same key
+    assert key.read_bytes() == first and len(first) == 32
+    table, _meta = read_run_trajectory(tmp_path / TRAJECTORY_FILE)
+    assert table.column("projected_gradient").to_pylist() == [0.1, 0.2, 0.3]
+    prepare_output_dir(tmp_path)  # a run started over draws a key of its own
+    assert not key.exists()
+
+
+@pytest.mark.parametrize(
+    "edited",
+    [
+        _trajectory([0.1, 0.25]),  # a row changed
+        _trajectory([0.1, 0.2], perturbation_scale=1.001e-3),  # the metadata changed
+    ],
+    ids=["row", "metadata"],
+)
+def test_an_edit_with_its_checksums_recomputed_fails_the_run_key(tmp_path, edited):
+    """Whoever edits a released copy can recompute the plain checksums, and can copy the keyed
+    one over, but cannot make the keyed one without the run directory's key."""
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2]))
+    path = tmp_path / TRAJECTORY_FILE
+    written = pq.read_table(path).schema.metadata
+    table = pq.read_table(pa.BufferReader(edited))
+    keyed = {k: v for k, v in written.items() if k == b"privzo.checksum.keyed"}
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, **keyed}), path)
+    read_trajectory(path)  # the plain checksums pass: they were recomputed
+    with pytest.raises(ValueError, match="fails the keyed checksum of its run directory's key"):
+        read_run_trajectory(path)
+    path.write_bytes(edited)  # the keyed checksum dropped
+    with pytest.raises(ValueError, match="has no keyed checksum"):
+        read_run_trajectory(path)
+
+
+def test_a_trajectory_without_a_key_beside_it_reads_with_the_plain_checks(tmp_path):
+    """A released copy, or a run directory from before keyed checksums, replays as before."""
+    (tmp_path / TRAJECTORY_FILE).write_bytes(_trajectory([0.1, 0.2]))
+    table, _meta = read_run_trajectory(tmp_path / TRAJECTORY_FILE)
+    assert table.num_rows == 2
