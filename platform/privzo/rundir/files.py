@@ -87,8 +87,8 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
             ""
             if SUMMARY_FILE in existing
             else (
-                " of another config, or one that cannot resume (only zeroth-order runs of the "
-                "same config resume)"
+                " of another config, or one that kept what it cannot go on from (a first-order "
+                "run's weights without its summary)"
             )
         )
         raise ConfigError(

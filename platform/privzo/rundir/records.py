@@ -9,14 +9,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.rundir.files import (
     CONFIG_FILE,
+    MODEL_DIR,
     PRIVACY_FILE,
+    RAY_STATE_DIR,
     RESUME_FILE,
     RUN_FILES,
     SUMMARY_FILE,
+    TRAJECTORY_FILE,
     read_json_object,
     write_json_atomically,
     write_text_atomically,
@@ -79,6 +85,29 @@ def holds_other_run(output_dir: Path, config: RunConfig) -> bool:
     if not any((directory / name).exists() for name in RUN_FILES):
         return False
     return not holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def released_nothing(output_dir: Path, config: RunConfig) -> bool:
+    """Whether ``output_dir`` holds an attempt at exactly ``config`` that stopped before it kept
+    any step: while loading, before its first step (its trajectory, if written, has no row), or
+    a run that keeps no trajectory (a first-order baseline) before its end, whose noised steps
+    never left the process. Starting it again draws no kept step twice."""
+    directory = Path(output_dir)
+    if any((directory / name).exists() for name in (SUMMARY_FILE, RESUME_FILE, MODEL_DIR)):
+        return False
+    if (directory / RAY_STATE_DIR).exists() or _kept_rows(directory / TRAJECTORY_FILE) != 0:
+        return False
+    return holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def _kept_rows(trajectory: Path) -> int | None:
+    """The rows of a trajectory file (0: none there); None where it cannot be read."""
+    if not trajectory.exists():
+        return 0
+    try:
+        return pq.read_metadata(trajectory).num_rows
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def starts_over(config: RunConfig, output_dir: Path) -> bool:

@@ -252,3 +252,23 @@ def test_a_trajectory_without_a_key_beside_it_reads_with_the_plain_checks(tmp_pa
     (tmp_path / TRAJECTORY_FILE).write_bytes(_trajectory([0.1, 0.2]))
     table, _meta = read_run_trajectory(tmp_path / TRAJECTORY_FILE)
     assert table.num_rows == 2
+
+
+def test_an_attempt_that_kept_no_step_is_started_again(run_dir, tiny_run_config):
+    """Its config alone, or a trajectory with no row: nothing to draw twice. A kept row, a
+    resume point, weights or another config's file keep the directory as it is."""
+    from privzo.rundir import ResumePoint, released_nothing, write_resume_point
+
+    directory, config = run_dir
+    assert released_nothing(directory, config)
+    assert not released_nothing(directory, tiny_run_config("seed=7"))
+    write_trajectory(directory, _trajectory([]))  # written as it stopped before step 0
+    assert released_nothing(directory, config)
+    write_trajectory(directory, _trajectory([0.1]))
+    assert not released_nothing(directory, config)
+    write_trajectory(directory, _trajectory([]))
+    (directory / "model").mkdir()  # a first-order run's weights, saved before its summary
+    assert not released_nothing(directory, config)
+    (directory / "model").rmdir()
+    write_resume_point(directory, ResumePoint("abc123", None))
+    assert not released_nothing(directory, config)
