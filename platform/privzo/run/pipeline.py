@@ -140,8 +140,8 @@ def _starts_again(config: RunConfig, output_dir: Path) -> bool:
     if not released_nothing(output_dir, config):
         return False
     logger.warning(
-        "the earlier attempt in %s stopped before it kept any step (its MLflow run stays "
-        "KILLED): the run starts again from step 0",
+        "the earlier attempt in %s stopped before it kept any step (its MLflow run stays as "
+        "it ended): the run starts again from step 0",
         output_dir,
     )
     return True

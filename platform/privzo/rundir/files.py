@@ -7,6 +7,7 @@ that a later command would read as a finished record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,15 +30,25 @@ RAY_STATE_DIR = "ray"  # a distributed run's Ray Train state and checkpoints (de
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
     """Write, flush to disk, then rename: a kill or a crash mid-write leaves the previous file
-    whole. ``mode`` (less the umask) is the file's from its creation on (0o600: a secret)."""
+    whole. ``mode`` (less the umask) is the file's from its creation on (0o600: a secret). A
+    write that fails (a full disk) removes its temporary file and names the record it was."""
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.unlink(missing_ok=True)  # a kill's leftover keeps its mode on open
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    with open(os.open(temporary, flags, mode), "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        temporary.unlink(missing_ok=True)  # a kill's leftover keeps its mode on open
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        with open(os.open(temporary, flags, mode), "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise OSError(
+            error.errno,
+            f"cannot write {str(path)!r} ({error.strerror}); the file is left as it was: "
+            "free space or fix the directory, then run the same command again",
+        ) from None
 
 
 def write_text_atomically(path: Path, text: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
 import stat
 
 import pyarrow as pa
@@ -19,6 +21,7 @@ from privzo.rundir import (
     finished_record,
     prepare_output_dir,
     read_run_trajectory,
+    write_atomically,
     write_config,
     write_summary,
     write_text_atomically,
@@ -122,6 +125,24 @@ def test_an_atomic_write_leaves_no_temporary_file(tmp_path):
     write_text_atomically(tmp_path / "x.json", "second")
     assert [path.name for path in tmp_path.iterdir()] == ["x.json"]
     assert (tmp_path / "x.json").read_text() == "second"
+
+
+def test_a_write_the_file_system_refuses_names_the_file_and_keeps_the_old_one(tmp_path):
+    """A file size limit fails the write as a full disk does (an OSError from write); the
+    error names the record, the previous version stays whole and no temporary is left."""
+    path = tmp_path / "trajectory.parquet"
+    write_atomically(path, b"kept")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limits[1]))
+        with pytest.raises(OSError, match=r"cannot write '.*trajectory\.parquet' \(File too"):
+            write_atomically(path, b"x" * 1_000_000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert path.read_bytes() == b"kept"
+    assert [entry.name for entry in tmp_path.iterdir()] == ["trajectory.parquet"]
 
 
 @pytest.mark.parametrize(
