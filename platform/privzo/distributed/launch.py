@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from privzo.config.run import RunConfig
-from privzo.distributed.cluster import RayCluster, RayTarget, connect_ray
+from privzo.distributed.cluster import (
+    RayCluster,
+    RayFailedError,
+    RayTarget,
+    connect_ray,
+    error_line,
+)
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
@@ -332,6 +338,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
         ScalingConfig,
     )
     from ray.train.v2.api.config import RunConfig as RayRunConfig
+    from ray.train.v2.api.exceptions import TrainingFailedError
     from ray.train.v2.api.result import Result
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
@@ -366,6 +373,9 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     )
     try:
         result = trainer.fit()
+    except TrainingFailedError as error:
+        _keep_checkpointed_steps(run_path, output_dir)
+        raise _training_failed(error, parallel.max_failures, output_dir) from None
     except Exception:
         _keep_checkpointed_steps(run_path, output_dir)
         raise
@@ -375,6 +385,22 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     assert records is not None, "rank 0 returns the run's summary and trajectory"
     remove_uncommitted(run_path, committed(run_path).registered)  # only Ray's newest stay
     return records
+
+
+def _training_failed(error: Exception, max_failures: int, output_dir: Path) -> RayFailedError:
+    """Ray Train's failure (a worker lost or raising, beyond ``max_failures`` restarts) as one
+    line: what failed first and how the run goes on."""
+    failures = getattr(error, "worker_failures", None) or {}
+    if failures:
+        rank, cause = min(failures.items())
+        what = f"worker {rank}: {error_line(cause)}"
+    else:
+        what = error_line(error)
+    return RayFailedError(
+        f"the distributed run failed after {max_failures} worker restarts ({what}); "
+        f"{output_dir} keeps the steps of its newest checkpoint: the same command resumes from "
+        "them (a higher parallel.max_failures lets Ray restart lost workers within the run)"
+    )
 
 
 def _resume_from(run_path: str, output_dir: Path) -> bytes | None:
