@@ -34,7 +34,7 @@ from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
 from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.rundir.summary import RunRecords
-from privzo.rundir.trajectory import write_trajectory
+from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
@@ -411,6 +411,7 @@ def _resume_from(run_path: str, output_dir: Path) -> bytes | None:
     remove_uncommitted(run_path, newest.registered)
     salvaged = output_dir / TRAJECTORY_FILE
     if salvaged_rows(salvaged) > newest.steps:
+        read_run_trajectory(salvaged)  # checked as a single run's resume checks it: its key
         return salvaged.read_bytes()
     return None
 
