@@ -20,11 +20,12 @@ from privzo.models.loading import (
     resolve_device,
     save_weights,
 )
+from privzo.rundir.trajectory import read_run_trajectory
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.integrity import check_fingerprint, rounding_rtol, weights_fingerprint
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import full_shards
-from privzo.zo.trajectory import TrajectoryMeta, read_trajectory, replay_steps
+from privzo.zo.trajectory import TrajectoryMeta, replay_steps
 
 
 @dataclass
@@ -74,7 +75,7 @@ def prepare_replay(
 ) -> ReplaySetup:
     """Load the base with the view and directions the trajectory was trained with (an auditor
     steps through it with ``replay_steps(..., at_perturbed=...)``)."""
-    table, meta = read_trajectory(trajectory_path)
+    table, meta = read_run_trajectory(trajectory_path)  # with its run's key, where it is beside
     model_config = ModelConfig.model_validate(
         {
             "name_or_path": base,

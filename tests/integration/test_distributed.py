@@ -433,6 +433,9 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
     thread.join(timeout=RUN_LIMIT_S)
     assert not thread.is_alive(), "the failed run did not end in 600 s"
     assert "summary" not in outcome and "error" in outcome
+    # privzo's one line (the CLI prints an OSError so), naming the way on
+    assert isinstance(outcome["error"], OSError), repr(outcome["error"])
+    assert "the same command resumes" in str(outcome["error"])
     assert not (output / "summary.json").exists()
     kept = pq.read_table(output / "trajectory.parquet").to_pandas()
     # the newest checkpoint Ray registered (read through Result.from_path, as a resumed attempt

@@ -149,6 +149,35 @@ def test_a_run_stopped_inside_its_first_window_resumes(
     assert json.loads((output / "privacy.json").read_text())["steps_accounted"] == STEPS
 
 
+@pytest.mark.parametrize(
+    "algorithm", ["dpzero", "dpsgd"], ids=["before-its-first-step", "first-order"]
+)
+def test_a_run_that_kept_no_step_starts_again_under_the_same_command(
+    tmp_path, tiny_run_config, cache_dir, monkeypatch, caplog, algorithm
+):
+    """DPZero stopped before its first step, DP-SGD after a window (it keeps no trajectory and
+    released no noised value): the same command starts the run again and finishes it."""
+
+    def stop_before_the_loop(_self, *_args, **_kwargs):
+        raise KeyboardInterrupt  # as Ctrl+C while the model loads or evaluates
+
+    config = tiny_run_config(*RESUMED_RUN, f"optimizer.algorithm={algorithm}")
+    output = tmp_path / "dp"
+    if algorithm == "dpzero":
+        monkeypatch.setattr(TrainingLoop, "run", stop_before_the_loop)
+    hooks = _stop_after(5) if algorithm == "dpsgd" else None
+    with pytest.raises(KeyboardInterrupt):
+        run(config, output, cache_dir=cache_dir, progress=False, hooks=hooks)
+    monkeypatch.undo()
+    assert not can_resume(config, output)
+    with caplog.at_level("WARNING", logger="privzo.run.pipeline"):
+        summary = run(config, output, cache_dir=cache_dir, progress=False)
+    assert "stopped before it kept any step" in caplog.text
+    assert summary["steps"] == STEPS and summary["resumed_steps"] == 0
+    record = read_run(f"sqlite:///{tmp_path / 'mlflow.db'}", summary.tracking_run_id)
+    assert record["status"] == "FINISHED"
+
+
 def test_a_run_killed_after_its_summary_has_its_tracking_run_ended(
     tmp_path, tiny_run_config, cache_dir
 ):

@@ -17,6 +17,7 @@ from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.privacy.plan import make_sampler
 from privzo.replay import replay
 from privzo.run import RESOURCE_FIGURES, plan_privacy, run
+from privzo.rundir import read_run_trajectory
 from privzo.tracking import open_client, read_run
 
 
@@ -96,6 +97,9 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     assert summary.nonfinite_differences is None and summary.empty_batches is None
     run_files = {"summary.json", "trajectory.parquet", "config.yaml", "privacy.json"}
     assert run_files <= set(record["artifacts"])
+    # the trajectory's key stays in the directory; the file there passes its keyed checksum
+    assert "trajectory.key" not in record["artifacts"] and (output / "trajectory.key").is_file()
+    assert read_run_trajectory(output / "trajectory.parquet")[0].num_rows == 12
     assert "tracking.uri" not in record["params"]
     released = [
         *record["params"].values(),

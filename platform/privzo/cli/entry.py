@@ -29,8 +29,9 @@ EPILOG = """examples:
 exit codes:
   0    success
   1    privzo bench kernels: a check failed; any command: an unexpected error (a traceback)
-  2    a usage or config error, a run refused by its checks, or a file that cannot be
-       read or written (the reason on stderr)
+  2    a usage or config error, a run refused by its checks, a file that cannot be
+       read or written (a full disk), or a Ray that did not start or lost a worker
+       (the reason on stderr)
   3    privzo study --max-cells: cells remain (the same command continues)
   4    privzo audit, privzo study: PRIVACY VIOLATED (the audit's lower bound exceeds the
        claimed ε)

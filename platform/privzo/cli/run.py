@@ -112,8 +112,9 @@ def print_data_lines(checked: Preflight) -> None:
 def interrupted_line(output_dir: Path) -> str:
     return (
         f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
-        "keeps the steps made so far: the same command resumes a zeroth-order run from there, "
-        "--overwrite starts over"
+        "keeps the steps made so far: the same command resumes a zeroth-order run from there "
+        "and starts a run that kept none (a first-order run keeps none) again; --overwrite "
+        "starts over"
     )
 
 

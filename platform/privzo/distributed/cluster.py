@@ -20,6 +20,17 @@ from privzo.section import ConfigError
 ADDRESS_FILE = Path("ray") / "ray_current_cluster"
 
 
+class RayFailedError(OSError):
+    """Ray did not start, or lost a worker the run allowed no restart for: the machine, not the
+    config; the message says what to do. An OSError, so the CLI prints it in one line."""
+
+
+def error_line(error: BaseException) -> str:
+    """An error's type and the first line of its message (Ray's run to tracebacks)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
 def address_file_under(temp_root: str | Path) -> Path:
     """The address file of the Ray whose temp root is ``temp_root`` (``RAY_TMPDIR``, else
     ``TMPDIR`` on Linux, else ``/tmp``: Ray's own order)."""
@@ -109,8 +120,23 @@ def connect_ray(
                 f"--address, or pass --address local for a new local Ray ({error})"
             ) from None
     else:  # "local": Ray neither reads RAY_ADDRESS nor joins a `ray start` head
-        ray.init(address="local", num_cpus=num_cpus, **options)
+        _start_local_ray(num_cpus, options)
     return RayCluster(choice, _cpus())
+
+
+def _start_local_ray(num_cpus: int | None, options: dict[str, Any]) -> None:
+    """``ray.init`` of a new local Ray; its start failing (its processes not up in time on a
+    loaded machine, no room for its session files) is one line saying what to do."""
+    import ray
+
+    try:
+        ray.init(address="local", num_cpus=num_cpus, **options)
+    except Exception as error:  # Ray raises several types, none of them its own
+        raise RayFailedError(
+            f"a local Ray did not start ({error_line(error)}); nothing was "
+            "written: run the same command again (a loaded machine can delay Ray's processes), "
+            "or start Ray yourself (`ray start --head`) and pass --address"
+        ) from None
 
 
 def _cpus() -> float:

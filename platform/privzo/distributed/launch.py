@@ -19,15 +19,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from privzo.config.run import RunConfig
-from privzo.distributed.cluster import RayCluster, RayTarget, connect_ray
+from privzo.distributed.cluster import (
+    RayCluster,
+    RayFailedError,
+    RayTarget,
+    connect_ray,
+    error_line,
+)
 from privzo.distributed.console import WORKER_SETUP_HOOK
 from privzo.distributed.resume import committed, ray_run_path, remove_uncommitted, salvaged_rows
 from privzo.distributed.storage import alive_nodes, check_cluster_storage
 from privzo.layouts.config import ParallelConfig
 from privzo.layouts.context import RunHooks
 from privzo.models.loading import pretrained_kwargs, resolve_source
-from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE, write_atomically
+from privzo.rundir.files import RAY_STATE_DIR, TRAJECTORY_FILE
 from privzo.rundir.summary import RunRecords
+from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
@@ -331,6 +338,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
         ScalingConfig,
     )
     from ray.train.v2.api.config import RunConfig as RayRunConfig
+    from ray.train.v2.api.exceptions import TrainingFailedError
     from ray.train.v2.api.result import Result
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
@@ -365,6 +373,9 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     )
     try:
         result = trainer.fit()
+    except TrainingFailedError as error:
+        _keep_checkpointed_steps(run_path, output_dir)
+        raise _training_failed(error, parallel.max_failures, output_dir) from None
     except Exception:
         _keep_checkpointed_steps(run_path, output_dir)
         raise
@@ -376,6 +387,22 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     return records
 
 
+def _training_failed(error: Exception, max_failures: int, output_dir: Path) -> RayFailedError:
+    """Ray Train's failure (a worker lost or raising, beyond ``max_failures`` restarts) as one
+    line: what failed first and how the run goes on."""
+    failures = getattr(error, "worker_failures", None) or {}
+    if failures:
+        rank, cause = min(failures.items())
+        what = f"worker {rank}: {error_line(cause)}"
+    else:
+        what = error_line(error)
+    return RayFailedError(
+        f"the distributed run failed after {max_failures} worker restarts ({what}); "
+        f"{output_dir} keeps the steps of its newest checkpoint: the same command resumes from "
+        "them (a higher parallel.max_failures lets Ray restart lost workers within the run)"
+    )
+
+
 def _resume_from(run_path: str, output_dir: Path) -> bytes | None:
     """Before a launch: remove checkpoints no launch committed, and return the trajectory a
     failed launch kept in the run directory where it holds more steps than Ray's newest
@@ -384,6 +411,7 @@ def _resume_from(run_path: str, output_dir: Path) -> bytes | None:
     remove_uncommitted(run_path, newest.registered)
     salvaged = output_dir / TRAJECTORY_FILE
     if salvaged_rows(salvaged) > newest.steps:
+        read_run_trajectory(salvaged)  # checked as a single run's resume checks it: its key
         return salvaged.read_bytes()
     return None
 
@@ -415,4 +443,4 @@ def _keep_checkpointed_steps(run_path: str, output_dir: Path) -> None:
         return
     with checkpoint.as_directory() as directory:
         kept = (Path(directory) / TRAJECTORY_FILE).read_bytes()
-    write_atomically(output_dir / TRAJECTORY_FILE, kept)
+    write_trajectory(output_dir, kept)

@@ -40,6 +40,7 @@ from privzo.rundir import (
     finished,
     mark_tracked,
     prepare_output_dir,
+    released_nothing,
     resume_point,
     untracked,
     write_config,
@@ -87,6 +88,7 @@ def run(
             config, output_dir, stopped, cache_dir, (tracking_root, tracking_uri), run_name
         )
     resume = None if overwrite else resume_point(config, output_dir)
+    overwrite = overwrite or (resume is None and _starts_again(config, output_dir))
     checked = preflight(  # everything that can refuse the run, before any weights load
         config,
         output_dir=output_dir if resume is None else None,  # a resumed run goes on there
@@ -132,6 +134,19 @@ def run(
         _log_records(tracker, config, output_dir, cache_dir, training.logs_model)
     mark_tracked(output_dir)
     return records.summary
+
+
+def _starts_again(config: RunConfig, output_dir: Path) -> bool:
+    """Whether an earlier attempt at ``config`` in ``output_dir`` kept no step, so the run
+    starts there again (``released_nothing``), saying so."""
+    if not released_nothing(output_dir, config):
+        return False
+    logger.warning(
+        "the earlier attempt in %s stopped before it kept any step (its MLflow run stays as "
+        "it ended): the run starts again from step 0",
+        output_dir,
+    )
+    return True
 
 
 def finished_run(

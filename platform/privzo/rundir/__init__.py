@@ -1,7 +1,7 @@
 """A run's directory, owned here alone: its file names and atomic writes (``files``), the typed
 summary (``summary``), the per-window save of a single-process run (``progress``), the resume
-point (``resume``), and the config and final records with the one "finished with this config?"
-question (``records``).
+point (``resume``), the trajectory and its key (``trajectory``), and the config and final records
+with the one "finished with this config?" question (``records``).
 """
 
 from privzo.rundir.files import (
@@ -13,6 +13,7 @@ from privzo.rundir.files import (
     RUN_FILES,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
+    TRAJECTORY_KEY_FILE,
     check_output_dir,
     prepare_output_dir,
     read_json_object,
@@ -27,6 +28,7 @@ from privzo.rundir.records import (
     holds_other_run,
     holds_run,
     mark_tracked,
+    released_nothing,
     starts_over,
     untracked,
     write_config,
@@ -46,6 +48,7 @@ from privzo.rundir.summary import (
     read_summary,
     write_summary,
 )
+from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 
 __all__ = [
     "CONFIG_FILE",
@@ -57,6 +60,7 @@ __all__ = [
     "RUN_FILES",
     "SUMMARY_FILE",
     "TRAJECTORY_FILE",
+    "TRAJECTORY_KEY_FILE",
     "ResumePoint",
     "RunDirectoryProgress",
     "RunRecords",
@@ -70,7 +74,9 @@ __all__ = [
     "mark_tracked",
     "prepare_output_dir",
     "read_json_object",
+    "read_run_trajectory",
     "read_summary",
+    "released_nothing",
     "resume_point",
     "starts_over",
     "unfinished_steps",
@@ -82,4 +88,5 @@ __all__ = [
     "write_resume_point",
     "write_summary",
     "write_text_atomically",
+    "write_trajectory",
 ]

@@ -7,6 +7,7 @@ that a later command would read as a finished record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,20 +21,34 @@ TRAJECTORY_FILE = "trajectory.parquet"
 CONFIG_FILE = "config.yaml"
 PRIVACY_FILE = "privacy.json"  # the ledger's state: mechanism, σ, q, steps accounted, ε spent
 RESUME_FILE = "resume.json"  # what the same command needs to go on with an unfinished run
+# the secret key of the trajectory's keyed checksum (``privzo.rundir.trajectory``): never released
+TRAJECTORY_KEY_FILE = "trajectory.key"
 MODEL_DIR = "model"
 RUN_FILES = (SUMMARY_FILE, TRAJECTORY_FILE, CONFIG_FILE, PRIVACY_FILE)
 RAY_STATE_DIR = "ray"  # a distributed run's Ray Train state and checkpoints (default storage)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
     """Write, flush to disk, then rename: a kill or a crash mid-write leaves the previous file
-    whole."""
+    whole. ``mode`` (less the umask) is the file's from its creation on (0o600: a secret). A
+    write that fails (a full disk) removes its temporary file and names the record it was."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        temporary.unlink(missing_ok=True)  # a kill's leftover keeps its mode on open
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        with open(os.open(temporary, flags, mode), "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise OSError(
+            error.errno,
+            f"cannot write {str(path)!r} ({error.strerror}); the file is left as it was: "
+            "free space or fix the directory, then run the same command again",
+        ) from None
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -83,8 +98,8 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
             ""
             if SUMMARY_FILE in existing
             else (
-                " of another config, or one that cannot resume (only zeroth-order runs of the "
-                "same config resume)"
+                " of another config, or one that kept what it cannot go on from (a first-order "
+                "run's weights without its summary)"
             )
         )
         raise ConfigError(
@@ -99,7 +114,7 @@ def prepare_output_dir(output_dir: Path) -> None:
     so a failing new run never sits next to an old summary that makes it look finished (or an
     old resume point that names another tracking run)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    for name in (*RUN_FILES, RESUME_FILE):
+    for name in (*RUN_FILES, RESUME_FILE, TRAJECTORY_KEY_FILE):
         (output_dir / name).unlink(missing_ok=True)
     # an earlier distributed run's Ray state: its checkpoints hold that run's noised steps
     shutil.rmtree(output_dir / RAY_STATE_DIR, ignore_errors=True)

@@ -22,21 +22,21 @@ from privzo.rundir.files import (
     PRIVACY_FILE,
     TRAJECTORY_FILE,
     read_record,
-    write_atomically,
     write_json_atomically,
 )
 from privzo.rundir.resume import ResumePoint, write_resume_point
+from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 from privzo.section import ConfigError
 from privzo.tasks.evaluation import Evaluation
 from privzo.tracking import Tracker
 from privzo.zo.integrity import check_fingerprint
-from privzo.zo.trajectory import TrajectoryRecorder, read_trajectory
+from privzo.zo.trajectory import TrajectoryRecorder
 
 logger = logging.getLogger(__name__)
 
 
 def save_trajectory(output_dir: Path, recorder: TrajectoryRecorder) -> None:
-    write_atomically(output_dir / TRAJECTORY_FILE, recorder.to_bytes())
+    write_trajectory(output_dir, recorder.to_bytes())
 
 
 class RunDirectoryProgress:
@@ -58,7 +58,7 @@ class RunDirectoryProgress:
         if self.resume is None:
             return 0
         output_dir = self.output_dir
-        table, meta = read_trajectory(output_dir / TRAJECTORY_FILE)
+        table, meta = read_run_trajectory(output_dir / TRAJECTORY_FILE)
         fingerprint = loop.context.base_fingerprint
         if meta.base_fingerprint is not None and fingerprint is not None:
             check_fingerprint(meta.base_fingerprint, fingerprint, str(output_dir))

@@ -9,17 +9,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.rundir.files import (
     CONFIG_FILE,
+    MODEL_DIR,
     PRIVACY_FILE,
+    RAY_STATE_DIR,
     RESUME_FILE,
     RUN_FILES,
     SUMMARY_FILE,
     TRAJECTORY_FILE,
     read_json_object,
-    write_atomically,
     write_json_atomically,
     write_text_atomically,
 )
@@ -30,6 +34,7 @@ from privzo.rundir.resume import (
     write_resume_point,
 )
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
+from privzo.rundir.trajectory import write_trajectory
 
 
 def write_config(output_dir: Path, config: RunConfig) -> None:
@@ -44,7 +49,7 @@ def write_records(output_dir: Path, records: RunRecords) -> None:
     until ``mark_tracked``: a run killed after its summary but before its tracking run is final
     is found by ``untracked`` and completed by the same command, not trained again."""
     if records.trajectory is not None:
-        write_atomically(output_dir / TRAJECTORY_FILE, records.trajectory)
+        write_trajectory(output_dir, records.trajectory)
     write_json_atomically(output_dir / PRIVACY_FILE, records.privacy)
     if not (output_dir / RESUME_FILE).is_file():
         write_resume_point(output_dir, ResumePoint(records.summary.tracking_run_id, None))
@@ -85,6 +90,29 @@ def holds_other_run(output_dir: Path, config: RunConfig) -> bool:
     if not holds_run(directory):
         return False
     return not holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def released_nothing(output_dir: Path, config: RunConfig) -> bool:
+    """Whether ``output_dir`` holds an attempt at exactly ``config`` that stopped before it kept
+    any step: while loading, before its first step (its trajectory, if written, has no row), or
+    a run that keeps no trajectory (a first-order baseline) before its end, whose noised steps
+    never left the process. Starting it again draws no kept step twice."""
+    directory = Path(output_dir)
+    if any((directory / name).exists() for name in (SUMMARY_FILE, RESUME_FILE, MODEL_DIR)):
+        return False
+    if (directory / RAY_STATE_DIR).exists() or _kept_rows(directory / TRAJECTORY_FILE) != 0:
+        return False
+    return holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def _kept_rows(trajectory: Path) -> int | None:
+    """The rows of a trajectory file (0: none there); None where it cannot be read."""
+    if not trajectory.exists():
+        return 0
+    try:
+        return pq.read_metadata(trajectory).num_rows
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def starts_over(config: RunConfig, output_dir: Path) -> bool:

@@ -11,6 +11,7 @@ Format 2 adds the columns of directions 2..K (``optimizer.directions_per_step``)
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -45,6 +46,9 @@ _CHECKSUM_KEY = b"privzo.checksum"  # of the rows (privzo.zo.integrity); absent 
 # of the metadata's bytes and the rows' checksum: replay reads the metadata too (the perturbation
 # scale moves every weight); absent before it existed
 _META_CHECKSUM_KEY = b"privzo.checksum.meta"
+# HMAC of the metadata's checksum under the run's secret key (kept in its run directory, never
+# released): an edit whose checksums were recomputed fails it; absent before it existed
+_KEYED_CHECKSUM_KEY = b"privzo.checksum.keyed"
 
 
 @dataclass(frozen=True)
@@ -157,14 +161,35 @@ def _meta_checksum(raw_meta: bytes, rows_checksum: bytes) -> bytes:
     return hashlib.sha256(raw_meta + b"\0" + rows_checksum).hexdigest().encode()
 
 
-def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
+def _keyed_checksum(key: bytes, meta_checksum: bytes) -> bytes:
+    return hmac.new(key, meta_checksum, hashlib.sha256).hexdigest().encode()
+
+
+def with_keyed_checksum(data: bytes, key: bytes) -> bytes:
+    """A trajectory file's bytes with a checksum keyed by ``key`` added to its metadata.
+
+    The plain checksums can be recomputed by whoever edits the file; this one only by whoever
+    holds the key, a random secret of the run kept in its directory (``privzo.rundir``). The key
+    depends on no data, so the released checksum reveals nothing about the training set."""
+    table = pq.read_table(io.BytesIO(data))
+    stored = dict(table.schema.metadata or {})
+    stored[_KEYED_CHECKSUM_KEY] = _keyed_checksum(key, stored[_META_CHECKSUM_KEY])
+    sink = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(stored), sink)
+    return sink.getvalue()
+
+
+def read_trajectory(path: Path, key: bytes | None = None) -> tuple[pa.Table, TrajectoryMeta]:
     """The rows and metadata of a trajectory file of any format (format 1 gets the empty extra
     columns of its one direction per step), checked (``privzo.zo.integrity``). A file Parquet
-    or the metadata's JSON cannot read is refused as damaged, with privzo's message."""
+    or the metadata's JSON cannot read is refused as damaged, with privzo's message.
+
+    With the run's ``key`` (``with_keyed_checksum``), a file edited and its checksums
+    recomputed is refused too; without it only damage and careless edits are."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"trajectory file {str(path)!r} does not exist")
     try:
-        return _read_checked(Path(path))
+        return _read_checked(Path(path), key)
     # Arrow raises OSError for a footer or page header it cannot deserialize
     except (
         pa.ArrowException,
@@ -179,7 +204,7 @@ def read_trajectory(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
         ) from None
 
 
-def _read_checked(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
+def _read_checked(path: Path, key: bytes | None) -> tuple[pa.Table, TrajectoryMeta]:
     table = pq.read_table(path)
     stored = table.schema.metadata or {}
     raw = stored.get(_METADATA_KEY)
@@ -198,6 +223,8 @@ def _read_checked(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
             f"trajectory {str(path)!r} fails its checksum: its metadata changed after the run "
             "wrote it (a damaged or edited file); replay would build wrong weights"
         )
+    if key is not None:
+        _check_keyed(path, stored, key)
     names = format_columns(meta.format_version)
     missing = set(names) - set(table.column_names)
     if missing:
@@ -222,6 +249,24 @@ def _read_checked(path: Path) -> tuple[pa.Table, TrajectoryMeta]:
         directions=meta.directions,
     )
     return table, meta
+
+
+def _check_keyed(path: Path, stored: dict[bytes, bytes], key: bytes) -> None:
+    """Refuse a file whose keyed checksum is missing or is not the one ``key`` makes."""
+    keyed = stored.get(_KEYED_CHECKSUM_KEY)
+    meta_checksum = stored.get(_META_CHECKSUM_KEY)
+    if keyed is None or meta_checksum is None:
+        raise ValueError(
+            f"trajectory {str(path)!r} has no keyed checksum, which its run directory's key "
+            "says the run wrote: an edited file or another run's; replay would build weights "
+            "nobody can vouch for"
+        )
+    if not hmac.compare_digest(keyed, _keyed_checksum(key, meta_checksum)):
+        raise ValueError(
+            f"trajectory {str(path)!r} fails the keyed checksum of its run directory's key: "
+            "it was edited and its checksums recomputed, or it is another run's file; replay "
+            "would build weights nobody can vouch for"
+        )
 
 
 def _with_extra_columns(table: pa.Table) -> pa.Table:

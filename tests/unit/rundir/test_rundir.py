@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
+import stat
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from privzo.rundir import (
     CONFIG_FILE,
     SUMMARY_FILE,
+    TRAJECTORY_FILE,
+    TRAJECTORY_KEY_FILE,
     RunSummary,
     finished,
     finished_record,
+    prepare_output_dir,
+    read_run_trajectory,
+    write_atomically,
     write_config,
     write_summary,
     write_text_atomically,
+    write_trajectory,
 )
+from privzo.zo.directions import step_seed
+from privzo.zo.step import StepRecord
+from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, read_trajectory
 
 SUMMARY = {
     "model": "tiny-opt",
@@ -113,6 +127,24 @@ def test_an_atomic_write_leaves_no_temporary_file(tmp_path):
     assert (tmp_path / "x.json").read_text() == "second"
 
 
+def test_a_write_the_file_system_refuses_names_the_file_and_keeps_the_old_one(tmp_path):
+    """A file size limit fails the write as a full disk does (an OSError from write); the
+    error names the record, the previous version stays whole and no temporary is left."""
+    path = tmp_path / "trajectory.parquet"
+    write_atomically(path, b"kept")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limits[1]))
+        with pytest.raises(OSError, match=r"cannot write '.*trajectory\.parquet' \(File too"):
+            write_atomically(path, b"x" * 1_000_000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert path.read_bytes() == b"kept"
+    assert [entry.name for entry in tmp_path.iterdir()] == ["trajectory.parquet"]
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -184,3 +216,80 @@ def test_a_caller_naming_the_directory_resumes_starts_over_or_keeps_another_run(
     (directory / CONFIG_FILE).unlink()
     write_summary(directory / SUMMARY_FILE, RunSummary.from_dict(SUMMARY))
     assert holds_other_run(directory, config)  # records without their config are no one's
+
+
+def _trajectory(gradients: list[float], perturbation_scale: float = 1e-3) -> bytes:
+    """A trajectory file's bytes, its plain checksums made by the recorder (as an editor who
+    recomputes them would make them)."""
+    meta = TrajectoryMeta(
+        perturbation_scale, "gaussian", "cpu", "full", {}, 0, "q", "float32", "inplace"
+    )
+    recorder = TrajectoryRecorder(meta, release_batch_size=True)
+    for step, gradient in enumerate(gradients):
+        recorder.append(StepRecord(step, step_seed(0, step), gradient, 0.01, 1, 1.0, 0, 0.0))
+    return recorder.to_bytes()
+
+
+def test_a_run_directory_keeps_its_trajectory_key_to_itself(tmp_path):
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2]))
+    key = tmp_path / TRAJECTORY_KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) & 0o077 == 0  # the owner's alone
+    first = key.read_bytes()
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2, 0.3]))  # the next window: the same key
+    assert key.read_bytes() == first and len(first) == 32
+    table, _meta = read_run_trajectory(tmp_path / TRAJECTORY_FILE)
+    assert table.column("projected_gradient").to_pylist() == [0.1, 0.2, 0.3]
+    prepare_output_dir(tmp_path)  # a run started over draws a key of its own
+    assert not key.exists()
+
+
+@pytest.mark.parametrize(
+    "edited",
+    [
+        _trajectory([0.1, 0.25]),  # a row changed
+        _trajectory([0.1, 0.2], perturbation_scale=1.001e-3),  # the metadata changed
+    ],
+    ids=["row", "metadata"],
+)
+def test_an_edit_with_its_checksums_recomputed_fails_the_run_key(tmp_path, edited):
+    """Whoever edits a released copy can recompute the plain checksums, and can copy the keyed
+    one over, but cannot make the keyed one without the run directory's key."""
+    write_trajectory(tmp_path, _trajectory([0.1, 0.2]))
+    path = tmp_path / TRAJECTORY_FILE
+    written = pq.read_table(path).schema.metadata
+    table = pq.read_table(pa.BufferReader(edited))
+    keyed = {k: v for k, v in written.items() if k == b"privzo.checksum.keyed"}
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, **keyed}), path)
+    read_trajectory(path)  # the plain checksums pass: they were recomputed
+    with pytest.raises(ValueError, match="fails the keyed checksum of its run directory's key"):
+        read_run_trajectory(path)
+    path.write_bytes(edited)  # the keyed checksum dropped
+    with pytest.raises(ValueError, match="has no keyed checksum"):
+        read_run_trajectory(path)
+
+
+def test_a_trajectory_without_a_key_beside_it_reads_with_the_plain_checks(tmp_path):
+    """A released copy, or a run directory from before keyed checksums, replays as before."""
+    (tmp_path / TRAJECTORY_FILE).write_bytes(_trajectory([0.1, 0.2]))
+    table, _meta = read_run_trajectory(tmp_path / TRAJECTORY_FILE)
+    assert table.num_rows == 2
+
+
+def test_an_attempt_that_kept_no_step_is_started_again(run_dir, tiny_run_config):
+    """Its config alone, or a trajectory with no row: nothing to draw twice. A kept row, a
+    resume point, weights or another config's file keep the directory as it is."""
+    from privzo.rundir import ResumePoint, released_nothing, write_resume_point
+
+    directory, config = run_dir
+    assert released_nothing(directory, config)
+    assert not released_nothing(directory, tiny_run_config("seed=7"))
+    write_trajectory(directory, _trajectory([]))  # written as it stopped before step 0
+    assert released_nothing(directory, config)
+    write_trajectory(directory, _trajectory([0.1]))
+    assert not released_nothing(directory, config)
+    write_trajectory(directory, _trajectory([]))
+    (directory / "model").mkdir()  # a first-order run's weights, saved before its summary
+    assert not released_nothing(directory, config)
+    (directory / "model").rmdir()
+    write_resume_point(directory, ResumePoint("abc123", None))
+    assert not released_nothing(directory, config)
