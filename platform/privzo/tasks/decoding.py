@@ -1,6 +1,5 @@
-"""Greedy decoding of answers after prompts, and the fp32 logits at chosen positions that both
-decoding and a generation task's answer loss read.
-"""
+"""Greedy decoding of a generation task's answers after its prompts: Hugging Face ``generate``
+where the model has it, a cache-free loop of scoring forwards where it does not."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from privzo.tasks.classification import body_and_head, no_cache, scoring_mode
+from privzo.tasks.scoring import logits_at, model_device
 
 
 @dataclass(frozen=True)
@@ -103,30 +102,3 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
             if "\n" in tokenizer.decode([token_id]):
                 ids.add(int(token_id))
     return tuple(sorted(ids))
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of the model's first parameter: where its inputs go."""
-    return next(model.parameters()).device
-
-
-def logits_at(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    rows: torch.Tensor,
-    cols: torch.Tensor,
-) -> torch.Tensor:
-    """fp32 vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one
-    forward pass; the vocabulary projection runs only there when the model exposes its head,
-    which for a long passage and a short answer is most of the logits' memory."""
-    split = body_and_head(model)
-    with scoring_mode():
-        if split is None:
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            ).logits
-            return logits[rows, cols].float()
-        body, head = split
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
-        return head(hidden[rows, cols]).float()

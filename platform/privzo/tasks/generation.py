@@ -24,15 +24,10 @@ from transformers import PreTrainedTokenizerBase
 from privzo.config.tasks import template_fields
 from privzo.section import ConfigError
 from privzo.tasks.data import Row
-from privzo.tasks.decoding import (
-    GreedyDecoder,
-    answer_text,
-    logits_at,
-    model_device,
-    stop_token_ids,
-)
+from privzo.tasks.decoding import GreedyDecoder, answer_text, stop_token_ids
 from privzo.tasks.interface import Indices
 from privzo.tasks.metrics import exact_match, f1_score, mean_exact_match, mean_f1
+from privzo.tasks.scoring import logits_at, model_device
 
 SQUAD_TEMPLATE = "Title: {title}\nContext: {context}\nQuestion: {question}\nAnswer:"
 DROP_TEMPLATE = "Passage: {context}\nQuestion: {question}\nAnswer:"
