@@ -23,7 +23,7 @@ from privzo.section import ConfigError
 from privzo.tasks.data import Row, hash_order
 from privzo.tasks.interface import Indices
 from privzo.tasks.label_words import label_word_tokens
-from privzo.tasks.scoring import body_and_head, model_device, no_cache, scoring_mode
+from privzo.tasks.scoring import logits_at, model_device, no_cache, scoring_mode
 
 
 @dataclass
@@ -290,17 +290,7 @@ def score_label_logits(
     attention_mask = batch.attention_mask.to(device)
     positions = batch.positions.to(device)
     rows = torch.arange(len(positions), device=device)
-    split = body_and_head(model)
-    with scoring_mode():
-        if split is None:
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            ).logits
-            scored = logits[rows, positions]
-        else:
-            body, head = split
-            hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
-            scored = head(hidden[rows, positions])
+    scored = logits_at(model, input_ids, attention_mask, rows, positions, fp32=False)
     return scored[:, label_token_ids.to(device)].float()
 
 

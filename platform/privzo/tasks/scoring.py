@@ -64,17 +64,21 @@ def logits_at(
     attention_mask: torch.Tensor,
     rows: torch.Tensor,
     cols: torch.Tensor,
+    *,
+    fp32: bool = True,
 ) -> torch.Tensor:
-    """fp32 vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one
-    forward pass; the vocabulary projection runs only there when the model exposes its head,
-    which for a long passage and a short answer is most of the logits' memory."""
+    """Vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one forward
+    pass; the vocabulary projection runs only there when the model exposes its head, which for a
+    long passage and a short answer is most of the logits' memory. In fp32 (losses formed from
+    them are fp32), or with ``fp32=False`` in the model's dtype, for a caller that keeps only a
+    few columns before it casts."""
     split = body_and_head(model)
     with scoring_mode():
         if split is None:
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            ).logits
-            return logits[rows, cols].float()
-        body, head = split
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
-        return head(hidden[rows, cols]).float()
+            model_out = model(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))
+            logits = model_out.logits[rows, cols]
+        else:
+            body, head = split
+            hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
+            logits = head(hidden[rows, cols])
+        return logits.float() if fp32 else logits
