@@ -116,7 +116,7 @@ def autograd_per_example(context, indices: list[int]):
     import torch
 
     from privzo.baselines.first_order import trainable_parameters
-    from privzo.tasks.classification import differentiable_scoring
+    from privzo.tasks.scoring import differentiable_scoring
 
     parameters = trainable_parameters(context)
     batch = context.task.collate(context.train, indices)

@@ -21,7 +21,7 @@ from typing import Any
 from privzo.algorithms.registry import Algorithm, check_capabilities, get_algorithm
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
-from privzo.distributed.launch import (
+from privzo.distributed.checks import (
     check_batch,
     check_layout,
     check_offload,

@@ -53,6 +53,7 @@ LAYERS = {
     "privzo.tasks": 1,
     "privzo.tracking": 1,
     "privzo.planner": 1,
+    "privzo.forward_memory": 1,  # the memory of one forward, which the planner places
     # 2: layouts and algorithms, with the machinery the multi-process layouts run on
     "privzo.layouts": 2,
     "privzo.algorithms": 2,

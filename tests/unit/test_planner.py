@@ -17,9 +17,10 @@ from transformers import (
     Qwen3Config,
 )
 
+from privzo.forward_memory import measure_forward_peak_mb
 from privzo.models.architecture import DecoderArch, arch_from_config, count_parameters, hf_config
 from privzo.models.shapes import SHAPES
-from privzo.planner import HOST_OVERHEAD_BYTES, measure_forward_peak_mb, plan
+from privzo.planner import HOST_OVERHEAD_BYTES, plan
 
 OPT_SIZES = {name: arch for name, arch in SHAPES.items() if name.startswith("opt-")}
 

@@ -47,8 +47,8 @@ from privzo.baselines.opacus_model import (
 from privzo.privacy.mechanisms import secret_torch_generator
 from privzo.privacy.plan import make_sampler
 from privzo.privacy.sampling import Sampler
-from privzo.tasks.classification import differentiable_scoring
 from privzo.tasks.interface import ScoringTask
+from privzo.tasks.scoring import differentiable_scoring
 from privzo.zo.schedules import make_schedule
 
 if TYPE_CHECKING:

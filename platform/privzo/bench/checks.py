@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from privzo.forward_memory import estimate_activation_bytes
 from privzo.memory import available_memory_bytes
 from privzo.models.architecture import DecoderArch
 from privzo.models.shapes import resolve_dtype, resolve_shape, weight_bytes
-from privzo.planner import SAFETY_MARGIN, estimate_activation_bytes
+from privzo.planner import SAFETY_MARGIN
 from privzo.zo.kernels import triton_installed
 
 _GIB = 2**30

@@ -12,6 +12,7 @@ the machine that runs them, not a GPU projection.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,30 @@ def bench_config(
     )
 
 
+@dataclass(frozen=True)
+class DistributedBench:
+    """The single process's and the 2-worker replica's step time, the replica's all-reduced
+    bytes, and what each zero3 rank holds of the parameters."""
+
+    model: str
+    steps: int
+    expected_batch_size: float
+    step_time_s: dict[str, float]  # "single" and "replica_2"
+    replica_2_speedup_over_single: float
+    allreduce_bytes_per_step: float
+    peak_memory_mb_per_worker: dict[str, list[float]]  # by layout: "single_1" and so on
+    zero3_parameter_bytes_per_rank: list[int]
+    zero3_parameter_bytes_full: int
+    zero3_fraction_per_rank: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        return {**record, "table": _table(record)}
+
+    def table(self) -> str:
+        return _table(asdict(self))
+
+
 def distributed_benchmark(
     cache_dir: Path,
     *,
@@ -53,7 +78,7 @@ def distributed_benchmark(
     steps: int = 30,
     env_vars: dict[str, str] | None = None,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> DistributedBench:
     """Run the three layouts and collect their measured figures."""
     summaries = {}
     with tempfile.TemporaryDirectory(prefix="privzo-bench-") as root:
@@ -69,20 +94,18 @@ def distributed_benchmark(
     for name in ("replica_2", "zero3_2"):
         peaks[name] = summaries[name]["peak_memory_mb_per_worker"]
     full = zero3["parameter_bytes_full"]
-    result = {
-        "model": model,
-        "steps": steps,
-        "expected_batch_size": one["expected_batch_size"],
-        "step_time_s": {"single": one["mean_step_time_s"], "replica_2": two["mean_step_time_s"]},
-        "replica_2_speedup_over_single": one["mean_step_time_s"] / two["mean_step_time_s"],
-        "allreduce_bytes_per_step": two["allreduce_bytes_per_step"],
-        "peak_memory_mb_per_worker": peaks,
-        "zero3_parameter_bytes_per_rank": zero3["parameter_bytes_per_worker"],
-        "zero3_parameter_bytes_full": full,
-        "zero3_fraction_per_rank": [held / full for held in zero3["parameter_bytes_per_worker"]],
-    }
-    result["table"] = _table(result)
-    return result
+    return DistributedBench(
+        model=model,
+        steps=steps,
+        expected_batch_size=one["expected_batch_size"],
+        step_time_s={"single": one["mean_step_time_s"], "replica_2": two["mean_step_time_s"]},
+        replica_2_speedup_over_single=one["mean_step_time_s"] / two["mean_step_time_s"],
+        allreduce_bytes_per_step=two["allreduce_bytes_per_step"],
+        peak_memory_mb_per_worker=peaks,
+        zero3_parameter_bytes_per_rank=zero3["parameter_bytes_per_worker"],
+        zero3_parameter_bytes_full=full,
+        zero3_fraction_per_rank=[held / full for held in zero3["parameter_bytes_per_worker"]],
+    )
 
 
 def _table(result: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,26 @@ CASES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def memory_benchmark(cache_dir: Path, repeats: int = 3, progress: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MemoryBench:
+    """Every case's time and peak memory per step, on one model and batch shape."""
+
+    model: dict[str, Any]  # BENCH_SHAPE, its architecture and parameter count
+    batch_size: int
+    sequence_length: int
+    dtype: str
+    repeats: int
+    cases: dict[str, dict[str, Any]]  # by label: what the case's own process measured
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        return {**record, "table": _table(record)}
+
+    def table(self) -> str:
+        return _table(asdict(self))
+
+
+def memory_benchmark(cache_dir: Path, repeats: int = 3, progress: bool = True) -> MemoryBench:
     """Measure every case (each in its own process); returns the numbers and a table."""
     with tempfile.TemporaryDirectory(prefix="privzo-bench-") as work:
         work_dir = Path(work)
@@ -55,16 +75,14 @@ def memory_benchmark(cache_dir: Path, repeats: int = 3, progress: bool = True) -
                 print(f"measuring {label} ...", flush=True)
             overrides = _case_overrides(model_dir, train, algorithm, view, repeats)
             results[label] = _in_fresh_process(overrides, cache_dir, repeats)
-    result = {
-        "model": {**BENCH_SHAPE, "architecture": "opt", "parameters": parameters},
-        "batch_size": BATCH_SIZE,
-        "sequence_length": next(iter(results.values()))["sequence_length"],
-        "dtype": "float32",
-        "repeats": repeats,
-        "cases": results,
-    }
-    result["table"] = _table(result)
-    return result
+    return MemoryBench(
+        model={**BENCH_SHAPE, "architecture": "opt", "parameters": parameters},
+        batch_size=BATCH_SIZE,
+        sequence_length=next(iter(results.values()))["sequence_length"],
+        dtype="float32",
+        repeats=repeats,
+        cases=results,
+    )
 
 
 def _write_bench_model(work_dir: Path, cache_dir: Path) -> tuple[Path, int]:

@@ -206,6 +206,40 @@ def table(results: list[Measured], title: str) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class PlannerBench:
+    """Every selected case's measured peaks beside the planner's figure, and the table."""
+
+    model: str
+    steps: int
+    batch_size: int
+    max_length: int
+    results: list[Measured]
+    title: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "cases": [
+                {
+                    "case": r.case.name,
+                    "peak_memory_mb_per_worker": r.peaks_mb,
+                    "planned_mb_per_worker": r.planned_mb,
+                    "planned_over_measured": r.planned_over_measured,
+                    "step_over_two_forwards": r.step_over_two_forwards,
+                }
+                for r in self.results
+            ],
+            "table": self.table(),
+        }
+
+    def table(self) -> str:
+        return table(self.results, self.title)
+
+
 def planner_benchmark(
     model: str,
     output_dir: Path,
@@ -215,7 +249,7 @@ def planner_benchmark(
     steps: int = 2,
     batch_size: int = 8,
     max_length: int = 32,
-) -> dict[str, object]:
+) -> PlannerBench:
     """Run (or read) every selected case, one at a time, and tabulate them."""
     results = []
     for case in selected:
@@ -227,20 +261,4 @@ def planner_benchmark(
         f"Planner vs measured, CPU: {model}, {steps} steps, batch {batch_size} "
         f"× ≤{max_length} tokens"
     )
-    return {
-        "model": model,
-        "steps": steps,
-        "batch_size": batch_size,
-        "max_length": max_length,
-        "cases": [
-            {
-                "case": r.case.name,
-                "peak_memory_mb_per_worker": r.peaks_mb,
-                "planned_mb_per_worker": r.planned_mb,
-                "planned_over_measured": r.planned_over_measured,
-                "step_over_two_forwards": r.step_over_two_forwards,
-            }
-            for r in results
-        ],
-        "table": table(results, title),
-    }
+    return PlannerBench(model, steps, batch_size, max_length, results, title)

@@ -1,8 +1,10 @@
-"""The zo-step benchmark's ratios, the targets they are compared with, and its table."""
+"""The zo-step benchmark's ratios, the targets they are compared with, and its table; and what
+every benchmark's result offers the CLI (``BenchResult``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -72,6 +74,42 @@ def ratios(measured: dict[str, tuple[float, float]], directions: int = 1) -> dic
     return found
 
 
+class BenchResult(Protocol):
+    """A benchmark's result: its JSON record (the table included) and the table it prints."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def table(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ZoStepReport:
+    """Every figure and ratio of one zo-step benchmark, with the targets they are compared with."""
+
+    shape: str
+    model: dict[str, int]  # layers, hidden, ffn, heads, vocab, parameters
+    device: str
+    device_name: str
+    dtype: str
+    batch_size: int
+    sequence_length: int
+    threads: int
+    repeats: int
+    directions: int
+    estimated_need_gib: float
+    seconds: dict[str, float]
+    peak_memory_mb: dict[str, float]
+    ratios: dict[str, float]
+    targets: dict[str, dict[str, float | None]]
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        return {**record, "table": format_table(record)}
+
+    def table(self) -> str:
+        return format_table(asdict(self))
+
+
 def report(
     setup: BenchSetup,
     measured: dict[str, tuple[float, float]],
@@ -79,12 +117,12 @@ def report(
     repeats: int,
     estimated_bytes: int,
     directions: int = 1,
-) -> dict[str, Any]:
-    """One JSON-ready record of every measured figure and ratio, and the printed table."""
+) -> ZoStepReport:
+    """Every measured figure and ratio of one run of the benchmark."""
     device = setup.device
-    result = {
-        "shape": setup.shape,
-        "model": {
+    return ZoStepReport(
+        shape=setup.shape,
+        model={
             "layers": setup.arch.layers,
             "hidden": setup.arch.hidden,
             "ffn": setup.arch.ffn,
@@ -92,25 +130,23 @@ def report(
             "vocab": setup.arch.vocab,
             "parameters": parameters,
         },
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": setup.dtype,
-        "batch_size": setup.batch_size,
-        "sequence_length": setup.seq_len,
-        "threads": torch.get_num_threads(),
-        "repeats": repeats,
-        "directions": directions,
-        "estimated_need_gib": estimated_bytes / _GIB,
-        "seconds": {name: value[0] for name, value in measured.items()},
-        "peak_memory_mb": {name: value[1] for name, value in measured.items()},
-        "ratios": ratios(measured, directions),
-        "targets": TARGETS,
-    }
-    result["table"] = table(result)
-    return result
+        device=str(device),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        dtype=setup.dtype,
+        batch_size=setup.batch_size,
+        sequence_length=setup.seq_len,
+        threads=torch.get_num_threads(),
+        repeats=repeats,
+        directions=directions,
+        estimated_need_gib=estimated_bytes / _GIB,
+        seconds={name: value[0] for name, value in measured.items()},
+        peak_memory_mb={name: value[1] for name, value in measured.items()},
+        ratios=ratios(measured, directions),
+        targets=TARGETS,
+    )
 
 
-def table(result: dict[str, Any]) -> str:
+def format_table(result: dict[str, Any]) -> str:
     device = "cuda" if result["device"].startswith("cuda") else "cpu"
     lines = [
         f"ZO step benchmark: {result['shape']} ({result['model']['parameters'] / 1e6:.2f}M "

@@ -34,7 +34,7 @@ from torch import nn
 from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.bench.checks import BenchSetup, checked_setup, needed_bytes
 from privzo.bench.mezo_reference import mezo_reference_step
-from privzo.bench.report import report
+from privzo.bench.report import ZoStepReport, report
 from privzo.memory import PeakMemory
 from privzo.models.shapes import random_model
 from privzo.privacy.sampling import PoissonSampler
@@ -74,7 +74,7 @@ def zo_step_benchmark(
     repeats: int = 5,
     progress: bool = True,
     directions: int = 1,
-) -> dict[str, Any]:
+) -> ZoStepReport:
     """Measure every case on ``shape``; refuses a request the machine cannot run first."""
     if repeats < 1:
         raise ValueError(f"--repeats={repeats}: allowed: 1 or more")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     DTYPES,
@@ -21,6 +21,9 @@ from privzo.cli.arguments import (
     path_argument,
 )
 from privzo.cli.process import quiet_libraries, stdout_to_stderr
+
+if TYPE_CHECKING:
+    from privzo.bench.report import BenchResult
 
 SHAPES = (
     "tiny (an OPT of 5.32M parameters: 32.3 times the built-in demo-opt-s, and not the "
@@ -128,7 +131,7 @@ def _kernels_command(args: argparse.Namespace) -> int:
         projection_size=args.projection_size,
         projection_steps=args.projection_steps,
     )
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    _print_result(result, args.json)
     return 0 if result.passed else 1
 
 
@@ -208,8 +211,7 @@ def _pad_to_command(args: argparse.Namespace) -> int:
 
     quiet_libraries(args.verbose)
     result = pad_to_benchmark(config, args.cache_dir, args.steps)
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
-    return 0
+    return _print_result(result, args.json)
 
 
 def _add_planner(benches: Commands) -> None:
@@ -260,7 +262,7 @@ def _planner_command(args: argparse.Namespace) -> int:
     return _print_result(result, args.json)
 
 
-def _print_result(result: dict[str, Any], as_json: bool) -> int:
+def _print_result(result: BenchResult, as_json: bool) -> int:
     """A benchmark's result: all of it as JSON, or the table it makes of itself."""
-    print(json.dumps(result, indent=2) if as_json else result["table"])
+    print(json.dumps(result.to_json(), indent=2) if as_json else result.table())
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     DTYPES,
@@ -18,6 +18,9 @@ from privzo.cli.arguments import (
     path_argument,
 )
 from privzo.cli.process import quiet_libraries
+
+if TYPE_CHECKING:
+    from privzo.planner import Plan
 
 SHAPE_NAMES = (
     "a named shape (opt-125m ... opt-66b, llama-2-7b/13b/70b, llama-3.1-8b/70b, "
@@ -75,17 +78,18 @@ def _plan_command(args: argparse.Namespace) -> int:
             seq_len=args.seq_len,
             offload=args.offload,
             host_memory_gb=args.host_memory_gb,
-        ).to_json()
+        )
         for name in names
     ]
     if args.json:
-        print(json.dumps(plans[0] if len(plans) == 1 else plans))
+        records = [item.to_json() for item in plans]
+        print(json.dumps(records[0] if len(records) == 1 else records))
     else:
         print("\n".join(_plan_table(plans, args.gpus, args.offload != "none")))
     return 0
 
 
-def _plan_table(plans: list[dict[str, Any]], gpus: int, offloaded: bool) -> list[str]:
+def _plan_table(plans: list[Plan], gpus: int, offloaded: bool) -> list[str]:
     """One line per model; offloaded, also the host's GiB (NVMe's), and GiB copied to each GPU
     per step."""
     gib = 2**30
@@ -97,12 +101,12 @@ def _plan_table(plans: list[dict[str, Any]], gpus: int, offloaded: bool) -> list
         figures = ""
         if offloaded:
             figures = (
-                f"{item['host_bytes'] / gib:>10.1f}{item['nvme_bytes'] / gib:>10.1f}"
-                f"{item['offload_bytes_per_step'] / gib:>11.1f}"
+                f"{item.host_bytes / gib:>10.1f}{item.nvme_bytes / gib:>10.1f}"
+                f"{item.offload_bytes_per_step / gib:>11.1f}"
             )
         lines.append(
-            f"{item['model']:<14}{item['parameters']:>16,}{item['strategy']:>10}"
-            f"{item['bytes_per_gpu'] / gib:>10.1f}{figures}  {'yes' if item['fits'] else 'NO'}"
+            f"{item.model:<14}{item.parameters:>16,}{item.strategy:>10}"
+            f"{item.bytes_per_gpu / gib:>10.1f}{figures}  {'yes' if item.fits else 'NO'}"
         )
     return lines
 
@@ -138,8 +142,8 @@ def _prepare_command(args: argparse.Namespace) -> int:
     record = prepare_task_data(
         args.task, args.output_dir, hf_dataset=args.hf_dataset, hf_subset=args.hf_subset
     )
-    for split, info in record["splits"].items():
-        print(f"{split}: {info['rows']} rows -> {args.output_dir / info['file']}")
+    for name, split in record.splits.items():
+        print(f"{name}: {split.rows} rows -> {args.output_dir / split.file}")
     print(f"use it with task.name={args.task} task.data_dir={args.output_dir}")
     return 0
 

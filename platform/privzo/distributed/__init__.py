@@ -5,6 +5,7 @@ scalars per step (the clipped sum, the count and the noise: one small fp64 all-r
 worker then applies the same (seed, g), so the replicas never diverge.
 
 The ``replica`` and ``zero3`` layouts (``privzo.layouts``, which names and describes every
-layout) run on this package: the launcher and the worker, the all-reduce, each worker's share
-of a batch, checkpoints across launches, ZeRO-3 loading and a cluster's storage.
+layout) run on this package: the layout's checks, the launcher and the worker, the all-reduce,
+each worker's share of a batch, checkpoints across launches, ZeRO-3 loading and a cluster's
+storage.
 """

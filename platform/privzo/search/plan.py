@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from privzo.config.run import RunConfig
-from privzo.distributed.launch import check_batch, check_layout
+from privzo.distributed.checks import check_batch, check_layout
 from privzo.models.loading import (
     load_tokenizer,
     peek_kind,

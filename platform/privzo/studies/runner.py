@@ -56,20 +56,20 @@ def run_synthetic(
         tracker.log_params(study.model_dump(mode="json"))
         result = run_synthetic_study(study, output_dir, progress=progress, tracker=tracker)
         tracker.log_metrics(
-            {"noise_multiplier": result["noise_multiplier"], "seconds": result["seconds"]}, step=0
+            {"noise_multiplier": result.noise_multiplier, "seconds": result.seconds}, step=0
         )
-        for key in ("results_path", "table_path"):  # the figure went with log_figure
-            tracker.log_artifact(Path(result[key]))
+        for path in (result.results_path, result.table_path):  # the figure: log_figure
+            tracker.log_artifact(path)
         summary = SyntheticSummary(
             study="synthetic-quadratic",
             complete=True,
             parent_run_id=tracker.run_id,
-            noise_multiplier=result["noise_multiplier"],
-            seconds=result["seconds"],
-            table=str(result["table_path"]),
-            figure=str(result["figure_path"]),
+            noise_multiplier=result.noise_multiplier,
+            seconds=result.seconds,
+            table=str(result.table_path),
+            figure=str(result.figure_path),
         )
-    echo(Path(result["table_path"]).read_text())
+    echo(result.table_path.read_text())
     write_text_atomically(output_dir / SYNTHETIC_CONFIG_FILE, config_text)
     write_json_atomically(output_dir / SYNTHETIC_SUMMARY_FILE, summary.to_dict())
     return summary

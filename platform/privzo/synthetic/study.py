@@ -14,6 +14,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from privzo.privacy import calibrate_noise_multiplier
+from privzo.results import RecordKeys
 from privzo.synthetic.algorithms import run_algorithm
 from privzo.synthetic.config import SyntheticStudyConfig
 from privzo.synthetic.quadratic import make_problem
@@ -30,6 +32,7 @@ __all__ = [
     "FIGURE_NAME",
     "RESULTS_NAME",
     "TABLE_NAME",
+    "SyntheticStudyResult",
     "run_synthetic_study",
     "select_best",
     "study_noise_multiplier",
@@ -231,12 +234,27 @@ def _plot(
     plt.close(figure)
 
 
+@dataclass(frozen=True)
+class SyntheticStudyResult(RecordKeys):
+    """The study's noise multiplier, its selected rows, the files it wrote and its run time."""
+
+    noise_multiplier: float
+    rows: list[dict[str, Any]]  # the best grid point of each algorithm, pattern and dimension
+    results_path: Path  # every run (parquet)
+    table_path: Path  # the selected rows (markdown)
+    figure_path: Path
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def run_synthetic_study(
     config: SyntheticStudyConfig,
     output_dir: Path,
     progress: bool = True,
     tracker: Tracker | None = None,
-) -> dict[str, Any]:
+) -> SyntheticStudyResult:
     """Run the sweep and write the parquet of every run, the markdown table and the figure;
     with a ``tracker``, the selected rows go to it as a table and the figure as a figure."""
     output_dir = Path(output_dir)
@@ -268,11 +286,11 @@ def run_synthetic_study(
     _plot(best, config, figure_path, tracker)
     if tracker is not None:
         tracker.log_table(best, BEST_TABLE_NAME)
-    return {
-        "noise_multiplier": sigma,
-        "rows": best.to_dict(orient="records"),
-        "results_path": results_path,
-        "table_path": table_path,
-        "figure_path": figure_path,
-        "seconds": time.perf_counter() - started,
-    }
+    return SyntheticStudyResult(
+        noise_multiplier=sigma,
+        rows=best.to_dict(orient="records"),
+        results_path=results_path,
+        table_path=table_path,
+        figure_path=figure_path,
+        seconds=time.perf_counter() - started,
+    )

@@ -8,10 +8,8 @@ forward pass per batch, and the vocabulary projection runs only at that position
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +23,7 @@ from privzo.section import ConfigError
 from privzo.tasks.data import Row, hash_order
 from privzo.tasks.interface import Indices
 from privzo.tasks.label_words import label_word_tokens
+from privzo.tasks.scoring import logits_at, model_device, no_cache, scoring_mode
 
 
 @dataclass
@@ -278,32 +277,6 @@ def label_index(label: Any, label_words: Sequence[str]) -> int | None:
     return int(label) if 0 <= label < len(label_words) else None
 
 
-def no_cache(model: torch.nn.Module) -> dict[str, bool]:
-    """``use_cache=False`` for HF models: a scoring forward never decodes further, and the
-    key/value cache it would build by default costs memory (about 2·B·L·hidden per layer)."""
-    config = getattr(model, "config", None)
-    return {"use_cache": False} if getattr(config, "use_cache", None) is not None else {}
-
-
-_DIFFERENTIABLE = contextvars.ContextVar("privzo_differentiable_scoring", default=False)
-
-
-@contextlib.contextmanager
-def differentiable_scoring() -> Iterator[None]:
-    """Score with autograd on inside this block: the first-order baselines back-propagate
-    through the task's per-example loss; zeroth-order scoring stays in inference mode."""
-    token = _DIFFERENTIABLE.set(True)
-    try:
-        yield
-    finally:
-        _DIFFERENTIABLE.reset(token)
-
-
-def scoring_mode() -> contextlib.AbstractContextManager:
-    """Inference mode (no autograd state kept) unless inside ``differentiable_scoring``."""
-    return contextlib.nullcontext() if _DIFFERENTIABLE.get() else torch.inference_mode()
-
-
 def score_label_logits(
     model: torch.nn.Module, batch: Batch, label_token_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -312,22 +285,12 @@ def score_label_logits(
     One forward pass scores every candidate; logits are cast to fp32 before any loss is formed,
     so loss differences are fp32 even when the model runs in half precision.
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     input_ids = batch.input_ids.to(device)
     attention_mask = batch.attention_mask.to(device)
     positions = batch.positions.to(device)
     rows = torch.arange(len(positions), device=device)
-    split = body_and_head(model)
-    with scoring_mode():
-        if split is None:
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            ).logits
-            scored = logits[rows, positions]
-        else:
-            body, head = split
-            hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
-            scored = head(hidden[rows, positions])
+    scored = logits_at(model, input_ids, attention_mask, rows, positions, fp32=False)
     return scored[:, label_token_ids.to(device)].float()
 
 
@@ -339,7 +302,7 @@ def score_candidates(
     All B × K (prompt + candidate) sequences go through one batched forward; a candidate's
     score is the mean log-probability of its tokens, so longer words are not penalised.
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     lengths = batch.attention_mask.sum(dim=1).tolist()
     sequences, targets = [], []
     for row, length in enumerate(lengths):
@@ -370,23 +333,6 @@ def score_candidates(
         ]
     )
     return scores.view(len(lengths), len(candidates))
-
-
-def body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """The transformer body (``base_model``) and the module mapping its final hidden states to
-    vocabulary logits, if the model exposes both.
-
-    Applying the head only at the scored position skips the [seq × vocab] projection of a full
-    forward.
-    """
-    body = getattr(model, "base_model", None)
-    if not isinstance(body, torch.nn.Module) or body is model:
-        return None
-    for attribute in ("lm_head", "cls"):
-        head = getattr(model, attribute, None)
-        if isinstance(head, torch.nn.Module):
-            return body, head
-    return None
 
 
 def sample_examples(

@@ -14,7 +14,7 @@ can drive either task.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +23,11 @@ from transformers import PreTrainedTokenizerBase
 
 from privzo.config.tasks import template_fields
 from privzo.section import ConfigError
-from privzo.tasks.classification import body_and_head, no_cache, scoring_mode
 from privzo.tasks.data import Row
+from privzo.tasks.decoding import GreedyDecoder, answer_text, stop_token_ids
 from privzo.tasks.interface import Indices
 from privzo.tasks.metrics import exact_match, f1_score, mean_exact_match, mean_f1
+from privzo.tasks.scoring import logits_at, model_device
 
 SQUAD_TEMPLATE = "Title: {title}\nContext: {context}\nQuestion: {question}\nAnswer:"
 DROP_TEMPLATE = "Passage: {context}\nQuestion: {question}\nAnswer:"
@@ -91,7 +92,7 @@ class GenerationTask:
         self.max_new_tokens = max_new_tokens
         self._check_settings()
         self.pad_token_id = _pad_token_id(tokenizer)
-        self.stop_token_ids = _stop_token_ids(tokenizer)
+        self.stop_token_ids = stop_token_ids(tokenizer)
 
     def _check_settings(self) -> None:
         if self.answer_field in self.fields:
@@ -214,11 +215,11 @@ class GenerationTask:
         reference code averages over all answer tokens of the batch instead); a mean rather than
         a sum keeps long answers on the same scale as short ones.
         """
-        device = _device(model)
+        device = model_device(model)
         input_ids = batch.input_ids.to(device)
         predicts_target = batch.loss_mask[:, 1:].to(device).bool()
         rows, cols = predicts_target.nonzero(as_tuple=True)  # position cols predicts cols + 1
-        logits = _logits_at(model, input_ids, batch.attention_mask.to(device), rows, cols)
+        logits = logits_at(model, input_ids, batch.attention_mask.to(device), rows, cols)
         nll = F.cross_entropy(logits, input_ids[rows, cols + 1], reduction="none")
         totals = torch.zeros(len(batch), dtype=torch.float32, device=device)
         totals.index_add_(0, rows, nll)
@@ -250,13 +251,17 @@ class GenerationTask:
         self, model: torch.nn.Module, examples: GenerationExamples, batch_size: int
     ) -> list[str]:
         """Greedy answers: the new tokens up to EOS or a newline, decoded, first line only."""
+        decoder = GreedyDecoder(self.pad_token_id, self.stop_token_ids, self.max_new_tokens)
         predictions: list[str] = []
         for start in range(0, len(examples), batch_size):
             prompts = [
                 self._prompt_for_generation(examples.prompt_ids[i])
                 for i in range(start, min(start + batch_size, len(examples)))
             ]
-            predictions.extend(self._answer_text(ids) for ids in self._generate(model, prompts))
+            new_ids = decoder.generate(model, prompts)
+            predictions.extend(
+                answer_text(self.tokenizer, ids, self.stop_token_ids) for ids in new_ids
+            )
         return predictions
 
     def _prompt_for_generation(self, prompt_ids: list[int]) -> list[int]:
@@ -264,78 +269,6 @@ class GenerationTask:
         if self.max_length is None:
             return prompt_ids
         return self._left_truncate(prompt_ids, self.max_length - self.max_new_tokens)
-
-    def _generate(self, model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-        """New token ids per prompt. HF models use ``generate`` (with its KV cache); a scoring
-        view without it (privzo's prefix-tuning view) gets a cache-free greedy loop."""
-        can_generate = getattr(model, "can_generate", None)
-        generate = getattr(model, "generate", None)
-        if callable(can_generate) and can_generate() and callable(generate):
-            return self._generate_with_hf(generate, _device(model), prompts)
-        return self._generate_by_loop(model, prompts)
-
-    def _generate_with_hf(
-        self,
-        generate: Callable[..., torch.Tensor],
-        device: torch.device,
-        prompts: list[list[int]],
-    ) -> list[list[int]]:
-        """Left padding, so that every row's next token is read at the last column; ``generate``
-        is the model's Hugging Face ``generate``."""
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
-        with torch.inference_mode():
-            output = generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                do_sample=False,
-                num_beams=1,
-                max_new_tokens=self.max_new_tokens,
-                eos_token_id=list(self.stop_token_ids) or None,
-                pad_token_id=self.pad_token_id,
-            )
-        return output[:, width:].tolist()
-
-    def _generate_by_loop(
-        self, model: torch.nn.Module, prompts: list[list[int]]
-    ) -> list[list[int]]:
-        """Greedy decoding by full forwards over a right-padded buffer: no cache, so it works
-        with any module that scores like the training loss does, at the cost of recomputation."""
-        device = _device(model)
-        lengths = torch.tensor([len(ids) for ids in prompts], device=device)
-        width = int(lengths.max()) + self.max_new_tokens
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, device=device)
-        for row, ids in enumerate(prompts):
-            input_ids[row, : len(ids)] = torch.tensor(ids, device=device)
-        rows = torch.arange(len(prompts), device=device)
-        active = torch.ones(len(prompts), dtype=torch.bool, device=device)
-        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=device)
-        for _ in range(self.max_new_tokens):
-            end = int(lengths.max())
-            attention_mask = (torch.arange(end, device=device) < lengths[:, None]).long()
-            logits = _logits_at(model, input_ids[:, :end], attention_mask, rows, lengths - 1)
-            next_ids = logits.argmax(dim=-1)
-            input_ids[rows[active], lengths[active]] = next_ids[active]
-            lengths = lengths + active.long()
-            active = active & ~torch.isin(next_ids, stops)
-            if not active.any():
-                break
-        return [
-            input_ids[row, len(prompt) : int(lengths[row])].tolist()
-            for row, prompt in enumerate(prompts)
-        ]
-
-    def _answer_text(self, new_ids: list[int]) -> str:
-        """Cut at the first stop token, decode, and keep the first line (a newline can also sit
-        inside a token that is not a stop token)."""
-        stops = set(self.stop_token_ids)
-        end = next((i for i, token in enumerate(new_ids) if token in stops), len(new_ids))
-        text = str(self.tokenizer.decode(new_ids[:end], skip_special_tokens=True))
-        return text.split("\n", 1)[0].strip()
 
 
 def generation_row_reason(row: Row, fields: Sequence[str], answer_field: str) -> str | None:
@@ -378,42 +311,6 @@ def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
         if token_id is not None:
             return int(token_id)
     return 0
-
-
-def _stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """EOS and the tokens a newline encodes to: answers end at the end of their line."""
-    ids = set() if tokenizer.eos_token_id is None else {int(tokenizer.eos_token_id)}
-    for text in ("\n", "\n\n"):
-        for token_id in tokenizer.encode(text, add_special_tokens=False):
-            if "\n" in tokenizer.decode([token_id]):
-                ids.add(int(token_id))
-    return tuple(sorted(ids))
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _logits_at(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    rows: torch.Tensor,
-    cols: torch.Tensor,
-) -> torch.Tensor:
-    """fp32 vocabulary logits at the positions (rows[i], cols[i]), shape [N, V], from one
-    forward pass; the vocabulary projection runs only there when the model exposes its head,
-    which for a long passage and a short answer is most of the logits' memory."""
-    split = body_and_head(model)
-    with scoring_mode():
-        if split is None:
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)
-            ).logits
-            return logits[rows, cols].float()
-        body, head = split
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model))[0]
-        return head(hidden[rows, cols]).float()
 
 
 __all__ = [

@@ -12,9 +12,11 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from privzo.results import RecordKeys
 from privzo.section import ConfigError
 from privzo.tasks.data import Row, load_hf_rows
 from privzo.tasks.presets import PRESETS, HubSource
@@ -30,7 +32,7 @@ def prepare_task_data(
     hf_dataset: str | None = None,
     hf_subset: str | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> PreparedTask:
     """Write the preset ``task``'s train / test rows to ``output_dir`` and return the record.
 
     ``hf_dataset`` replaces the preset's hub id: another hub id, or a local directory whose
@@ -48,7 +50,7 @@ def prepare_task_data(
     for split, rows in (("train", train), ("test", test)):
         _write_parquet(rows, output_dir / SPLIT_FILES[split])
     # written last, so a directory with a task.json holds a complete preparation
-    _write_atomically(output_dir / RECORD_FILE, json.dumps(record, indent=2) + "\n")
+    _write_atomically(output_dir / RECORD_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
     return record
 
 
@@ -82,22 +84,46 @@ def _refuse_existing(output_dir: Path) -> None:
             )
 
 
-def _record(task: str, source: HubSource, splits: dict[str, list[Row]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PreparedSplit:
+    """One written split: its file, the hub split it came from, and its rows' shape."""
+
+    file: str
+    source_split: str
+    rows: int
+    columns: list[str]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedTask(RecordKeys):
     """What task.json says: where the rows came from and what each written split holds."""
+
+    task: str
+    dataset: str
+    subset: str | None
+    splits: dict[str, PreparedSplit]  # "train" and "test"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "source": {"dataset": self.dataset, "subset": self.subset},
+            "splits": {name: asdict(split) for name, split in self.splits.items()},
+        }
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a record of the same content, or to its JSON form (task.json read back)."""
+        if isinstance(other, PreparedTask):
+            other = other.to_dict()
+        return self.to_dict() == other if isinstance(other, dict) else NotImplemented
+
+
+def _record(task: str, source: HubSource, splits: dict[str, list[Row]]) -> PreparedTask:
     split_names = {"train": source.train_split, "test": source.test_split}
-    return {
-        "task": task,
-        "source": {"dataset": source.dataset, "subset": source.subset},
-        "splits": {
-            split: {
-                "file": SPLIT_FILES[split],
-                "source_split": split_names[split],
-                "rows": len(rows),
-                "columns": _columns(rows),
-            }
-            for split, rows in splits.items()
-        },
+    written = {
+        split: PreparedSplit(SPLIT_FILES[split], split_names[split], len(rows), _columns(rows))
+        for split, rows in splits.items()
     }
+    return PreparedTask(task, source.dataset, source.subset, written)
 
 
 def _columns(rows: list[Row]) -> list[str]:

@@ -8,7 +8,7 @@ from transformers import GPT2Config
 
 from conftest import REPO
 from privzo.config import ConfigError, load_config
-from privzo.distributed.launch import check_fit
+from privzo.distributed.checks import check_fit
 from privzo.models.architecture import hf_config
 from privzo.models.shapes import SHAPES
 

@@ -13,7 +13,7 @@ from conftest import REPO, write_sentiment_jsonl
 from privzo.cli import main
 from privzo.config import ConfigError
 from privzo.config.loading import apply_overrides, build_config, read_yaml
-from privzo.distributed.launch import check_layout, check_verdict
+from privzo.distributed.checks import check_layout, check_verdict
 from privzo.models.shapes import FAMILY_SHAPES, HUB_IDS, OPT_SHAPES
 from privzo.planner import plan
 from privzo.preflight import memory_plan

@@ -12,7 +12,7 @@ import torch
 from transformers import OPTConfig, OPTForCausalLM
 
 from privzo.config import ConfigError, load_config
-from privzo.distributed.launch import check_fit
+from privzo.distributed.checks import check_fit
 from privzo.memory import PeakMemory
 from privzo.models.random_init import init_model_directory
 from privzo.run import run
