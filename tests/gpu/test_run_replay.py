@@ -1,7 +1,7 @@
 """(d) ``privzo run model.device=cuda`` of DPZero in float32, bfloat16 and float16 on a
-``privzo models init`` model of the OPT-125m shape: the run finishes, spends the planned ε, and
-``privzo replay --device cpu`` rebuilds its weights within replay's stated tolerance
-(``privzo.bench.kernel_check``)."""
+``privzo models init`` model of the OPT-125m shape, and in bfloat16 on one of the ``tiny-llama``
+shape: each run finishes, spends the planned ε, and ``privzo replay --device cpu`` rebuilds its
+weights within replay's stated tolerance (``privzo.bench.kernel_check``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,15 @@ from privzo.bench.kernel_check import (
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
-DTYPES = ("float32", "bfloat16", "float16")
+# Each run's model shape and dtype: OPT-125m's in every dtype, and a tiny Llama (grouped
+# key/value heads, gated MLP, RMSNorm, rotary positions) in bfloat16, the dtype Llama ships in;
+# it is small, so its run and replay finish beside the others'.
+RUNS = {
+    "float32": ("opt-125m", "float32"),
+    "bfloat16": ("opt-125m", "bfloat16"),
+    "float16": ("opt-125m", "float16"),
+    "llama-bfloat16": ("tiny-llama", "bfloat16"),
+}
 STEPS = 6
 DEVICE = "cuda"
 # replay's tolerance for float32 weights trained on another device type (z's last bits)
@@ -46,16 +54,23 @@ def _wait(processes: dict[str, subprocess.Popen[str]], timeout: float) -> None:
         assert process.returncode == 0, f"{name} failed:\n{output[-4000:]}"
 
 
-def train_and_replay(root: Path, device: str = DEVICE, shape: str = "opt-125m") -> Path:
-    """The three runs at once on ``device``, then their three replays at once on the CPU."""
-    base = root / "base"
-    init = _privzo("models", "init", "--shape", shape, "--output-dir", base)
-    _wait({"models init": init}, 300)
+def train_and_replay(root: Path, device: str = DEVICE, runs: dict | None = None) -> Path:
+    """Every run of ``runs`` (name: (shape, dtype); default ``RUNS``) at once on ``device``,
+    then their replays at once on the CPU; each shape's base model is ``root/base-SHAPE``."""
+    runs = RUNS if runs is None else runs
+    shapes = {shape for shape, _dtype in runs.values()}
+    inits = {
+        f"models init {shape}": _privzo(
+            "models", "init", "--shape", shape, "--output-dir", root / f"base-{shape}"
+        )
+        for shape in shapes
+    }
+    _wait(inits, 300)
     started = {
-        dtype: _privzo(
+        name: _privzo(
             "run",
             CONFIG,
-            f"model.name_or_path={base}",
+            f"model.name_or_path={root / f'base-{shape}'}",
             f"model.device={device}",
             f"model.dtype={dtype}",
             "optimizer.generator=philox",
@@ -64,26 +79,26 @@ def train_and_replay(root: Path, device: str = DEVICE, shape: str = "opt-125m") 
             "task.test_size=64",
             "save_model=true",
             "--output-dir",
-            root / f"run-{dtype}",
+            root / f"run-{name}",
         )
-        for dtype in DTYPES
+        for name, (shape, dtype) in runs.items()
     }
     _wait(started, 600)
-    threads = max(1, (os.cpu_count() or 3) // len(DTYPES))
+    threads = max(1, (os.cpu_count() or 3) // len(runs))
     replays = {
-        dtype: _privzo(
+        name: _privzo(
             "replay",
             "--base",
-            base,
+            root / f"base-{shape}",
             "--trajectory",
-            root / f"run-{dtype}" / "trajectory.parquet",
+            root / f"run-{name}" / "trajectory.parquet",
             "--output-dir",
-            root / f"replay-{dtype}",
+            root / f"replay-{name}",
             "--device",
             "cpu",
             threads=threads,
         )
-        for dtype in DTYPES
+        for name, (shape, _dtype) in runs.items()
     }
     _wait(replays, 600)
     return root
@@ -94,17 +109,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_and_replay(tmp_path_factory.mktemp("gpu-runs"))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_gpu_run_spends_its_epsilon_and_replays_on_cpu(runs: Path, dtype: str, gpu_record):
-    summary = json.loads((runs / f"run-{dtype}" / "summary.json").read_text())
+@pytest.mark.parametrize("name", RUNS)
+def test_a_gpu_run_spends_its_epsilon_and_replays_on_cpu(runs: Path, name: str, gpu_record):
+    shape, dtype = RUNS[name]
+    summary = json.loads((runs / f"run-{name}" / "summary.json").read_text())
     assert summary["device"].startswith(DEVICE) and summary["dtype"] == dtype
     assert summary["steps"] == STEPS
     assert 0.99 * summary["epsilon_target"] <= summary["epsilon"] <= summary["epsilon_target"]
-    trained = load_file(runs / f"run-{dtype}" / "model" / "model.safetensors")
-    replayed = load_file(runs / f"replay-{dtype}" / "model.safetensors")
-    base = load_file(runs / "base" / "model.safetensors")
+    trained = load_file(runs / f"run-{name}" / "model" / "model.safetensors")
+    replayed = load_file(runs / f"replay-{name}" / "model.safetensors")
+    base = load_file(runs / f"base-{shape}" / "model.safetensors")
     assert trained.keys() == replayed.keys()
     figures: dict[str, object] = {
+        "model": shape,
         "dtype": dtype,
         "steps": STEPS,
         "epsilon": summary["epsilon"],

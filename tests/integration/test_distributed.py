@@ -276,10 +276,13 @@ def test_private_run_on_two_workers_spends_the_single_run_budget(private_lora_ru
 @pytest.mark.slow
 def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, cache_dir):
     """p = 2/64: a rank's 32-example partition is empty in ~36% of steps; the rank must still
-    join both forwards' weight gathers, or the job deadlocks."""
+    join both forwards' weight gathers, or the job deadlocks. On a tiny Mistral, so a private
+    zero3 run of a family beside OPT (the layout runs hold MeZO's) runs through Ray too."""
+    mistral = save_tiny_family("mistral", tmp_path / "mistral")
     config = _config(
         TINY_DPZERO,
         *_layout("zero3", 2),
+        f"model.name_or_path={mistral}",
         "optimizer.batch_size=2",
         "optimizer.steps=24",
         "tracking.backend=none",

@@ -19,6 +19,7 @@ from privzo.privacy import compute_epsilon
 from privzo.search import load_search_config, plan_search
 from privzo.search.tuner import tune_dir
 from privzo.tracking import open_client
+from tiny_families import save_tiny_family
 
 # Margins for a loaded machine (2 cores shared by several jobs), not timings: Ray Train's worker
 # groups start slowly under load, and a hang still ends.
@@ -36,9 +37,15 @@ def test_search_over_distributed_trials_of_two_workers(tmp_path, make_search, ca
     CPUs; ASHA scores every 5 steps, so a window's score reaches Tune from rank 0 (under zero3
     every rank scores: its forwards are collective) and the final one from the trial's driver.
     The search's ε is the one a search of single trials has. (A search of replica trials runs,
-    is killed and resumes in tests/integration/test_faults.py.)"""
+    is killed and resumes in tests/integration/test_faults.py.) The trials train a tiny Llama,
+    so a search's distributed trials run on a family beside OPT."""
     scheduler = {"type": "asha", "evaluate_every": 5, "grace_period": 2}
-    layout = {"parallel.strategy": strategy, "parallel.workers": 2}
+    llama = save_tiny_family("llama", tmp_path / "llama")
+    layout = {
+        "parallel.strategy": strategy,
+        "parallel.workers": 2,
+        "model.name_or_path": str(llama),
+    }
     search_path = make_search(
         overrides=layout, space={"privacy.clip": [0.5, 1.0]}, scheduler=scheduler
     )

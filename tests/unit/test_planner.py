@@ -195,7 +195,8 @@ def test_nvme_offload_keeps_the_weights_on_the_drive() -> None:
     [
         (
             {"model": "opt-7b", "gpus": 1, "gpu_memory_gb": 80},
-            r"known families: opt, llama.*named shapes: tiny, opt-125m.*llama-3.1-8b",
+            r"known families: opt, llama.*named shapes: tiny, tiny-llama, tiny-qwen2, "
+            r"tiny-mistral, opt-125m.*llama-3.1-8b",
         ),
         ({"model": "opt-125m", "gpus": 0, "gpu_memory_gb": 80}, "gpus"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 0}, "gpu_memory_gb"),

@@ -29,6 +29,8 @@ TARGETS: dict[str, dict[str, float | None]] = {
     # K directions cost K steps' forwards and sweeps, nothing more, and no more memory
     "dpzero_k_over_k_dpzero_time": {"cpu": 1.05, "cuda": 1.05},
     "dpzero_k_over_dpzero_memory": {"cpu": 1.01, "cuda": 1.01},
+    # a family's tiny shape: its step / 2 forwards over tiny OPT's, in the same run
+    "family_step_over_opt_step": {"cpu": 1.10, "cuda": None},
 }
 LABELS = {
     "dpzero_step_over_two_forwards": "dpzero step / 2 forwards (time)",
@@ -188,3 +190,115 @@ def _shown(value: float | None) -> str:
 
 def _bound(value: float | None) -> str:
     return "-" if value is None else f"<= {value}"
+
+
+@dataclass(frozen=True)
+class FamilyStep:
+    """One family's tiny shape: its median forward and DPZero step, in seconds."""
+
+    shape: str
+    family: str
+    parameters: int
+    forward_s: float
+    dpzero_s: float
+
+    @property
+    def step_over_two_forwards(self) -> float:
+        return self.dpzero_s / (2 * self.forward_s)
+
+
+@dataclass(frozen=True)
+class FamilyStepReport:
+    """Every family's step ÷ two forwards from one interleaved run, and each over OPT's."""
+
+    device: str
+    device_name: str
+    dtype: str
+    batch_size: int
+    sequence_length: int
+    threads: int
+    repeats: int
+    families: tuple[FamilyStep, ...]
+
+    def over_opt(self) -> dict[str, float]:
+        """Each family's step ÷ two forwards over OPT's (OPT's own is 1)."""
+        opt = next(step for step in self.families if step.family == "opt")
+        return {
+            step.family: step.step_over_two_forwards / opt.step_over_two_forwards
+            for step in self.families
+        }
+
+    def target(self) -> float | None:
+        return TARGETS["family_step_over_opt_step"]["cuda" if self.on_cuda else "cpu"]
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def to_json(self) -> dict[str, Any]:
+        families = [
+            {**asdict(step), "step_over_two_forwards": step.step_over_two_forwards}
+            for step in self.families
+        ]
+        return {
+            **asdict(self),
+            "families": families,
+            "step_over_opt_step": self.over_opt(),
+            "targets": {"family_step_over_opt_step": TARGETS["family_step_over_opt_step"]},
+        }
+
+    def table(self) -> str:
+        bound = self.target()
+        lines = [
+            f"ZO step by family: each family's tiny shape, {self.device_name}, {self.dtype}, "
+            f"batch {self.batch_size} x {self.sequence_length} tokens, {self.threads} threads, "
+            f"median of {self.repeats}, every model's cases interleaved",
+            f"{'shape':<14}{'params':>8}{'forward s':>11}{'dpzero s':>10}{'t/(2 fwd)':>11}"
+            f"{'/ opt':>8}{'target':>9}",
+        ]
+        for step in self.families:
+            ratio = self.over_opt()[step.family]
+            verdict = ""
+            if step.family != "opt" and bound is not None:
+                verdict = "  ok" if ratio <= bound else "  ABOVE TARGET"
+            lines.append(
+                f"{step.shape:<14}{step.parameters / 1e6:>7.2f}M{step.forward_s:>11.4f}"
+                f"{step.dpzero_s:>10.4f}{step.step_over_two_forwards:>11.3f}{ratio:>8.3f}"
+                f"{'-' if step.family == 'opt' else _bound(bound):>9}{verdict}"
+            )
+        lines.append(
+            "/ opt: the family's step / 2 forwards over tiny OPT's in this run; target "
+            f"{_bound(TARGETS['family_step_over_opt_step']['cpu'])} on cpu"
+        )
+        return "\n".join(lines)
+
+
+def family_report(
+    setups: list[BenchSetup],
+    measured: dict[str, tuple[float, float]],
+    parameters: dict[str, int],
+    repeats: int,
+) -> FamilyStepReport:
+    """The report of the family benchmark's measured cases (``SHAPE/forward``, ``SHAPE/dpzero``)."""
+    first = setups[0]
+    device = first.device
+    steps = tuple(
+        FamilyStep(
+            shape=setup.shape,
+            family=setup.arch.family,
+            parameters=parameters[setup.shape],
+            forward_s=measured[f"{setup.shape}/forward"][0],
+            dpzero_s=measured[f"{setup.shape}/dpzero"][0],
+        )
+        for setup in setups
+    )
+    return FamilyStepReport(
+        device=str(device),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        dtype=first.dtype,
+        batch_size=first.batch_size,
+        sequence_length=first.seq_len,
+        threads=torch.get_num_threads(),
+        repeats=repeats,
+        families=steps,
+    )

@@ -16,6 +16,9 @@ interleaved and each is timed and its peak memory taken:
 * ``read_write``: one read and write of every weight (``p.add_(0)``), the floor of a sweep;
 * on CPU in fp32 also ``one_sweep_philox``: the same sweep with the counter-based generator.
 
+With ``families``, the forward and DPZero's step of each family's tiny shape run instead, in
+one round-robin, and each family's step ÷ two forwards is set against OPT's.
+
 Every figure printed is measured here; the project's targets are shown beside them.
 """
 
@@ -34,9 +37,9 @@ from torch import nn
 from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.bench.checks import BenchSetup, checked_setup, needed_bytes
 from privzo.bench.mezo_reference import mezo_reference_step
-from privzo.bench.report import ZoStepReport, report
+from privzo.bench.report import FamilyStepReport, ZoStepReport, family_report, report
 from privzo.memory import PeakMemory
-from privzo.models.shapes import random_model
+from privzo.models.shapes import TINY_SHAPES, random_model
 from privzo.privacy.sampling import PoissonSampler
 from privzo.tasks.classification import (
     Batch,
@@ -92,6 +95,36 @@ def zo_step_benchmark(
     return report(setup, measured, parameters, repeats, needed_bytes(setup), directions)
 
 
+def family_step_benchmark(
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 16,
+    seq_len: int = 128,
+    repeats: int = 5,
+    progress: bool = True,
+) -> FamilyStepReport:
+    """The forward and DPZero's step of each family's tiny shape (``tiny``, ``tiny-llama``,
+    ``tiny-qwen2``, ``tiny-mistral``), every model's cases in one round-robin, so the machine's
+    drift touches each family alike and the step ratios compare across families."""
+    if repeats < 1:
+        raise ValueError(f"--repeats={repeats}: allowed: 1 or more")
+    setups = [checked_setup(shape, device, dtype, batch_size, seq_len) for shape in TINY_SHAPES]
+    cases: dict[str, Case] = {}
+    parameters: dict[str, int] = {}
+    for setup in setups:
+        if progress:
+            print(f"building {setup.shape} ({dtype}) on {setup.device}", flush=True)
+        model = random_model(setup.arch, dtype, device=setup.device)
+        parameters[setup.shape] = sum(p.numel() for p in model.parameters())
+        batch = _random_batch(setup)
+        loss = _loss(setup, model, batch)
+        step = _privzo_step(_weights(setup, model), batch, loss, "dpzero", batch_size)
+        cases.update({f"{setup.shape}/forward": Case(loss), f"{setup.shape}/dpzero": Case(step)})
+    where = setups[0].device
+    measured = _measure(cases, PeakMemory(where), repeats, progress, _synchronizer(where))
+    return family_report(setups, measured, parameters, repeats)
+
+
 def _random_batch(setup: BenchSetup) -> Batch:
     """Random tokens, already on the device: the forward measures no host-to-device copy."""
     generator = torch.Generator().manual_seed(0)
@@ -126,7 +159,8 @@ class PrivzoWeights:
         self.shards, self.perturber = [], None
 
 
-def _cases(setup: BenchSetup, model: nn.Module, batch: Batch, directions: int) -> dict[str, Case]:
+def _loss(setup: BenchSetup, model: nn.Module, batch: Batch) -> Callable[..., torch.Tensor]:
+    """The per-example loss a step evaluates: cross-entropy over the label words' logits."""
     label_ids = torch.tensor(LABEL_IDS, device=setup.device)
 
     def loss(_batch: Batch = batch) -> torch.Tensor:
@@ -134,8 +168,17 @@ def _cases(setup: BenchSetup, model: nn.Module, batch: Batch, directions: int) -
         labels = _batch.labels.to(logits.device)
         return nn.functional.cross_entropy(logits, labels, reduction="none")
 
+    return loss
+
+
+def _weights(setup: BenchSetup, model: nn.Module) -> PrivzoWeights:
     generator = resolve_generator("auto", setup.device)
-    weights = PrivzoWeights(model, DirectionSampler("gaussian", setup.device, generator=generator))
+    return PrivzoWeights(model, DirectionSampler("gaussian", setup.device, generator=generator))
+
+
+def _cases(setup: BenchSetup, model: nn.Module, batch: Batch, directions: int) -> dict[str, Case]:
+    loss = _loss(setup, model, batch)
+    weights = _weights(setup, model)
     parameters = list(model.parameters())
     seeds = iter(range(1, 10**9))
     cases = {

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 SHAPES = (
     "tiny (an OPT of 5.32M parameters: 32.3 times the built-in demo-opt-s, and not the "
-    "built-in tiny-opt), a named shape (opt-125m ... opt-66b, llama-3.1-8b, qwen2.5-7b, "
-    "mistral-7b, ...: privzo plan --model all lists them), its hub id, or a model directory"
+    "built-in tiny-opt), its sizes in another family (tiny-llama, tiny-qwen2, tiny-mistral), "
+    "a named shape (opt-125m ... opt-66b, llama-3.1-8b, qwen2.5-7b, mistral-7b, ...: privzo "
+    "plan --model all lists them), its hub id, or a model directory"
 )
 
 
@@ -72,6 +73,13 @@ def _add_zo_step(benches: Commands) -> None:
         help="K > 1 adds dpzero_k, DPZero's step with K directions (DP-AggZO), measured "
         "against K dpzero steps",
     )
+    zo_step.add_argument(
+        "--families",
+        action="store_true",
+        help="instead of one shape's cases, the forward and DPZero step of each family's tiny "
+        "shape (tiny, tiny-llama, tiny-qwen2, tiny-mistral) interleaved in one run: each "
+        "family's step / 2 forwards over OPT's, against its target",
+    )
     finish_command(zo_step, _zo_step_command, cache_dir=False)
 
 
@@ -79,6 +87,8 @@ def _zo_step_command(args: argparse.Namespace) -> int:
     from privzo.bench import zo_step_benchmark
 
     quiet_libraries(args.verbose)
+    if args.families:
+        return _families_command(args)
     result = zo_step_benchmark(
         shape=args.shape,
         device=args.device,
@@ -90,6 +100,26 @@ def _zo_step_command(args: argparse.Namespace) -> int:
         directions=args.directions,
     )
     return _print_result(result, args.json)
+
+
+def _families_command(args: argparse.Namespace) -> int:
+    from privzo.bench.zo_step import family_step_benchmark
+
+    if args.shape != "tiny" or args.directions != 1:
+        raise ValueError(
+            "--families runs each family's tiny shape with one direction; drop --shape and "
+            "--directions"
+        )
+    result = family_step_benchmark(
+        device=args.device,
+        dtype=dtype_name(args.dtype),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        progress=not args.json,
+    )
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
+    return 0
 
 
 def _add_kernels(benches: Commands) -> None:

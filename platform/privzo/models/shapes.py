@@ -4,7 +4,8 @@ of them.
 Each named shape holds the published ``config.json`` values of its checkpoint on the Hugging
 Face hub (hidden_size, intermediate_size or ffn_dim, num_hidden_layers, num_attention_heads,
 num_key_value_heads, vocab_size, max_position_embeddings, tie_word_embeddings, rope_theta);
-``tiny`` is the 5.3M-parameter OPT the zero-order step benchmark runs on CPU. A shape is all a
+``tiny`` is the 5.3M-parameter OPT the zero-order step benchmark runs on CPU, and ``tiny-llama``,
+``tiny-qwen2`` and ``tiny-mistral`` its sizes in the other families. A shape is all a
 benchmark, the planner or ``privzo models init`` needs: no checkpoint is downloaded.
 :func:`resolve_shape` also takes a shape's hub id and a local model directory (its config.json
 only).
@@ -52,6 +53,19 @@ def _llama_like(
 
 TINY = DecoderArch(layers=4, hidden=256, ffn=1024, heads=4, vocab=8192, max_positions=256)
 
+# ``tiny``'s sizes in each other family, for comparing the families' steps on CPU: 4 query and 2
+# key/value heads, a gated MLP 688 wide (2/3 of OPT's 1024 rounded up to a multiple of 16, so its
+# three matrices hold what OPT's two do), and the head tied as ``tiny``'s, so a step's sweeps
+# cover the same weights and only the layers' layout differs.
+_TINY_FAMILY = {"ffn": 688, "vocab": 8192, "max_positions": 256, "tie_embeddings": True}
+TINY_SHAPES: dict[str, DecoderArch] = {
+    "tiny": TINY,
+    **{
+        f"tiny-{family}": _llama_like(family, 4, 256, heads=4, kv_heads=2, **_TINY_FAMILY)
+        for family in ("llama", "qwen2", "mistral")
+    },
+}
+
 # facebook/opt-*: all share vocab_size 50272 and max_position_embeddings 2048 (the OPT paper's
 # table 1); OPT-350m has 512-wide embeddings projected in and out, and no final layer norm.
 OPT_SHAPES: dict[str, DecoderArch] = {
@@ -86,7 +100,7 @@ FAMILY_SHAPES: dict[str, DecoderArch] = {
     "mistral-7b": _llama_like("mistral", 32, 4096, 14336, 32, 8, vocab=32000, max_positions=32768),
 }
 
-SHAPES: dict[str, DecoderArch] = {"tiny": TINY, **OPT_SHAPES, **FAMILY_SHAPES}
+SHAPES: dict[str, DecoderArch] = {**TINY_SHAPES, **OPT_SHAPES, **FAMILY_SHAPES}
 
 # The hub checkpoint each named shape describes (the planner and preflight accept these ids).
 HUB_IDS: dict[str, str] = {

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import autograd_per_example
+from privzo.algorithms.registry import get_algorithm
 from privzo.algorithms.stepper import StepMeter
 from privzo.baselines.first_order import FirstOrderStepper
 from privzo.config import ConfigError, ModelConfig, load_config
@@ -62,7 +63,13 @@ CASES = [
         ("dpzero", "full"),
         ("mezo", "full"),
     ]
-] + [("qwen2", "dpsgd", "bitfit")]  # the one family here with biases (query/key/value)
+] + [
+    ("qwen2", "dpsgd", "bitfit"),  # the one family here with biases (query/key/value)
+    # the other algorithms, each on one family
+    ("llama", "dpzo-laplace", "full"),
+    ("qwen2", "adamw", "full"),
+    ("mistral", "dpgd-0th", "full"),
+]
 
 
 @pytest.mark.parametrize(("family", "algorithm", "view"), CASES)
@@ -70,6 +77,8 @@ def test_two_steps_of_each_algorithm_move_the_trained_tensors(
     tmp_path, family_dirs, sentiment_files, cache_dir, family, algorithm, view
 ):
     sampler = ["privacy.sampler=shuffle"] if algorithm == "mezo" else []
+    if algorithm == "dpzo-laplace":  # Laplace noise: an accountant that bounds it
+        sampler.append("privacy.accountant=pure")
     config = _config(
         family_dirs[family],
         sentiment_files,
@@ -80,8 +89,8 @@ def test_two_steps_of_each_algorithm_move_the_trained_tensors(
     output = tmp_path / "run"
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert summary["steps"] == 2 and 0.0 <= summary["accuracy_after"] <= 1.0
-    assert (summary["epsilon"] is not None) == (algorithm != "mezo")
-    if algorithm != "dpsgd":  # zeroth order: the trajectory replays the run
+    assert (summary["epsilon"] is not None) == get_algorithm(algorithm).private
+    if get_algorithm(algorithm).writes_trajectory:  # the trajectory replays the run
         trajectory = pd.read_parquet(output / "trajectory.parquet")
         assert len(trajectory) == 2 and trajectory["projected_gradient"].abs().sum() > 0
         return

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from privzo.bench.mezo_reference import mezo_reference_step
+from privzo.bench.report import FamilyStep, FamilyStepReport
 from privzo.cli import main
 from privzo.models.architecture import DecoderArch
 from privzo.models.shapes import random_model
@@ -68,9 +69,59 @@ def test_half_precision_runs_the_virtual_step_and_the_reference(capsys):
     assert result["dtype"] == "bfloat16" and set(result["seconds"]) == CASES
 
 
+def test_families_time_each_familys_tiny_shape_and_set_its_step_against_opts(capsys):
+    result = _bench_json(capsys, "--families")
+    families = {step["family"]: step for step in result["families"]}
+    assert list(families) == ["opt", "llama", "qwen2", "mistral"]
+    assert [step["shape"] for step in result["families"]] == [
+        "tiny",
+        "tiny-llama",
+        "tiny-qwen2",
+        "tiny-mistral",
+    ]
+    for step in families.values():
+        assert step["forward_s"] > 0 and step["dpzero_s"] > 0
+        assert step["step_over_two_forwards"] == pytest.approx(
+            step["dpzero_s"] / (2 * step["forward_s"])
+        )
+    over_opt = result["step_over_opt_step"]
+    assert over_opt["opt"] == 1.0
+    assert over_opt["llama"] == pytest.approx(
+        families["llama"]["step_over_two_forwards"] / families["opt"]["step_over_two_forwards"]
+    )
+    assert result["targets"]["family_step_over_opt_step"]["cpu"] == 1.10
+    # the family shapes have tiny's sizes, so their steps sweep about as many weights
+    assert all(
+        0.9 < step["parameters"] / families["opt"]["parameters"] < 1.0
+        for step in result["families"][1:]
+    )
+
+
+def test_the_families_table_gives_each_family_its_verdict_against_opts_step():
+    def step(shape: str, family: str, dpzero_s: float) -> FamilyStep:
+        return FamilyStep(shape, family, 5_000_000, forward_s=0.01, dpzero_s=dpzero_s)
+
+    report = FamilyStepReport(
+        "cpu", "cpu", "float32", 16, 128, 2, 5,
+        (step("tiny", "opt", 0.03), step("tiny-llama", "llama", 0.032),
+         step("tiny-qwen2", "qwen2", 0.0331)),
+    )  # fmt: skip
+    assert report.over_opt() == pytest.approx(
+        {"opt": 1.0, "llama": 1.6 / 1.5, "qwen2": 1.655 / 1.5}
+    )
+    rows = {line.split()[0]: line for line in report.table().splitlines()[2:5]}
+    assert rows["tiny"].endswith("-")
+    assert rows["tiny-llama"].endswith("<= 1.1  ok") and "1.600" in rows["tiny-llama"]
+    assert rows["tiny-qwen2"].endswith("ABOVE TARGET")
+    cuda = FamilyStepReport("cuda:0", "H100", "bfloat16", 16, 128, 2, 5, report.families)
+    assert not any(verdict in cuda.table() for verdict in ("  ok", "ABOVE TARGET"))
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
+        (["--families", "--shape", "opt-125m"], "--families runs each family's tiny shape"),
+        (["--families", "--directions", "2"], "drop --shape and --directions"),
         (["--shape", "opt-66b"], "shape opt-66b (float32, batch 16 x 128) needs about"),
         (["--shape", "opt-3b"], "unknown shape 'opt-3b'"),
         (["--dtype", "int8"], "unknown dtype 'int8'"),

@@ -71,7 +71,17 @@ def test_init_refuses_unknown_shapes_and_dtypes(tmp_path, capsys, arguments, mes
 
 
 @pytest.mark.parametrize(
-    "shape", ["opt-125m", "opt-350m", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b", "mistral-7b"]
+    "shape",
+    [
+        "opt-125m",
+        "opt-350m",
+        "llama-3.1-8b",
+        "qwen2.5-0.5b",
+        "qwen2.5-7b",
+        "mistral-7b",
+        "tiny-llama",
+        "tiny-qwen2",
+    ],
 )
 def test_shapes_build_with_the_planners_parameter_count(shape):
     """The registry's configs give the models the planner counts (350m: projections, no final
