@@ -60,3 +60,42 @@ def test_ctrl_c_prints_one_line_exits_130_and_marks_the_run_killed(
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     assert read_run(uri, run_id)["status"] == "KILLED"
     assert not (output / LOCK_FILE).exists()
+
+
+LOST_IN_A_FINALIZER = """
+import gc, signal, sys, time
+from privzo.cli.process import redeliver_lost_interrupts
+
+redeliver_lost_interrupts()
+
+
+class Collected:
+    def __del__(self):  # Ctrl+C arriving while a finalizer runs: Python ignores what it raises
+        signal.raise_signal(signal.SIGINT)
+
+
+try:
+    Collected()
+    gc.collect()
+    deadline = time.monotonic() + 30  # the command's own work, where the interrupt must land
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    print("interrupted in the command's code")
+    sys.exit(130)
+print("the interrupt was lost")
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_command():
+    """A Ctrl+C raised inside a garbage-collector callback or ``__del__`` (SQLAlchemy's, in a
+    study) is only printed by Python; privzo's commands deliver it again to their own code."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LOST_IN_A_FINALIZER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stdout.strip() == "interrupted in the command's code"
+    assert "Exception ignored" not in done.stderr

@@ -14,7 +14,7 @@ from privzo.cli.arguments import (
     all_overrides,
     check_job_output_dir,
 )
-from privzo.cli.process import Terminated, passive_openmp_waits
+from privzo.cli.process import Terminated, passive_openmp_waits, redeliver_lost_interrupts
 
 DESCRIPTION = (
     "Private fine-tuning of language models without backpropagation (DPZero / DP-ZO, MeZO and "
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     passive_openmp_waits()
+    redeliver_lost_interrupts()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # `privzo run CFG --output-dir D a.b=1`: overrides may also follow the options

@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max ..."
+REDELIVERY_DELAY_S = 0.05  # a lost Ctrl+C is sent again after this (redeliver_lost_interrupts)
 
 
 def process_cores() -> int:
@@ -102,6 +104,28 @@ def stdout_to_stderr() -> Iterator[None]:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler or `kill` stopping the job), handled like Ctrl+C."""
+
+
+def redeliver_lost_interrupts() -> None:
+    """Deliver again a Ctrl+C (or SIGTERM) that landed in code whose exceptions Python ignores.
+
+    A signal's KeyboardInterrupt is raised wherever the main thread is; inside a garbage
+    collector callback or a ``__del__`` (SQLAlchemy's, MLflow's store's), Python only prints
+    "Exception ignored" and goes on, so the command would keep training. The unraisable hook
+    sends the same signal again from a thread a moment later, once the main thread is back in
+    the command's own code (raised within the hook, it would be ignored too; a signal that lands
+    in such code again is sent again)."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        kind = unraisable.exc_type
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            signum = signal.SIGTERM if issubclass(kind, Terminated) else signal.SIGINT
+            threading.Timer(REDELIVERY_DELAY_S, signal.raise_signal, (signum,)).start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 @contextlib.contextmanager
