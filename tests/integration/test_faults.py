@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -363,16 +364,32 @@ def _paused_rank0(pid_file: Path, driver: subprocess.Popen, log: Path, seed: int
     return int(pid_file.read_text())
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.integration
-def test_a_distributed_run_survives_a_killed_worker_then_a_killed_driver(tmp_path, cache_dir):
+@dataclass(frozen=True)
+class KilledTwice:
+    """A replica run whose worker, then whose driver, was SIGKILLed, finished by the same command:
+    what the kills left and what the run ended with."""
+
+    seed: int
+    worker_step: int
+    driver_step: int
+    released_first: list[dict]  # the trajectory committed at the worker's kill
+    released: list[dict]  # ... at the driver's kill
+    resume_point: dict
+    ray_run: Path
+    output: Path
+    uri: str
+    summary: dict
+    rows: list[dict]
+
+
+@pytest.fixture(scope="module")
+def killed_twice(tmp_path_factory, cache_dir) -> KilledTwice:
     """``privzo run`` of a two-worker replica DPZero run with one restart allowed. While rank 0
     waits at a drawn step, one worker (rank 0 or 1, drawn) is SIGKILLed: the run restarts its
     workers, which rebuild θ by replaying the kept steps. While the new rank 0 waits at a later
-    drawn step, the driver is SIGKILLed (nothing of it runs after the kill). The same command
-    again goes on from the newest checkpoint the killed launch committed, in the same MLflow
-    run, and every step is drawn and booked once over the three attempts."""
+    drawn step, the driver is SIGKILLed (nothing of it runs after the kill). Then the same command
+    again. One run serves the worker's and the driver's tests (a second would start Ray, a worker
+    group and the model again for the same 12 steps)."""
     from privzo.distributed.resume import committed
 
     seed = _fault_seed()
@@ -380,7 +397,8 @@ def test_a_distributed_run_survives_a_killed_worker_then_a_killed_driver(tmp_pat
     worker_step = rng.randrange(2, RAY_STEPS - 3)
     driver_step, rank = rng.randrange(worker_step + 1, RAY_STEPS - 2), rng.randrange(2)
     print(f"seed {seed}: kill rank {rank} at step {worker_step}, the driver at {driver_step}")
-    output, pids = tmp_path / "runs" / "replica", tmp_path / "pids"
+    root = tmp_path_factory.mktemp("killed-twice")
+    output, pids = root / "runs" / "replica", root / "pids"
     pids.mkdir()
     command = [
         *(sys.executable, "-c", PAUSING_CLI, "run", str(TINY_DPZERO), "--quiet"),
@@ -398,7 +416,7 @@ def test_a_distributed_run_survives_a_killed_worker_then_a_killed_driver(tmp_pat
         "FAULT_STEPS": f"{worker_step},{driver_step}",
         "FAULT_PAUSE_LIMIT_S": str(PAUSE_LIMIT_S),
     }
-    log = tmp_path / "killed.log"
+    log = root / "killed.log"
     with log.open("w") as sink:
         driver = subprocess.Popen(command, env=environment, stdout=sink, stderr=sink)
         try:
@@ -428,27 +446,61 @@ def test_a_distributed_run_survives_a_killed_worker_then_a_killed_driver(tmp_pat
             command, env=environment, stdout=sink, stderr=sink, timeout=RUN_LIMIT_S
         )
     assert done.returncode == 0, f"seed {seed}\n{log.read_text()[-4000:]}"
+    return KilledTwice(
+        seed=seed,
+        worker_step=worker_step,
+        driver_step=driver_step,
+        released_first=released_first,
+        released=released,
+        resume_point=point,
+        ray_run=ray_run,
+        output=output,
+        uri=f"sqlite:///{(root / 'runs' / 'mlflow.db').resolve()}",
+        summary=json.loads((output / "summary.json").read_text()),
+        rows=pq.read_table(output / "trajectory.parquet").to_pylist(),
+    )
 
-    summary = json.loads((output / "summary.json").read_text())
-    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == driver_step, seed
-    rows = pq.read_table(output / "trajectory.parquet").to_pylist()
-    _check_trajectory(rows, released_first, RAY_STEPS, seed)
-    _check_trajectory(rows, released, RAY_STEPS, seed)
-    _check_accounted_once(output, summary, RAY_STEPS, seed)
-    uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    runs = find_runs(uri, "driver")
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(killed_twice, cache_dir):
+    """The worker's kill: the restarted workers rebuilt θ by replaying the kept steps (the saved
+    model is the whole trajectory's), the steps committed before the kill kept as they were, and
+    every step drawn, booked and released once over the attempts."""
+    run, seed = killed_twice, killed_twice.seed
+    _check_trajectory(run.rows, run.released_first, RAY_STEPS, seed)
+    _check_accounted_once(run.output, run.summary, RAY_STEPS, seed)
+    _check_released_once(run.uri, run.summary["tracking_run_id"], run.rows, seed)
+    assert (
+        read_run(run.uri, run.summary["tracking_run_id"])["metrics"]["final_epsilon"]
+        == (run.summary["epsilon"])
+    )
+    _check_replays_to_the_saved_model(run.output, cache_dir, seed)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_distributed_run_whose_driver_is_killed_resumes_with_the_same_command(killed_twice):
+    """The driver's kill: the same command went on from the newest checkpoint the killed launch
+    committed, in the same MLflow run and the same Ray Train run, which keeps only its newest
+    checkpoints."""
+    run, seed = killed_twice, killed_twice.seed
+    summary, point = run.summary, run.resume_point
+    assert summary["steps"] == RAY_STEPS and summary["resumed_steps"] == run.driver_step, seed
+    _check_trajectory(run.rows, run.released, RAY_STEPS, seed)
+    runs = find_runs(run.uri, "driver")
     assert [(r.run_id, r.status) for r in runs] == [(point["tracking_run_id"], "FINISHED")]
     assert summary["tracking_run_id"] == point["tracking_run_id"]
-    assert read_run(uri, runs[0].run_id)["metrics"]["final_epsilon"] == summary["epsilon"]
-    _check_released_once(uri, summary["tracking_run_id"], rows, seed)
     # one Ray Train run for both launches, holding only its newest checkpoints
-    assert [path.name for path in (output / "ray").iterdir()] == [ray_run.name]
-    states = sorted(ray_run.glob("checkpoint_*/state.json"))
+    assert [path.name for path in (run.output / "ray").iterdir()] == [run.ray_run.name]
+    states = sorted(run.ray_run.glob("checkpoint_*/state.json"))
     kept = [json.loads(path.read_text())["steps_done"] for path in states]
     assert sorted(kept) == list(range(RAY_STEPS - CHECKPOINTS_KEPT + 1, RAY_STEPS + 1))
-    assert len([path for path in ray_run.glob("checkpoint_*") if path.is_dir()]) == CHECKPOINTS_KEPT
-    assert not (output / "resume.json").exists()
-    _check_replays_to_the_saved_model(output, cache_dir, seed)
+    checkpoints = [path for path in run.ray_run.glob("checkpoint_*") if path.is_dir()]
+    assert len(checkpoints) == CHECKPOINTS_KEPT
+    assert not (run.output / "resume.json").exists()
 
 
 def _pausing_trials(step: int, pid_file: Path):
