@@ -94,7 +94,11 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_command():
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", LOST_IN_A_FINALIZER], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", LOST_IN_A_FINALIZER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=ctrl_c_reaches_it,  # pytest-xdist's workers ignore SIGINT, and children inherit
     )
     assert done.returncode == 130, done.stdout + done.stderr
     assert done.stdout.strip() == "interrupted in the command's code"
