@@ -112,6 +112,20 @@ class ZoStepReport:
         return format_table(asdict(self))
 
 
+def _run_header(setup: BenchSetup, repeats: int) -> dict[str, Any]:
+    """Where and how a benchmark run measured: the fields every step report starts with."""
+    device = setup.device
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": setup.dtype,
+        "batch_size": setup.batch_size,
+        "sequence_length": setup.seq_len,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+    }
+
+
 def report(
     setup: BenchSetup,
     measured: dict[str, tuple[float, float]],
@@ -121,7 +135,6 @@ def report(
     directions: int = 1,
 ) -> ZoStepReport:
     """Every measured figure and ratio of one run of the benchmark."""
-    device = setup.device
     return ZoStepReport(
         shape=setup.shape,
         model={
@@ -132,13 +145,7 @@ def report(
             "vocab": setup.arch.vocab,
             "parameters": parameters,
         },
-        device=str(device),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        dtype=setup.dtype,
-        batch_size=setup.batch_size,
-        sequence_length=setup.seq_len,
-        threads=torch.get_num_threads(),
-        repeats=repeats,
+        **_run_header(setup, repeats),
         directions=directions,
         estimated_need_gib=estimated_bytes / _GIB,
         seconds={name: value[0] for name, value in measured.items()},
@@ -280,8 +287,6 @@ def family_report(
     repeats: int,
 ) -> FamilyStepReport:
     """The report of the family benchmark's measured cases (``SHAPE/forward``, ``SHAPE/dpzero``)."""
-    first = setups[0]
-    device = first.device
     steps = tuple(
         FamilyStep(
             shape=setup.shape,
@@ -293,12 +298,6 @@ def family_report(
         for setup in setups
     )
     return FamilyStepReport(
-        device=str(device),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        dtype=first.dtype,
-        batch_size=first.batch_size,
-        sequence_length=first.seq_len,
-        threads=torch.get_num_threads(),
-        repeats=repeats,
+        **_run_header(setups[0], repeats),
         families=steps,
     )
