@@ -118,8 +118,7 @@ def _families_command(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         progress=not args.json,
     )
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.table())
-    return 0
+    return _print_result(result, args.json)
 
 
 def _add_kernels(benches: Commands) -> None:
