@@ -25,7 +25,12 @@ def add_demo(commands: Commands) -> None:
         default=Path("runs/demo"),
         help="where the demo's runs go",
     )
-    demo.add_argument("--quick", action="store_true", help="fewer steps (for smoke tests)")
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 20 steps per arm and study cell, search trials of 20 or 40 "
+        "steps, the study over the two smaller models",
+    )
     demo.add_argument(
         "--arms-only", action="store_true", help="skip the small search and the scaling study"
     )

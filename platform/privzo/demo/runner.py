@@ -30,6 +30,9 @@ SEARCH_CONFIG = "../searches/tiny.yaml"  # relative to the run configs
 STUDY_CONFIG = "../studies/tiny-scaling.yaml"
 QUICK_SEARCH_STEPS = [20, 40]
 QUICK_STUDY_STEPS = 20
+# --quick is a smoke test: the two smaller sizes still make a scaling table, and skip the
+# largest model's one-off pretraining (most of the quick demo's time on a cold cache)
+QUICK_STUDY_MODELS = ["demo-opt-s", "demo-opt-m"]
 # the MLflow experiments of the arms, the search and the study (their configs name them)
 DEMO_EXPERIMENTS = ["privzo-tiny", "privzo-tiny-search", "tiny-scaling"]
 
@@ -160,7 +163,7 @@ def _run_scaling_study(output_dir: Path, cache_dir: Path, config_path: Path, qui
     assert isinstance(study, ScalingStudyConfig), "the demo's study is a scaling study"
     if quick:
         overrides = {**study.overrides, "optimizer.steps": QUICK_STUDY_STEPS}
-        study = study.model_copy(update={"overrides": overrides})
+        study = study.model_copy(update={"overrides": overrides, "models": QUICK_STUDY_MODELS})
     print(f"\nscaling study: {config_path.resolve()} (zero-shot vs private vs non-private)")
     run_study(study, output_dir, cache_dir=cache_dir, tracking_root=output_dir.parent)
 
