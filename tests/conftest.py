@@ -16,6 +16,7 @@ import yaml
 
 from privzo.config import RunConfig, load_config
 from privzo.privacy import keep_epsilons_in
+from privzo.tracking import keep_blank_stores_in
 
 # The fused Triton kernels (privzo.zo.kernels) run on CPU tensors under Triton's interpreter,
 # which Triton reads when a kernel is defined: privzo imports Triton only on first use, so
@@ -193,8 +194,10 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def epsilons_kept(cache_dir) -> Path:
     """ε evaluations kept in the session's cache, as ``privzo run`` keeps them in its own: a
-    test's calibration that another test already made is read, not evaluated again."""
+    test's calibration that another test already made is read, not evaluated again. New MLflow
+    stores are copied from the cache's blank one, as ``privzo run``'s are."""
     keep_epsilons_in(cache_dir)
+    keep_blank_stores_in(cache_dir)
     return cache_dir
 
 

@@ -48,7 +48,7 @@ from privzo.rundir import (
     write_resume_point,
 )
 from privzo.section import ConfigError
-from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, keep_blank_stores_in, make_tracker
 from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags, run_label
 
 logger = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ def run(
     """
     output_dir = Path(output_dir).resolve()
     keep_epsilons_in(cache_dir)  # a rerun, a resume or a search's next trial calibrates anew
+    keep_blank_stores_in(cache_dir)  # a new output directory's MLflow store, without migrations
     stopped = None if overwrite else untracked(output_dir, config)
     if stopped is not None:  # trained and recorded: only its tracking run is left to end
         return _end_tracking(

@@ -28,7 +28,7 @@ from privzo.search.resources import TrialResources, check_trial_resources
 from privzo.search.summary import SearchSummary
 from privzo.search.tuner import SearchPlaces, fit
 from privzo.section import ConfigError
-from privzo.tracking import Tracker, connect_tracker, make_tracker
+from privzo.tracking import Tracker, connect_tracker, keep_blank_stores_in, make_tracker
 
 STATE_FILE = "search_state.json"
 
@@ -76,6 +76,7 @@ def run_search(
     """
     output_dir = Path(output_dir).resolve()
     keep_epsilons_in(cache_dir)  # each trial's calibration, as the trials' runs keep theirs
+    keep_blank_stores_in(cache_dir)  # the search's store is opened before any trial's run
     tracking_root = Path(tracking_root or output_dir).resolve()
     state_path = output_dir / STATE_FILE
     state = SearchState.load(state_path)

@@ -13,7 +13,7 @@ from privzo.section import Section
 from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
 from privzo.studies.summary import StudyResult, SyntheticSummary
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
-from privzo.tracking import connect_tracker, make_tracker
+from privzo.tracking import connect_tracker, keep_blank_stores_in, make_tracker
 
 StudyRunner = Callable[..., StudyResult]
 SYNTHETIC_CONFIG_FILE = "synthetic_config.yaml"
@@ -86,4 +86,6 @@ def run_study(study: Section, output_dir: Path, **options: Any) -> StudyResult:
     runner = STUDY_RUNNERS.get(type(study))
     if runner is None:
         raise ValueError(f"no runner registered for {type(study).__name__}")
+    if options.get("cache_dir") is not None:  # the study's store opens before its first cell
+        keep_blank_stores_in(options["cache_dir"])
     return runner(study, output_dir, **options)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from privzo.tracking.base import DatasetLineage, NoopTracker, RunStatus, Tracker, flatten_params
+from privzo.tracking.blank_store import keep_blank_stores_in
 from privzo.tracking.mlflow_tracker import MlflowTracker
 from privzo.tracking.reader import (
     RunRecord,
@@ -87,6 +88,7 @@ __all__ = [
     "flatten_params",
     "get_or_create_experiment",
     "join_split_params",
+    "keep_blank_stores_in",
     "make_tracker",
     "metric_history",
     "open_client",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+from privzo.tracking.blank_store import seed_new_store
 from privzo.tracking.clock import stamp_public_time
 
 if TYPE_CHECKING:
@@ -207,6 +208,9 @@ def open_client(uri: str) -> MlflowClient:
     from mlflow.tracking import MlflowClient
 
     with _store_lock(uri):
+        db = _sqlite_path(uri)
+        if db is not None:
+            seed_new_store(db)
         return MlflowClient(tracking_uri=uri)
 
 
