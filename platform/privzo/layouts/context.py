@@ -107,7 +107,7 @@ class RunContext:
         """The planner's figure for one step above the weights (MiB), for a decoder it models
         (None for another architecture): what the report shows where no CUDA peak was taken."""
         try:
-            arch = arch_from_config(self.scoring_model.config)
+            arch = arch_from_config(getattr(self.scoring_model, "config", None))
         except ValueError:
             return None
         return planned_step_bytes(self.config, arch) / 2**20
