@@ -11,11 +11,14 @@ This is only the estimate of a later scale-out feature; nothing here places anyt
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privzo.forward_memory import dtype_bytes, estimate_activation_bytes
 from privzo.models.architecture import DecoderArch, count_parameters, layer_parameters
 from privzo.models.shapes import resolve_shape
+
+if TYPE_CHECKING:
+    from privzo.config.run import RunConfig
 
 _GIB = 2**30
 # Share of a GPU's memory the plan leaves free for fragmentation and estimate error.
@@ -49,6 +52,24 @@ def resolve_arch(model: str | DecoderArch) -> tuple[str, DecoderArch]:
 
 # Tokens per example where a plan is not told its length: a long few-shot prompt.
 SEQ_LEN = 256
+
+
+def forward_shape(config: RunConfig) -> tuple[int, int]:
+    """The batch and length of one of ``config``'s forwards on one worker: its share of the
+    batch, at most one micro-batch (``optimizer.physical_batch_size``), of prompts of
+    ``task.max_length`` tokens at most (without it, the planner's default length)."""
+    per_worker = max(1, config.optimizer.batch_size // config.parallel.workers)
+    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
+    return forward_batch, config.task.max_length or SEQ_LEN
+
+
+def planned_step_bytes(config: RunConfig, arch: DecoderArch) -> int:
+    """What one zeroth-order step of ``config`` needs above the weights, by the formula: the
+    activations of one forward of prompts no longer than the model's positions (eager
+    attention, the upper bound; no key/value cache, as privzo's scoring forwards keep none)."""
+    batch, seq_len = forward_shape(config)
+    seq_len = min(seq_len, arch.max_positions)
+    return estimate_activation_bytes(arch, batch, seq_len, config.model.dtype)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ checked against a real forward on CPU."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,18 @@ from transformers import (
     Qwen3Config,
 )
 
-from privzo.forward_memory import measure_forward_peak_mb
+from privzo.config import load_config
+from privzo.forward_memory import estimate_activation_bytes, measure_forward_peak_mb
 from privzo.models.architecture import DecoderArch, arch_from_config, count_parameters, hf_config
 from privzo.models.shapes import SHAPES
-from privzo.planner import HOST_OVERHEAD_BYTES, plan
+from privzo.planner import (
+    HOST_OVERHEAD_BYTES,
+    SEQ_LEN,
+    forward_shape,
+    plan,
+    planned_step_bytes,
+    resolve_arch,
+)
 
 OPT_SIZES = {name: arch for name, arch in SHAPES.items() if name.startswith("opt-")}
 
@@ -266,3 +275,20 @@ def test_a_cpu_zero3_worker_holds_its_partition_and_the_gathered_embedding():
     assert zero3 < single
     with pytest.raises(ValueError, match="unknown strategy 'zero2'"):
         cpu_worker_bytes(arch, strategy="zero2", workers=2, **shape)
+
+
+def test_planned_step_memory_is_one_forward_of_a_micro_batch_within_the_positions() -> None:
+    """A step's planned memory is one forward's activations: a micro-batch
+    (``optimizer.physical_batch_size``) of prompts of ``task.max_length`` tokens (the planner's
+    default length without it), cut at the model's positions."""
+    micro = ["optimizer.batch_size=32", "optimizer.physical_batch_size=8"]
+    config = load_config(overrides=micro)
+    _, arch = resolve_arch("tiny")
+    short = replace(arch, max_positions=SEQ_LEN // 4)
+    dtype = config.model.dtype
+    assert forward_shape(config) == (8, SEQ_LEN)
+    assert planned_step_bytes(config, arch) == estimate_activation_bytes(arch, 8, SEQ_LEN, dtype)
+    cut = estimate_activation_bytes(short, 8, SEQ_LEN // 4, dtype)
+    assert planned_step_bytes(config, short) == cut
+    capped = load_config(overrides=[*micro, "task.max_length=16"])
+    assert planned_step_bytes(capped, arch) == estimate_activation_bytes(arch, 8, 16, dtype)

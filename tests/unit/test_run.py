@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from privzo.cli import main
 from privzo.config import ConfigError, load_config
+from privzo.planner import planned_step_bytes, resolve_arch
 from privzo.privacy import PoissonSampler, compute_epsilon
 from privzo.privacy.plan import make_sampler
 from privzo.replay import replay
@@ -74,6 +75,11 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     for key, value in {"algorithm": "dpzero", "epsilon": "3", "model": "tiny-opt"}.items():
         assert record["tags"][f"privzo.{key}"] == value, key
     assert record["tags"]["privzo.seed"] == str(seed)
+    # where a peak is taken, and the planner's step figure the report shows in its place
+    assert record["tags"]["privzo.device"] == "cpu"
+    _, arch = resolve_arch(str(output / "model"))
+    planned = planned_step_bytes(config, arch) / 2**20
+    assert float(record["tags"]["privzo.planned_step_mb"]) == pytest.approx(planned, abs=1e-3)
     assert record["params"]["optimizer.algorithm"] == "dpzero"
     assert float(record["params"]["privacy.epsilon"]) == 3.0
     assert record["metrics"]["final_epsilon"] == pytest.approx(summary.epsilon)

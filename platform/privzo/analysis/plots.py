@@ -115,25 +115,26 @@ def plot_gap(gap: pa.Table) -> Figure:
 
 
 MEMORY_NOTE = (
-    "memory not plotted: a run records its process's peak (on CPU the resident memory, "
-    "interpreter and libraries included), not what the step adds above the model"
+    "memory: the CUDA allocator's step peak minus the weights where runs measured it, else the "
+    "planner's estimate (one forward's activations, an upper bound); never the process's "
+    "resident memory"
 )
 
 
-def plot_resources(resources: pa.Table) -> Figure:
-    """Mean step time against model size, a line per algorithm. Memory is not drawn: the
-    records hold the process's peak, which on CPU is about the same for every model size
-    (``MEMORY_NOTE``). Private runs withhold their times: such an algorithm gets no line, and
-    the figure's title names it."""
+def plot_resources(resources: pa.Table, step_memory: pa.Table) -> Figure:
+    """Two panels against model size: mean step time, a line per algorithm, and what one step
+    needs above the weights (``step_memory_table``), a series per algorithm and source, with a
+    line and error bars only through points of several seeds. Private runs withhold their
+    times: such an algorithm gets no time line, and the figure's title names it."""
     plt = _pyplot()
     shown, withheld = split_withheld(resources)
-    figure, time = plt.subplots(figsize=(6.5, 4.4))
+    figure, (time, memory) = plt.subplots(1, 2, figsize=(12, 4.4))
     for algorithm, group in shown.items():
         time.plot(group["model_parameters"], group["mean_step_time_s"], marker="o", label=algorithm)
     notes = [MEMORY_NOTE]
     if withheld:
         notes.append(
-            f"not shown: {', '.join(withheld)} (a private run withholds its time: "
+            f"step time not shown: {', '.join(withheld)} (a private run withholds its time: "
             "it depends on which records were sampled)"
         )
     figure.suptitle("\n".join(notes), fontsize="x-small")
@@ -144,8 +145,26 @@ def plot_resources(resources: pa.Table) -> Figure:
     time.set_ylim(bottom=0)  # a zero baseline, so a 5 % difference looks like 5 %
     if shown:
         time.legend(fontsize="small")
+    _plot_step_memory(memory, step_memory)
     figure.tight_layout()
     return figure
+
+
+def _plot_step_memory(axis: Any, step_memory: pa.Table) -> None:
+    frame = step_memory.to_pandas()
+    for index, ((algorithm, source), group) in enumerate(frame.groupby(["algorithm", "source"])):
+        group = group.sort_values("model_parameters")
+        sizes, values = group["model_parameters"], group["step_memory_mb"]
+        label = f"{algorithm}, {source}"
+        _seeded_series(axis, sizes, values, group, label, index, errors=group["std"])
+    axis.set_xscale("log")
+    axis.set_xlabel("model parameters")
+    axis.set_ylabel("MiB above the weights")
+    what = _over_seeds(frame["seeds"])
+    axis.set_title(f"Memory one step needs ({what})", fontsize="medium")
+    axis.set_ylim(bottom=0)
+    if len(frame):
+        axis.legend(fontsize="small")
 
 
 def plot_cost(cost: pa.Table) -> Figure:

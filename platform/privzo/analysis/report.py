@@ -30,6 +30,7 @@ from privzo.analysis.tables import (
     sampling_table,
     scaling_markdown,
     scaling_table,
+    step_memory_table,
 )
 from privzo.tracking import Tracker, metric_history
 
@@ -69,12 +70,14 @@ def build_report(
     scaling = scaling_table(runs)
     gap = privacy_gap_table(scaling)
     resources = resources_table(runs)
+    step_memory = step_memory_table(runs)
     cost = cost_table(runs)
     tables = {
         "scaling": scaling,
         "cells": cells_table(runs),
         "privacy_gap": gap,
         "resources": resources,
+        "step_memory": step_memory,
         "cost": cost,
     }
     for name, table in {"runs": runs, **tables}.items():
@@ -82,11 +85,11 @@ def build_report(
     figures = {
         "scaling.png": plot_scaling(scaling),
         "privacy_gap.png": plot_gap(gap),
-        "resources.png": plot_resources(resources),
+        "resources.png": plot_resources(resources, step_memory),
         "cost.png": plot_cost(cost),
         "epsilon_steps.png": plot_epsilon_steps(_epsilon_histories(tracking_uri, runs)),
     }
-    text = _markdown(experiment, study, runs, scaling, gap, resources, cost)
+    text = _markdown(experiment, study, runs, scaling, gap, resources, step_memory, cost)
     audits = load_audits(tracking_uri, experiment, study)
     if audits.num_rows:
         table = audit_table(audits)
@@ -136,6 +139,7 @@ def _markdown(
     scaling: pa.Table,
     gap: pa.Table,
     resources: pa.Table,
+    step_memory: pa.Table,
     cost: pa.Table,
 ) -> str:
     title = f"Study {study}" if study else f"Experiment {experiment}"
@@ -165,8 +169,14 @@ def _markdown(
             resources_markdown(resources),
             "`peak_memory_mb` and `step_peak_memory_mb` are the process's peak (on CPU its "
             "resident memory, interpreter and libraries included), not what a step adds above "
-            "the model: they are not plotted. The planner's figure is `privzo check`'s.",
+            "the model: they are not plotted.",
             "",
+            "What one step needs above the weights: the CUDA allocator's step peak minus the "
+            "weights (parameters × dtype) where runs measured it with a whole model per GPU, "
+            "else the planner's estimate (one forward's activations, eager attention: an "
+            "upper bound); `source` says which.",
+            "",
+            frame_markdown(step_memory, {"step_memory_mb": ".1f", "std": ".1f"}),
             "![resources](resources.png)",
             "",
             "## Task metric against steps and forward passes",

@@ -25,6 +25,8 @@ _TAGS = {
     tags.STUDY: "study",
     tags.CELL: "cell",
     tags.SEED: "seed",
+    tags.DEVICE: "device",
+    tags.STRATEGY: "strategy",
 }
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's own tag for the name the UI shows
 _METRICS = (
@@ -54,6 +56,10 @@ SCHEMA = pa.schema(
         ("batch_size", pa.int64()),
         ("directions", pa.int64()),
         ("sampler", pa.string()),
+        ("device", pa.string()),  # the device type the model ran on; None where not known
+        ("strategy", pa.string()),
+        ("dtype", pa.string()),
+        ("planned_step_mb", pa.float64()),
         ("metric_before", pa.float64()),
         ("metric_after", pa.float64()),
         *[(name.removeprefix("final_"), pa.float64()) for name in _METRICS],
@@ -97,6 +103,11 @@ def _row(run: StoredRun) -> dict[str, Any]:
     row["batch_size"] = _int(params.get("optimizer.batch_size"))
     row["directions"] = _int(params.get("optimizer.directions_per_step")) or 1
     row["sampler"] = params.get("privacy.sampler")
+    row["device"] = row["device"] or _configured_device(params.get("model.device"))
+    row["strategy"] = row["strategy"] or params.get("parallel.strategy") or "single"
+    row["dtype"] = params.get("model.dtype")
+    planned = found.get(tags.PLANNED_STEP_MB)
+    row["planned_step_mb"] = float(planned) if planned else None
     metric = row["metric"] or "accuracy"
     row["metric"] = metric
     row["metric_before"] = metrics.get(f"final_{metric}_before")
@@ -104,6 +115,14 @@ def _row(run: StoredRun) -> dict[str, Any]:
     for name in _METRICS:
         row[name.removeprefix("final_")] = metrics.get(name)
     return row
+
+
+def _configured_device(device: str | None) -> str | None:
+    """The device type of a run without the device tag, where its config names one ('auto'
+    names none: it depends on the machine)."""
+    if device is None or device == "auto":
+        return None
+    return device.partition(":")[0]
 
 
 def _int(value: Any) -> int | None:

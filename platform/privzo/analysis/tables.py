@@ -4,16 +4,20 @@
   each non-private algorithm), mean ± std over seeds, as in DP-ZO's model-size table;
 - privacy gap: non-private minus private, by model size and ε;
 - resources: peak memory and step time by model size and algorithm;
+- step memory: what one step needs above the weights, measured or planned, by model and algorithm;
 - cost: the task metric beside the steps and forward passes each budget spent.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+
+from privzo.forward_memory import dtype_bytes
 
 ZERO_SHOT = "zero-shot"
 
@@ -187,6 +191,64 @@ def resources_table(runs: pa.Table) -> pa.Table:
         .sort_values(["model_parameters", "algorithm"])
     )
     return pa.Table.from_pandas(table.reset_index(drop=True), preserve_index=False)
+
+
+MEASURED = "allocator peak − weights (CUDA)"
+PLANNED = "planner's estimate"
+STEP_MEMORY_SCHEMA = pa.schema(
+    [
+        ("model", pa.string()),
+        ("model_parameters", pa.int64()),
+        ("algorithm", pa.string()),
+        ("source", pa.string()),  # MEASURED or PLANNED
+        ("step_memory_mb", pa.float64()),  # mean over the runs with a figure
+        ("std", pa.float64()),  # over those runs; null for one
+        ("seeds", pa.int64()),  # runs with a figure
+    ]
+)
+
+
+def step_memory_table(runs: pa.Table) -> pa.Table:
+    """What one step needs above the weights, by model and algorithm: the CUDA allocator's
+    step peak minus the weights where runs measured it (a whole model per GPU), else the
+    planner's estimate. Never a CPU peak: that is the whole process's resident memory."""
+    frame = runs.to_pandas()
+    frame["measured_mb"] = [_above_weights(row) for row in frame.itertuples()]
+    keys = ["model", "model_parameters", "algorithm"]
+    rows = [
+        _step_memory_row(dict(zip(keys, key, strict=True)), group)
+        for key, group in frame.groupby(keys)
+    ]
+    found = sorted(
+        (row for row in rows if row is not None),
+        key=lambda row: (row["model_parameters"], row["algorithm"]),
+    )
+    return pa.Table.from_pylist(found, schema=STEP_MEMORY_SCHEMA)
+
+
+def _step_memory_row(keys: dict[str, Any], group: pd.DataFrame) -> dict[str, Any] | None:
+    """One model and algorithm's row: its measured figures if any run has one, else its
+    planned ones; None where it has neither."""
+    measured = group["measured_mb"].dropna()
+    planned = group["planned_step_mb"].dropna()
+    source, values = (MEASURED, measured) if len(measured) else (PLANNED, planned)
+    if not len(values):
+        return None
+    return keys | {
+        "source": source,
+        "step_memory_mb": float(values.mean()),
+        "std": float(values.std()) if len(values) > 1 else None,
+        "seeds": len(values),
+    }
+
+
+def _above_weights(run: Any) -> float | None:
+    """A run's CUDA step peak minus its weights (parameters × dtype), in MiB; None off CUDA,
+    under zero3 (a GPU holds a shard, not the weights) or where the peak was withheld."""
+    peak = run.step_peak_memory_mb
+    if run.device != "cuda" or run.strategy == "zero3" or run.dtype is None or pd.isna(peak):
+        return None
+    return float(peak) - run.model_parameters * dtype_bytes(run.dtype) / 2**20
 
 
 def resources_markdown(resources: pa.Table) -> str:

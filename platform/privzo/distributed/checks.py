@@ -78,12 +78,10 @@ def host_memory_gb(parallel: ParallelConfig) -> float:
 def config_plan(config: RunConfig, arch: DecoderArch) -> Plan:
     """The planner's verdict (``privzo.planner.Plan``) for ``arch`` laid out as ``config``
     says: its GPUs, dtype, forward batch and length, offload and (offloaded) host memory."""
-    from privzo.planner import SEQ_LEN, plan
+    from privzo.planner import forward_shape, plan
 
     parallel = config.parallel
-    per_worker = max(1, config.optimizer.batch_size // parallel.workers)
-    # a forward holds the activations of one micro-batch (optimizer.physical_batch_size) at most
-    forward_batch = min(per_worker, config.optimizer.physical_batch_size or per_worker)
+    forward_batch, seq_len = forward_shape(config)
     offloaded = parallel.offload != "none"
     return plan(
         arch,
@@ -91,8 +89,7 @@ def config_plan(config: RunConfig, arch: DecoderArch) -> Plan:
         gpu_memory_gb=parallel.gpu_memory_gb,
         dtype=config.model.dtype,
         batch_size=forward_batch,
-        # a prompt is task.max_length tokens at most; without it, the planner's default length
-        seq_len=config.task.max_length or SEQ_LEN,
+        seq_len=seq_len,
         offload=parallel.offload,
         host_memory_gb=host_memory_gb(parallel) if offloaded else None,
         forwards_per_step=2 * config.optimizer.directions_per_step,

@@ -18,6 +18,7 @@ import torch
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
 from privzo.memory import map_large_blocks, return_freed_memory
+from privzo.models.architecture import arch_from_config
 from privzo.models.loading import (
     LoadedModel,
     apply_view,
@@ -28,6 +29,7 @@ from privzo.models.loading import (
     resolve_device,
 )
 from privzo.models.peft_views import unwrap_for_scoring
+from privzo.planner import planned_step_bytes
 from privzo.privacy.plan import PrivacyPlan, plan_privacy
 from privzo.tasks import (
     Task,
@@ -96,8 +98,19 @@ class RunContext:
                 model_parameters(self.scoring_model),
                 self.trainable_parameters,
                 self.loaded.revision,
+                self.loaded.device.type,
+                self.planned_step_mb(),
             ),
         }
+
+    def planned_step_mb(self) -> float | None:
+        """The planner's figure for one step above the weights (MiB), for a decoder it models
+        (None for another architecture): what the report shows where no CUDA peak was taken."""
+        try:
+            arch = arch_from_config(getattr(self.scoring_model, "config", None))
+        except ValueError:
+            return None
+        return planned_step_bytes(self.config, arch) / 2**20
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from privzo.privacy.config import LMO_MIN_GAMMA_SHAPE
+from privzo.privacy.accountants.numeric import LmoNoise
 from privzo.privacy.discrete import (
     check_grid,
     discrete_gaussian,
@@ -130,6 +130,11 @@ class Mechanism(ABC):
             return scale / self.grid * units_as_float(self.sample_units())
         return self._draw(scale)
 
+    @classmethod
+    def from_parameters(cls, **parameters: Any) -> Mechanism:
+        """An instance from a run's ``noise_parameters`` (``get_mechanism``'s keywords)."""
+        return cls(**parameters)
+
     def sample_units(self) -> int:
         """The integer k of one gridded draw (noise γ·k at scale Kγ)."""
         raise NotImplementedError(f"{self.name} has no grid")
@@ -190,8 +195,8 @@ class LmoMechanism(Mechanism):
     Gamma(gamma_shape, gamma_scale), Exponential(rate) and Uniform(low, high).
 
     The random inverse scale R is part of the noise (secret, from the same generator); the
-    numeric accountant (privzo.privacy.accountants.numeric) accounts the resulting heavy-tailed
-    mixture.
+    mixture is the numeric accountant's ``LmoNoise``, the law it bounds, so the parameters drawn
+    from and the parameters accounted are one object.
 
     On a grid of K points per σC, the noise is the integer k = round(X/γ), X ~ Laplace(σC/R),
     drawn exactly given R: X/γ is Laplace of scale b = K/R, an exact rational since R is a
@@ -204,47 +209,24 @@ class LmoMechanism(Mechanism):
     name: ClassVar[str] = "lmo"
     has_grid: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        weights: list[float],
-        gamma_shape: float,
-        gamma_scale: float,
-        exponential_rate: float,
-        uniform_low: float,
-        uniform_high: float,
-        grid: int | None = None,
-    ) -> None:
+    def __init__(self, noise: LmoNoise, grid: int | None = None) -> None:
         super().__init__(grid)
-        if len(weights) != 3 or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
-            raise ValueError(f"weights={weights!r}: three non-negative weights summing to 1")
-        for label, value in (
-            ("gamma_shape", gamma_shape),
-            ("gamma_scale", gamma_scale),
-            ("exponential_rate", exponential_rate),
-            ("uniform_low", uniform_low),
-        ):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{label}={value!r} must be a positive finite number")
-        if gamma_shape < LMO_MIN_GAMMA_SHAPE:
-            raise ValueError(
-                f"gamma_shape={gamma_shape!r} must be at least {LMO_MIN_GAMMA_SHAPE}: smaller "
-                "shapes draw R = 0 (an infinite noise scale) with non-negligible probability"
-            )
-        if not uniform_high > uniform_low:
-            raise ValueError(f"uniform_high={uniform_high} must exceed uniform_low={uniform_low}")
-        self.weights = [float(w) for w in weights]
-        self.gamma_shape, self.gamma_scale = float(gamma_shape), float(gamma_scale)
-        self.exponential_rate = float(exponential_rate)
-        self.uniform_low, self.uniform_high = float(uniform_low), float(uniform_high)
+        self.noise = noise
+
+    @classmethod
+    def from_parameters(cls, **parameters: Any) -> LmoMechanism:
+        """The mixture's six parameters (``privacy.lmo``) and the optional ``grid``."""
+        grid = parameters.pop("grid", None)
+        return cls(LmoNoise(**parameters), grid=grid)
 
     def draw_inverse_scale(self) -> float:
         """One R from the mixture."""
-        pick = float(self._generator.uniform(1)[0])
-        if pick < self.weights[0]:
-            return self._generator.gamma(self.gamma_shape, self.gamma_scale)
-        if pick < self.weights[0] + self.weights[1]:
-            return self._generator.exponential(1.0 / self.exponential_rate)
-        return self._generator.uniform_between(self.uniform_low, self.uniform_high)
+        noise, pick = self.noise, float(self._generator.uniform(1)[0])
+        if pick < noise.weights[0]:
+            return self._generator.gamma(noise.gamma_shape, noise.gamma_scale)
+        if pick < noise.weights[0] + noise.weights[1]:
+            return self._generator.exponential(1.0 / noise.exponential_rate)
+        return self._generator.uniform_between(noise.uniform_low, noise.uniform_high)
 
     def positive_inverse_scale(self) -> float:
         """One R > 0: a draw that underflowed to 0 (< 1e-16 at a valid shape) is redrawn, as
@@ -266,13 +248,13 @@ class LmoMechanism(Mechanism):
         """scale²·2·E[1/R²]: infinite when any part with weight > 0 has E[1/R²] = ∞
         (the Exponential always; Gamma with shape ≤ 2). On the grid the rounding moves each
         draw by at most γ/2, so the standard deviation by at most γ/2 = scale/2K."""
-        scale = _check_scale(scale)
-        w_gamma, w_exp, w_uniform = self.weights
-        if w_exp > 0 or (w_gamma > 0 and self.gamma_shape <= 2):
+        scale, noise = _check_scale(scale), self.noise
+        w_gamma, w_exp, w_uniform = noise.weights
+        if w_exp > 0 or (w_gamma > 0 and noise.gamma_shape <= 2):
             return math.inf
-        inverse_square = w_uniform / (self.uniform_low * self.uniform_high)
+        inverse_square = w_uniform / (noise.uniform_low * noise.uniform_high)
         if w_gamma > 0:
-            k, theta = self.gamma_shape, self.gamma_scale
+            k, theta = noise.gamma_shape, noise.gamma_scale
             inverse_square += w_gamma / (theta**2 * (k - 1) * (k - 2))
         return 2.0 * scale**2 * inverse_square
 
@@ -291,7 +273,7 @@ def get_mechanism(name: str, **parameters: Any) -> Mechanism:
         cls = MECHANISMS[name]
     except (KeyError, TypeError):
         raise ValueError(f"mechanism={name!r} is unknown; allowed: {sorted(MECHANISMS)}") from None
-    return cls(**parameters)
+    return cls.from_parameters(**parameters)
 
 
 def secret_torch_generator(device: str | object = "cpu") -> Any:

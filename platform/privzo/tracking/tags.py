@@ -29,6 +29,9 @@ MODEL_REVISION = "privzo.model_revision"  # the hub commit of the base model (hu
 ADAPTER_URI = "privzo.adapter_uri"  # a LoRA / prefix run's adapter (transformers flavor), if logged
 MODEL_URI = "privzo.model_uri"  # the run's fine-tuned model (``runs:/<id>/model``), if logged
 BEST_MODEL_URI = "privzo.best_model_uri"  # on a search's parent run: the best trial's model
+DEVICE = "privzo.device"  # the device type the model ran on ('cuda', 'cpu'): what a peak measures
+# the planner's estimate of what one step needs above the weights, in MiB (decoders it models)
+PLANNED_STEP_MB = "privzo.planned_step_mb"
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
@@ -62,16 +65,20 @@ def model_tags(
     model_parameters: int,
     trainable_parameters: int,
     model_revision: str | None = None,
+    device: str | None = None,
+    planned_step_mb: float | None = None,
 ) -> dict[str, str]:
     """Tags known once the model and task are built (sizes, the task's metric, the hub commit
-    the base model was loaded at)."""
+    the base model was loaded at, the device and the step's planned memory)."""
     tags = {
         MODEL_PARAMETERS: str(model_parameters),
         METRIC: metric,
         TRAINABLE_PARAMETERS: str(trainable_parameters),
     }
-    if model_revision is not None:
-        tags[MODEL_REVISION] = model_revision
+    optional = {MODEL_REVISION: model_revision, DEVICE: device}
+    if planned_step_mb is not None:
+        optional[PLANNED_STEP_MB] = f"{planned_step_mb:.3f}"
+    tags.update({key: value for key, value in optional.items() if value is not None})
     return tags
 
 

@@ -1,15 +1,25 @@
 """The report's plots on small synthetic tables: lines and error bars only through points of
-several seeds, a point of one run a plain marker labelled so, titles that say which, and no
-memory panel (a run's records hold its process's peak, not the model's)."""
+several seeds, a point of one run a plain marker labelled so, titles that say which, and a
+memory panel of what a step needs above the weights (measured on CUDA or planned), never a
+process's resident memory."""
 
 from __future__ import annotations
+
+import statistics
 
 import pyarrow as pa
 import pytest
 from matplotlib.container import ErrorbarContainer
 
 from privzo.analysis.plots import close_figure, plot_gap, plot_resources, plot_scaling
-from privzo.analysis.tables import privacy_gap_table
+from privzo.analysis.runs import SCHEMA
+from privzo.analysis.tables import (
+    MEASURED,
+    PLANNED,
+    privacy_gap_table,
+    resources_table,
+    step_memory_table,
+)
 
 
 def _scaling(seeds: list[int]) -> pa.Table:
@@ -84,28 +94,67 @@ def test_the_gap_draws_a_trend_only_over_several_seeds(seeds, lines, said):
     close_figure(figure)
 
 
-def test_the_resources_figure_has_no_memory_panel_and_says_why():
-    resources = pa.Table.from_pylist(
-        [
-            {
-                "model": "m",
-                "model_parameters": size,
-                "algorithm": algorithm,
-                "private": algorithm == "dpzero",
-                "peak_memory_mb": 930.0 if algorithm == "mezo" else None,
-                "step_peak_memory_mb": 930.0 if algorithm == "mezo" else None,
-                "mean_step_time_s": size / 1e5 if algorithm == "mezo" else None,
-                "runs": 1,
-            }
-            for size in (1_000, 9_000)
-            for algorithm in ("dpzero", "mezo")
-        ]
-    )
-    figure = plot_resources(resources)
-    assert len(figure.axes) == 1
-    axis = figure.axes[0]
-    assert axis.get_ylabel() == "mean step time (s)"
-    assert [line.get_label() for line in axis.get_lines()] == ["mezo"]
-    note = figure.get_suptitle()
-    assert "memory not plotted" in note and "not shown: dpzero" in note
+# (model parameters, device, strategy, step peak MiB, planned MiB) of one algorithm's runs
+MEMORY_RUNS = [
+    (2**20, "cuda", "single", 10.0, 3.0),  # 1 Mi fp32 parameters: 4 MiB of weights
+    (2**20, "cuda", "single", 12.0, 3.0),
+    (2**22, "cpu", "single", 930.0, 7.0),  # a CPU peak is the process's: the plan is shown
+    (2**24, "cuda", "zero3", 50.0, 9.0),  # a shard, not the weights: the plan again
+    (2**26, None, "single", 930.0, None),  # no device known and no plan: nothing to show
+]
+
+
+def _memory_runs() -> pa.Table:
+    rows = [
+        {
+            "run_id": f"run{index}",
+            "model": f"m{size}",
+            "model_parameters": size,
+            "algorithm": "mezo",
+            "private": False,
+            "seed": index,
+            "device": device,
+            "strategy": strategy,
+            "dtype": "float32",
+            "step_peak_memory_mb": peak,
+            "peak_memory_mb": peak,
+            "planned_step_mb": planned,
+        }
+        for index, (size, device, strategy, peak, planned) in enumerate(MEMORY_RUNS)
+    ]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def test_step_memory_is_the_cuda_peak_above_the_weights_else_the_plan():
+    rows = step_memory_table(_memory_runs()).to_pylist()
+    assert [(row["model_parameters"], row["source"]) for row in rows] == [
+        (2**20, MEASURED),
+        (2**22, PLANNED),
+        (2**24, PLANNED),
+    ]
+    measured, cpu, zero3 = rows
+    assert measured["step_memory_mb"] == pytest.approx(statistics.mean([10.0 - 4, 12.0 - 4]))
+    assert measured["std"] == pytest.approx(statistics.stdev([6.0, 8.0]))
+    assert measured["seeds"] == 2
+    assert (cpu["step_memory_mb"], cpu["std"], cpu["seeds"]) == (7.0, None, 1)
+    assert zero3["step_memory_mb"] == 9.0
+
+
+def test_the_memory_panel_draws_the_step_memory_with_bars_only_over_several_seeds():
+    resources = resources_table(_memory_runs())
+    figure = plot_resources(resources, step_memory_table(_memory_runs()))
+    time, memory = figure.axes
+    assert time.get_ylabel() == "mean step time (s)"
+    assert memory.get_ylabel() == "MiB above the weights"
+    labels = sorted(memory.get_legend_handles_labels()[1])
+    assert labels == [f"mezo, {MEASURED}", f"mezo, {PLANNED} (one run)"]
+    (bars,) = [c for c in memory.containers if isinstance(c, ErrorbarContainer)]
+    assert list(bars.lines[0].get_xdata()) == [2**20]  # the two-seed point alone
+    assert list(bars.lines[0].get_ydata()) == pytest.approx([7.0])
+    singles = [line for line in memory.get_lines() if line.get_label().endswith("(one run)")]
+    assert [list(line.get_ydata()) for line in singles] == [[7.0, 9.0]]
+    drawn = [value for line in memory.get_lines() for value in line.get_ydata()]
+    assert max(drawn) < 10  # never a process's 930 MiB
+    assert "markers: one run" in memory.get_title()
+    assert "never the process's resident memory" in figure.get_suptitle()
     close_figure(figure)

@@ -15,6 +15,7 @@ from mlflow.entities import Metric
 
 from privzo.analysis import build_report
 from privzo.analysis.plots import distinct_curves, split_withheld
+from privzo.analysis.tables import PLANNED
 from privzo.config import ConfigError
 from privzo.run import TrainingLoop
 from privzo.studies import load_study_config, run_study
@@ -49,7 +50,10 @@ def _log_fixture_runs(uri: str) -> None:
                     "privzo.study": "s",
                     "privzo.cell": f"{model}-{algorithm}-{seed}",
                     "privzo.seed": str(seed),
+                    "privzo.device": "cpu",  # its peaks are the process's: never plotted
                 }
+                if model == "small":  # a shape the planner models
+                    tags["privzo.planned_step_mb"] = f"{size / 100:.3f}"
                 if epsilon:
                     tags["privzo.epsilon"] = epsilon
                 run = client.create_run(experiment, tags=tags).info.run_id
@@ -59,6 +63,7 @@ def _log_fixture_runs(uri: str) -> None:
                     "final_accuracy_before": before,
                     "final_accuracy_after": after,
                     "final_peak_memory_mb": size / 10 + seed,
+                    "final_step_peak_memory_mb": 930.0,
                     "final_mean_step_time_s": size / 1e5,
                 }
                 points = [Metric(k, v, 0, 100) for k, v in metrics.items()]
@@ -107,6 +112,14 @@ def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
         r for r in resources if r["model"] == "small" and r["algorithm"] == "dpzero"
     )
     assert small_dpzero["peak_memory_mb"] == pytest.approx(100.5)
+    step_memory = pq.read_table(tmp_path / "report" / "step_memory.parquet").to_pylist()
+    assert [(row["model"], row["algorithm"]) for row in step_memory] == [
+        ("small", "dpzero"),
+        ("small", "mezo"),
+    ]  # "large" has no planner figure, and a CPU peak is no step's memory
+    for row in step_memory:
+        assert row["source"] == PLANNED and row["seeds"] == 2
+        assert row["step_memory_mb"] == pytest.approx(10.0)
 
     text = _squeezed(path.read_text())
     logged = read_run(uri, tracker.run_id)
@@ -116,7 +129,7 @@ def test_report_tables_equal_the_logged_means_and_stds(tmp_path):
         assert f"]({name})" in text
         assert f"report/{name}" in logged["artifacts"]  # through log_figure
     assert "report/report.md" in logged["artifacts"]
-    for name in ("scaling", "cells", "privacy_gap", "resources", "sampling"):
+    for name in ("scaling", "cells", "privacy_gap", "resources", "step_memory", "sampling"):
         assert {"path": f"report/{name}.json", "type": "table"} in json.loads(
             logged["tags"]["mlflow.loggedArtifacts"]
         )

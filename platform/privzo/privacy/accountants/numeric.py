@@ -32,18 +32,20 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.config import LMO_MIN_GAMMA_SHAPE
 from privzo.privacy.discrete import grid_sensitivity
 
 if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-__all__ = ["NOISE_DISTRIBUTIONS", "NumericAccountant", "noise_distribution"]
+__all__ = ["NOISE_DISTRIBUTIONS", "LmoNoise", "NumericAccountant", "noise_distribution"]
 
 GRID_STEP = 1e-3  # centre bin width, in units of σ
 CENTRE_HALF_WIDTH = 60.0  # uniform bins over [−60σ, 60σ + 1]
@@ -93,24 +95,44 @@ class LaplaceNoise(NoiseDistribution):
         return -np.abs(t) - math.log(2.0)
 
 
+@dataclass(frozen=True)
 class LmoNoise(NoiseDistribution):
     """Laplace(0, 1/R) with R from a weighted mixture of Gamma(shape, scale), Exponential(rate)
     and Uniform(low, high): P(X > t) = ½·E[e^{−Rt}], the mixture of the Laplace transforms
-    (1 + scale·t)^−shape, rate / (rate + t) and (e^{−low·t} − e^{−high·t}) / ((high − low)·t)."""
+    (1 + scale·t)^−shape, rate / (rate + t) and (e^{−low·t} − e^{−high·t}) / ((high − low)·t).
 
-    def __init__(
-        self,
-        weights: list[float],
-        gamma_shape: float,
-        gamma_scale: float,
-        exponential_rate: float,
-        uniform_low: float,
-        uniform_high: float,
-    ) -> None:
-        self.weights = [float(w) for w in weights]
-        self.gamma_shape, self.gamma_scale = gamma_shape, gamma_scale
-        self.exponential_rate = exponential_rate
-        self.uniform_low, self.uniform_high = uniform_low, uniform_high
+    The one statement of the LMO noise's parameters: ``LmoMechanism`` draws from it and this
+    accountant bounds it, so both read the same checked mixture."""
+
+    weights: tuple[float, float, float]
+    gamma_shape: float
+    gamma_scale: float
+    exponential_rate: float
+    uniform_low: float
+    uniform_high: float
+
+    def __post_init__(self) -> None:
+        weights = tuple(float(w) for w in self.weights)
+        if len(weights) != 3 or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
+            raise ValueError(
+                f"weights={list(self.weights)!r}: three non-negative weights summing to 1"
+            )
+        object.__setattr__(self, "weights", weights)
+        for label in [field.name for field in fields(self)][1:]:  # all but the weights
+            value = getattr(self, label)
+            if isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{label}={value!r} must be a positive finite number")
+            object.__setattr__(self, label, float(value))
+        if self.gamma_shape < LMO_MIN_GAMMA_SHAPE:
+            raise ValueError(
+                f"gamma_shape={self.gamma_shape!r} must be at least {LMO_MIN_GAMMA_SHAPE}: "
+                "smaller shapes draw R = 0 (an infinite noise scale) with non-negligible "
+                "probability"
+            )
+        if not self.uniform_high > self.uniform_low:
+            raise ValueError(
+                f"uniform_high={self.uniform_high} must exceed uniform_low={self.uniform_low}"
+            )
 
     def tail(self, t: np.ndarray) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
