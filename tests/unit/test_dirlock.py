@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -59,39 +57,15 @@ def _release(process: subprocess.Popen) -> None:
     assert process.wait(timeout=60) == 0
 
 
-def _wait_for_lock(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if json.loads(path.read_text())["pid"] == process.pid:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"PID {process.pid} (exit {process.poll()}) did not lock {path}")
-
-
-def test_a_second_run_is_refused_while_the_first_runs(
-    tmp_path, sentiment_files, tiny_run_config, cache_dir
-):
-    """Two real runs into one directory: the second is refused naming the first's PID; once
-    the first is killed, its stale lock is taken over."""
+def test_a_run_takes_over_the_stale_lock_of_a_killed_process(tmp_path, tiny_run_config, cache_dir):
+    """A process killed without cleanup (SIGKILL) leaves its lock file behind; a run into its
+    directory takes it over. (A second run refused while a first one trains is in
+    ``test_interrupt.py``, on the command that test stops.)"""
     output = tmp_path / "runs" / "shared"
-    command = [sys.executable, "-m", "privzo.cli", "run", str(REPO / "configs/runs/tiny-mezo.yaml")]
-    command += ["--output-dir", str(output), "--cache-dir", str(cache_dir), "--quiet"]
-    command += [f"task.train_path={sentiment_files[0]}", f"task.test_path={sentiment_files[1]}"]
-    command += ["optimizer.steps=1000000", "optimizer.batch_size=8", "model.name_or_path=tiny-opt"]
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_lock(output / LOCK_FILE, first)
-        with pytest.raises(DirectoryLockedError, match=rf"in use by another run \(PID {first.pid}"):
-            run(tiny_run_config(*LOCK_RUN), output, cache_dir=cache_dir, progress=False)
-    finally:
-        # SIGKILL: dies without cleanup, its lock file stays behind (SIGTERM now stops a run
-        # cleanly, like Ctrl+C, and removes the file)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=60)
-    assert json.loads((output / LOCK_FILE).read_text())["pid"] == first.pid
+    holder = _holder_process(output)
+    holder.kill()
+    holder.wait(timeout=60)
+    assert json.loads((output / LOCK_FILE).read_text())["pid"] == holder.pid
     summary = run(
         tiny_run_config(*LOCK_RUN), output, cache_dir=cache_dir, progress=False, overwrite=True
     )

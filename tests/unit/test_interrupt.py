@@ -1,17 +1,24 @@
 """Ctrl+C in ``privzo run``: a real process gets SIGINT mid-training; it prints one line,
-exits 130, its MLflow run (real sqlite) ends KILLED and its directory lock is released."""
+exits 130, its MLflow run (real sqlite) ends KILLED and its directory lock is released. While
+it trains, its lock refuses a second run into its directory."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO, ctrl_c_reaches_it
-from privzo.dirlock import LOCK_FILE
+import pytest
+
+from conftest import REPO, ctrl_c_reaches_it, write_sentiment_jsonl
+from privzo.dirlock import LOCK_FILE, DirectoryLockedError
+from privzo.run import run
 from privzo.tracking import read_run
 
 
@@ -30,13 +37,27 @@ def _running_run_id(database: Path, process: subprocess.Popen, timeout: float = 
     raise AssertionError(f"no RUNNING MLflow run in {database} (exit {process.poll()})")
 
 
-def test_ctrl_c_prints_one_line_exits_130_and_marks_the_run_killed(
-    tmp_path, sentiment_files, cache_dir
-):
-    output = tmp_path / "runs" / "interrupted"
+@dataclass(frozen=True)
+class Training:
+    """A ``privzo run`` process that trains until it is stopped, and where it records."""
+
+    process: subprocess.Popen
+    output: Path
+    tracking_uri: str
+    run_id: str
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory, cache_dir) -> Iterator[Training]:
+    """One real command (a million MeZO steps of tiny-opt), RUNNING in MLflow: the refusal test
+    reads it as it trains, the Ctrl+C test stops it (one process start and import, not two)."""
+    root = tmp_path_factory.mktemp("interrupt")
+    train = write_sentiment_jsonl(root / "train.jsonl", 64, seed=1)
+    test = write_sentiment_jsonl(root / "test.jsonl", 20, seed=2)
+    output = root / "runs" / "interrupted"
     command = [sys.executable, "-m", "privzo.cli", "run", str(REPO / "configs/runs/tiny-mezo.yaml")]
     command += ["--output-dir", str(output), "--cache-dir", str(cache_dir), "--quiet"]
-    command += [f"task.train_path={sentiment_files[0]}", f"task.test_path={sentiment_files[1]}"]
+    command += [f"task.train_path={train}", f"task.test_path={test}"]
     command += ["optimizer.steps=1000000", "optimizer.batch_size=8", "model.name_or_path=tiny-opt"]
     process = subprocess.Popen(
         command,
@@ -46,19 +67,36 @@ def test_ctrl_c_prints_one_line_exits_130_and_marks_the_run_killed(
         preexec_fn=ctrl_c_reaches_it,
     )
     try:
-        run_id = _running_run_id(tmp_path / "runs" / "mlflow.db", process)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
+        run_id = _running_run_id(root / "runs" / "mlflow.db", process)
+        yield Training(process, output, f"sqlite:///{root / 'runs' / 'mlflow.db'}", run_id)
     finally:
         process.kill()
         process.wait(timeout=60)
+
+
+# a short non-private run: refused at its directory's lock, before anything loads
+SECOND_RUN = ("optimizer.steps=6", "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
+
+
+def test_a_second_run_is_refused_while_the_first_runs(training, tiny_run_config, cache_dir):
+    """A second run into the directory of a training command is refused, naming its PID."""
+    assert json.loads((training.output / LOCK_FILE).read_text())["pid"] == training.process.pid
+    pid = training.process.pid
+    with pytest.raises(DirectoryLockedError, match=rf"in use by another run \(PID {pid}"):
+        run(tiny_run_config(*SECOND_RUN), training.output, cache_dir=cache_dir, progress=False)
+    assert training.process.poll() is None  # the first one trains on
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_marks_the_run_killed(training):
+    process, output = training.process, training.output
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("privzo: interrupted; its MLflow run (if started) is marked KILLED")
     assert str(output) in last
-    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
-    assert read_run(uri, run_id)["status"] == "KILLED"
+    assert read_run(training.tracking_uri, training.run_id)["status"] == "KILLED"
     assert not (output / LOCK_FILE).exists()
 
 

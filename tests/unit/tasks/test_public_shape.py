@@ -164,8 +164,11 @@ def test_the_plan_calibrates_at_delta_less_truncation(tiny_run_config):
     )
     assert epsilon <= 3.0 * (1 + 1e-9)
     assert plan.truncation_delta == truncation_delta(64, 8 / 64, plan.max_batch_size, 12, 3.0)
-    rounded = plan_privacy(tiny_run_config("privacy.max_batch_size=30", *micro_batches), 64)
+    # the bound's rounding does not depend on σ: the σ found above, checked, not calibrated again
+    fixed = f"privacy.noise_multiplier={plan.noise_multiplier!r}"
+    rounded = plan_privacy(tiny_run_config("privacy.max_batch_size=30", *micro_batches, fixed), 64)
     assert rounded.max_batch_size == 32  # whole micro-batches of 4
+    assert rounded.noise_multiplier == plan.noise_multiplier and rounded.epsilon <= 3.0
     batch = plan_privacy(tiny_run_config("task.pad_to=batch"), 64)
     assert batch.max_batch_size is None and batch.truncation_delta == 0.0
 
