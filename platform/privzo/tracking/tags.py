@@ -29,6 +29,8 @@ MODEL_REVISION = "privzo.model_revision"  # the hub commit of the base model (hu
 ADAPTER_URI = "privzo.adapter_uri"  # a LoRA / prefix run's adapter (transformers flavor), if logged
 MODEL_URI = "privzo.model_uri"  # the run's fine-tuned model (``runs:/<id>/model``), if logged
 BEST_MODEL_URI = "privzo.best_model_uri"  # on a search's parent run: the best trial's model
+# on a resumed run's new tracking run (its earlier one lost with its store): the steps kept
+CONTINUES_FROM_STEP = "privzo.continues_from_step"
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:
