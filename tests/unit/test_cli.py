@@ -391,3 +391,20 @@ def test_the_tiny_shapes_size_against_demo_opt_s_is_stated_as_computed(capsys):
         main(["models", "init", "--help"])
     assert stated in " ".join(capsys.readouterr().out.split())
     assert stated in (REPO / "platform" / "privzo" / "cli" / "bench.py").read_text()
+
+
+def test_weights_that_overflowed_end_the_command_in_one_line_saying_what_to_change():
+    import torch
+
+    from privzo.cli.entry import refusal_line
+    from privzo.zo.integrity import NonFiniteWeightsError, check_finite_weights
+
+    weights = [("layer.weight", torch.tensor([1.0, float("inf")])), ("bias", torch.ones(2))]
+    with pytest.raises(NonFiniteWeightsError) as overflowed:
+        check_finite_weights(weights, steps=40)
+    line = refusal_line(overflowed.value)
+    assert line is not None and "\n" not in line
+    assert line.startswith("privzo: error: after step 40 the weights of 'layer.weight'")
+    assert "lower optimizer.learning_rate" in line and "--overwrite" in line
+    assert refusal_line(RuntimeError("a bug")) is None  # keeps its traceback
+    assert refusal_line(ValueError("bad input")) == "privzo: error: bad input"
