@@ -408,3 +408,16 @@ def test_weights_that_overflowed_end_the_command_in_one_line_saying_what_to_chan
     assert "lower optimizer.learning_rate" in line and "--overwrite" in line
     assert refusal_line(RuntimeError("a bug")) is None  # keeps its traceback
     assert refusal_line(ValueError("bad input")) == "privzo: error: bad input"
+
+
+@pytest.mark.parametrize(
+    ("steps", "why"),
+    [("0", "fewer than one"), ("20000000", "more steps than the accountant can carry")],
+)
+def test_steps_out_of_range_are_refused_saying_which_way(capsys, steps, why):
+    args = ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1"]
+    assert main([*args, "--steps", steps, "--delta", "1e-5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"privzo: error: --steps {steps}: {why}; allowed: 1 ≤ steps ≤ 10_000_000 (as "
+        "optimizer.steps in a run config)"
+    )
