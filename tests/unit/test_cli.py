@@ -391,3 +391,33 @@ def test_the_tiny_shapes_size_against_demo_opt_s_is_stated_as_computed(capsys):
         main(["models", "init", "--help"])
     assert stated in " ".join(capsys.readouterr().out.split())
     assert stated in (REPO / "platform" / "privzo" / "cli" / "bench.py").read_text()
+
+
+def test_weights_that_overflowed_end_the_command_in_one_line_saying_what_to_change():
+    import torch
+
+    from privzo.cli.entry import refusal_line
+    from privzo.zo.integrity import NonFiniteWeightsError, check_finite_weights
+
+    weights = [("layer.weight", torch.tensor([1.0, float("inf")])), ("bias", torch.ones(2))]
+    with pytest.raises(NonFiniteWeightsError) as overflowed:
+        check_finite_weights(weights, steps=40)
+    line = refusal_line(overflowed.value)
+    assert line is not None and "\n" not in line
+    assert line.startswith("privzo: error: after step 40 the weights of 'layer.weight'")
+    assert "lower optimizer.learning_rate" in line and "--overwrite" in line
+    assert refusal_line(RuntimeError("a bug")) is None  # keeps its traceback
+    assert refusal_line(ValueError("bad input")) == "privzo: error: bad input"
+
+
+@pytest.mark.parametrize(
+    ("steps", "why"),
+    [("0", "fewer than one"), ("20000000", "more steps than the accountant can carry")],
+)
+def test_steps_out_of_range_are_refused_saying_which_way(capsys, steps, why):
+    args = ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1"]
+    assert main([*args, "--steps", steps, "--delta", "1e-5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"privzo: error: --steps {steps}: {why}; allowed: 1 ≤ steps ≤ 10_000_000 (as "
+        "optimizer.steps in a run config)"
+    )

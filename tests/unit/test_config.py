@@ -453,3 +453,30 @@ def test_an_unquoted_template_is_shown_with_how_to_quote_it(tmp_path):
     unquoted.write_text("task:\n  template: {review}\n")
     with pytest.raises(ConfigError, match=re.escape(quoted_hint)):
         load_config([TINY_DPZERO, unquoted])
+
+
+def test_an_override_without_a_value_is_not_taken_for_a_missing_file():
+    with pytest.raises(ConfigError) as error:
+        load_config(["optimizer.steps"])
+    assert str(error.value) == (
+        "config file 'optimizer.steps' does not exist (an override is written key=value)"
+    )
+    with pytest.raises(ConfigError) as missing:
+        load_config(["nowhere/run.yaml"])
+    assert str(missing.value) == "config file 'nowhere/run.yaml' does not exist"
+
+
+def test_a_config_file_that_holds_no_mapping_says_what_it_holds(tmp_path):
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- optimizer\n- privacy\n")
+    with pytest.raises(ConfigError, match=r"at the top level \(section: keys\), not a list"):
+        load_config([listed])
+
+
+def test_an_unknown_device_lists_the_devices_not_a_pattern():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["model.device=tpu"])
+    assert (
+        "model.device: allowed: 'cpu', 'auto', 'cuda' or 'cuda:N' (GPU number N) (got 'tpu')"
+    ) in str(error.value)
+    assert load_config(None, ["model.device=cuda:1"]).model.device == "cuda:1"

@@ -15,7 +15,8 @@ from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.replay import replay
 from privzo.run import RunHooks, TrainingLoop, can_resume, run
-from privzo.tracking import read_run
+from privzo.tracking import TrackingStoreError, read_run
+from privzo.tracking.tags import CONTINUES_FROM_STEP
 
 STEPS = 12
 
@@ -217,3 +218,43 @@ def test_a_run_killed_after_its_summary_has_its_tracking_run_ended(
     assert not (output / "resume.json").exists()
     last = finished_run(config, output, cache_dir=cache_dir)  # now simply finished
     assert last is not None and last.to_dict() == summary.to_dict()
+
+
+def _empty_store_after(step: int, store) -> RunHooks:
+    def empty(_context, steps_done: int, _metrics) -> None:
+        if steps_done == step:
+            store.write_bytes(b"")  # the store replaced under the run by an empty one
+
+    return RunHooks(after_window=empty)
+
+
+def test_a_store_lost_mid_run_stops_it_and_the_same_command_goes_on_in_a_new_run(
+    tmp_path, tiny_run_config, cache_dir
+):
+    config = tiny_run_config(*RESUMED_RUN)
+    output = tmp_path / "runs" / "dp"
+    store = tmp_path / "runs" / "mlflow.db"
+    hooks = _empty_store_after(5, store)
+    with pytest.raises(TrackingStoreError) as stopped:
+        run(config, output, cache_dir=cache_dir, progress=False, hooks=hooks)
+    message = str(stopped.value)
+    assert "\n" not in message and str(store) in message and "no such table" in message
+    assert f"The run in {output} keeps its steps" in message
+    assert len(pq.read_table(output / "trajectory.parquet")) == 10  # the window that failed too
+    point = json.loads((output / "resume.json").read_text())
+    unsent = {(p["key"], p["step"]) for p in point["unsent"]}
+    assert ("learning_rate", 10) in unsent and {step for _, step in unsent} == {10}
+
+    # the same command, its store elsewhere now (MLflow keeps the emptied one's engine open
+    # in this process; a new process reopens the emptied file, as the CLI check does)
+    uri = f"sqlite:///{(tmp_path / 'elsewhere.db').resolve()}"
+    summary = run(config, output, cache_dir=cache_dir, progress=False, tracking_uri=uri)
+    assert summary["tracking_run_id"] != point["tracking_run_id"]
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED" and record["tags"][CONTINUES_FROM_STEP] == "10"
+    for key, step in unsent:  # the window the lost store never took, stored in the new run
+        assert step in [step for step, _ in record["history"][key]]
+    assert [step for step, _ in record["history"]["learning_rate"]] == [10, 12]
+    assert [row["step"] for row in pq.read_table(output / "trajectory.parquet").to_pylist()] == (
+        list(range(STEPS))
+    )

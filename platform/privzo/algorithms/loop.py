@@ -150,6 +150,7 @@ class TrainingLoop:
             if self.saver is not None:  # kept before logging: no released window is lost
                 self.saver.window(WindowEnd(self, recorder, end, metrics))
             self.tracker.log_metrics(metrics, step=end)
+            self.tracker.flush()  # stored now: a store that stops taking them stops the run
             # released: a stop from here on still logs this window's ε (see ``run``), even
             # when the curve's thread had not computed it yet when the metrics went out
             self.windows_done = end

@@ -29,9 +29,9 @@ EPILOG = """examples:
 exit codes:
   0    success
   1    privzo bench kernels: a check failed; any command: an unexpected error (a traceback)
-  2    a usage or config error, a run refused by its checks, a file that cannot be
-       read or written (a full disk), or a Ray that did not start or lost a worker
-       (the reason on stderr)
+  2    a usage or config error, a run refused by its checks, a file or tracking store
+       that cannot be read or written (a full disk), a Ray that did not start or lost
+       a worker, or a run whose weights became non-finite (the reason on stderr)
   3    privzo study --max-cells: cells remain (the same command continues)
   4    privzo audit, privzo study: PRIVACY VIOLATED (the audit's lower bound exceeds the
        claimed ε)
@@ -56,6 +56,19 @@ COMMANDS = (
     models.add_models,
     demo.add_demo,
 )
+
+
+def refusal_line(error: Exception) -> str | None:
+    """The one line (exit code 2) of an error that ends a command without a traceback: bad
+    input, a file or store that cannot be read or written, a Ray that failed, a run whose
+    weights overflowed (its message says what to change). None for anything else: a bug,
+    which keeps its traceback."""
+    refused = isinstance(error, ValueError | OSError)
+    if not refused and isinstance(error, RuntimeError):
+        from privzo.zo.integrity import NonFiniteWeightsError  # loaded: only a run raises it
+
+        refused = isinstance(error, NonFiniteWeightsError)
+    return f"privzo: error: {error}" if refused else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,8 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_job_output_dir(getattr(args, "output_dir", None))
         return handler(args)
-    except (ValueError, OSError) as error:
-        print(f"privzo: error: {error}", file=sys.stderr)
+    except Exception as error:
+        line = refusal_line(error)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # one line, not a traceback (`privzo run` says its own)
         print(f"privzo {args.command}: interrupted", file=sys.stderr)

@@ -98,9 +98,10 @@ def _accounting(args: argparse.Namespace) -> dict[str, Any]:
     from privzo.config import MAX_STEPS
 
     if not 1 <= args.steps <= MAX_STEPS:  # beyond it the accountant's memory and time explode
+        why = "fewer than one" if args.steps < 1 else "more steps than the accountant can carry"
         raise ValueError(
-            f"--steps {args.steps}: more steps than the accountant can carry; "
-            f"allowed: 1 ≤ steps ≤ {MAX_STEPS:_} (as optimizer.steps in a run config)"
+            f"--steps {args.steps}: {why}; allowed: 1 ≤ steps ≤ {MAX_STEPS:_} (as "
+            "optimizer.steps in a run config)"
         )
     return dict(
         sample_rate=_sample_rate(args),

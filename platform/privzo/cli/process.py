@@ -81,6 +81,9 @@ def quiet_libraries(verbose: bool) -> None:
     # interrupted connection's reset with a traceback (the run is marked KILLED all the same);
     # the pool's loggers are per class below this one, so its level is what reaches them all
     logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+    # a store that fails mid-run (a full disk) has MLflow log each failed query's SQL and
+    # traceback; privzo's one line names the store and the reason
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     # a local cluster turns token auth on by default and says so at every start
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR

@@ -152,6 +152,9 @@ def _with_source_of(data: dict[str, Any], layer: dict[str, Any], where: str) -> 
     return {**data, "task": replace_data_source(data["task"], given)}
 
 
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML config file's top-level mapping; every fault names the file (and line, key)."""
     text = _read_text(path)
@@ -160,7 +163,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as error:
         raise ConfigError(_yaml_error_message(path, text, error)) from None
     if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping at the top level (section: keys), "
+            f"not a {type(loaded).__name__}; is it a run config?"
+        )
     return loaded or {}
 
 
@@ -168,7 +174,8 @@ def _read_text(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file in it")
     if not path.exists():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        hint = "" if path.suffix in YAML_SUFFIXES else " (an override is written key=value)"
+        raise ConfigError(f"config file {str(path)!r} does not exist{hint}")
     if not path.is_file():  # a FIFO or device: reading it could block forever
         raise ConfigError(
             f"config file {str(path)!r} is not a regular file (a pipe, socket or device); "

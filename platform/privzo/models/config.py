@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -45,7 +46,7 @@ class ModelConfig(Section):
     )
     kind: Literal["auto", "causal", "masked"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$")
+    device: str = Field("cpu", description="'cpu', 'auto' or 'cuda' ('cuda:N': GPU N).")
     trainable: Literal["full", "bitfit", "lora", "prefix"] = Field(
         "full", description="The PEFT view: which tensors the run perturbs and updates."
     )
@@ -62,3 +63,10 @@ class ModelConfig(Section):
         description="Hub ids only: the branch, tag or commit to load (from_pretrained's "
         "revision); null = the default branch. The commit loaded is recorded either way.",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if re.fullmatch(r"cpu|auto|cuda(:\d+)?", device) is None:
+            raise ValueError("allowed: 'cpu', 'auto', 'cuda' or 'cuda:N' (GPU number N)")
+        return device

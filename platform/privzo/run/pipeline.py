@@ -42,14 +42,28 @@ from privzo.rundir import (
     prepare_output_dir,
     released_nothing,
     resume_point,
+    unfinished_steps,
     untracked,
     write_config,
     write_records,
     write_resume_point,
 )
 from privzo.section import ConfigError
-from privzo.tracking import Tracker, connect_tracker, keep_blank_stores_in, make_tracker
-from privzo.tracking.tags import MODEL_URI, config_tags, layout_tags, run_label
+from privzo.tracking import (
+    Tracker,
+    TrackingRunLostError,
+    TrackingStoreError,
+    connect_tracker,
+    keep_blank_stores_in,
+    make_tracker,
+)
+from privzo.tracking.tags import (
+    CONTINUES_FROM_STEP,
+    MODEL_URI,
+    config_tags,
+    layout_tags,
+    run_label,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,20 +135,66 @@ def run(
     if resume is None:
         prepare_output_dir(output_dir)
         write_config(output_dir, config)
-    elif resume.tracking_run_id is not None:
-        tracker.attach(resume.tracking_run_id)  # the same MLflow run goes on
+    try:
+        records = _train_tracked(tracker, training, config, output_dir, cache_dir, resume)
+    except TrackingStoreError as error:
+        raise TrackingStoreError(
+            f"{error}. The run in {output_dir} keeps its steps: once the store takes writes "
+            "again (free its disk, fix its permissions, or, where the config sets no "
+            "tracking.uri, point MLFLOW_TRACKING_URI at another store), the same command goes "
+            "on from them"
+        ) from error
+    mark_tracked(output_dir)
+    return records.summary
+
+
+def _train_tracked(
+    tracker: Tracker,
+    training: Training,
+    config: RunConfig,
+    output_dir: Path,
+    cache_dir: Path,
+    resume: ResumePoint | None,
+) -> RunRecords:
+    """Train inside the run's tracking run: a new one, or the earlier attempt's, into which
+    the metrics that attempt had not stored yet go first."""
+    new_run = resume is None or not _reattached(tracker, resume)
     with tracker:
-        if resume is None:
+        if new_run:
             params = config.model_dump(mode="json")
             params["tracking"].pop("uri")
             tracker.log_params(params)
             training.log_inputs(tracker)
+        if resume is not None:
+            _continue_records(tracker, resume, new_run, config, output_dir)
         records = training.train(tracker)
         tracker.flush()  # the final metrics are stored before the summary says it finished
         write_records(output_dir, records)
         _log_records(tracker, config, output_dir, cache_dir, training.logs_model)
-    mark_tracked(output_dir)
-    return records.summary
+    return records
+
+
+def _reattached(tracker: Tracker, resume: ResumePoint) -> bool:
+    """Whether the earlier attempt's tracking run goes on: not where it had none, nor where the
+    store no longer holds it (deleted or replaced since), which a new run stands in for."""
+    if resume.tracking_run_id is None:
+        return False
+    try:
+        tracker.attach(resume.tracking_run_id)
+    except TrackingRunLostError as lost:
+        logger.warning("%s: the resumed run records into a new MLflow run", lost)
+        return False
+    return True
+
+
+def _continue_records(
+    tracker: Tracker, resume: ResumePoint, new_run: bool, config: RunConfig, output_dir: Path
+) -> None:
+    """A new tracking run of a resumed run says which steps it continues; the earlier
+    attempt's unsent metrics are stored where the run lacks them."""
+    if new_run:
+        tracker.set_tags({CONTINUES_FROM_STEP: str(unfinished_steps(config, output_dir))})
+    tracker.log_missing(resume.unsent)
 
 
 def _starts_again(config: RunConfig, output_dir: Path) -> bool:

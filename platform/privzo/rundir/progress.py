@@ -2,7 +2,8 @@
 
 At the end of every window (before its metrics are logged) the run writes its trajectory so far,
 its privacy state (``privacy.json``: the ledger's budget, accountant settings and steps booked)
-and ``resume.json`` (the MLflow run id and the test metrics before training), each atomically.
+and ``resume.json`` (the MLflow run id, the test metrics before training and the metrics not yet
+in the tracking store, this window's included), each atomically.
 No weights and no secret generator state: replaying the trajectory on the base weights rebuilds
 θ, and a resumed run draws fresh noise and batches from OS entropy for the steps it has not
 taken. Every row of the trajectory file is a step that ran and was released to disk, so the
@@ -28,7 +29,7 @@ from privzo.rundir.resume import ResumePoint, write_resume_point
 from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 from privzo.section import ConfigError
 from privzo.tasks.evaluation import Evaluation
-from privzo.tracking import Tracker
+from privzo.tracking import MetricPoint, Tracker
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder
 
@@ -72,7 +73,7 @@ class RunDirectoryProgress:
         return done
 
     def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
-        return DirectorySaver(self.output_dir, ResumePoint(tracker.run_id, before))
+        return DirectorySaver(self.output_dir, tracker, before)
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         if loop.records_trajectory:  # a failed run keeps the steps it made
@@ -81,22 +82,30 @@ class RunDirectoryProgress:
 
 class DirectorySaver:
     """Every window's rows, privacy state and resume point, saved before its metrics go out;
-    resumable from the first step on. A run without a trajectory (the first-order baselines)
-    cannot resume and saves nothing."""
+    resumable from the first step on. The point lists the metrics the tracker has not stored
+    yet and the window's own, so a kill before they are stored loses none. A run without a
+    trajectory (the first-order baselines) cannot resume and saves nothing."""
 
-    def __init__(self, output_dir: Path, point: ResumePoint):
-        self.output_dir, self.point = output_dir, point
+    def __init__(self, output_dir: Path, tracker: Tracker, before: Evaluation | None):
+        self.output_dir, self.tracker, self.before = output_dir, tracker, before
 
     def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
-        self.save(loop, recorder)
+        self.save(loop, recorder, ())
 
     def window(self, end: WindowEnd) -> None:
-        self.save(end.loop, end.recorder)
+        points = tuple(MetricPoint(k, float(v), end.steps_done) for k, v in end.metrics.items())
+        self.save(end.loop, end.recorder, points)
 
-    def save(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
+    def save(
+        self, loop: TrainingLoop, recorder: TrajectoryRecorder, logging: tuple[MetricPoint, ...]
+    ) -> None:
+        """``logging``: the metrics about to be logged, which the tracker does not hold yet."""
         if not loop.records_trajectory:
             return
         privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
+        point = ResumePoint(
+            self.tracker.run_id, self.before, unsent=self.tracker.unsent() + logging
+        )
         save_trajectory(self.output_dir, recorder)
         write_json_atomically(self.output_dir / PRIVACY_FILE, privacy)
-        write_resume_point(self.output_dir, self.point)  # a point never names missing rows
+        write_resume_point(self.output_dir, point)  # a point never names missing rows

@@ -26,6 +26,7 @@ from privzo.rundir.files import (
     read_record,
     write_text_atomically,
 )
+from privzo.tracking import MetricPoint
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class ResumePoint:
     # a distributed run's Ray Train run (its name in the checkpoint storage), which every
     # launch of the run continues; None for a single-process run
     ray_run: str | None = None
+    # the metrics logged but not yet in the tracking store when the point was saved, which a
+    # resumed run stores where the store lacks them (a kill drops the tracker's buffer)
+    unsent: tuple[MetricPoint, ...] = ()
 
 
 def write_resume_point(output_dir: Path, point: ResumePoint) -> None:
@@ -69,10 +73,31 @@ def read_resume_point(path: Path) -> ResumePoint:
     before = saved.get("before")
     if before is not None and not _is_before(before):
         raise malformed_record(path, f"before must be [metrics, seconds] or null, got {before!r}")
+    unsent = saved.get("unsent", [])
+    if not isinstance(unsent, list) or not all(_is_point(point) for point in unsent):
+        raise malformed_record(
+            path, f"unsent must be a list of {{key, value, step}} metrics, got {unsent!r}"
+        )
     return ResumePoint(
         saved.get("tracking_run_id"),
         None if before is None else (before[0], before[1]),
         saved.get("ray_run"),
+        tuple(MetricPoint(p["key"], float(p["value"]), p["step"]) for p in unsent),
+    )
+
+
+def _is_point(value: object) -> bool:
+    """Whether ``value`` is ``{key: text, value: number, step: count}``, a ``MetricPoint``."""
+    if not isinstance(value, dict) or set(value) != {"key", "value", "step"}:
+        return False
+    key, number, step = value["key"], value["value"], value["step"]
+    return (
+        isinstance(key, str)
+        and isinstance(number, int | float)
+        and not isinstance(number, bool)
+        and isinstance(step, int)
+        and not isinstance(step, bool)
+        and step >= 0
     )
 
 

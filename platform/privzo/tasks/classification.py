@@ -254,6 +254,10 @@ def invalid_row_reason(row: Row, config: TaskConfig) -> str | None:
         if not isinstance(text, str) or not text.strip():
             return f"field {field!r} (read by task.template) is missing or empty"
     label_field = config.label_field or "label"
+    if label_field not in row:
+        return (
+            f"no field {label_field!r} (task.label_field) for its label; the row has {sorted(row)}"
+        )
     label = row.get(label_field)
     if label_index(label, config.label_words) is None:
         return (

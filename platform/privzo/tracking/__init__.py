@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from privzo.tracking.base import DatasetLineage, NoopTracker, RunStatus, Tracker, flatten_params
+from privzo.tracking.base import (
+    DatasetLineage,
+    MetricPoint,
+    NoopTracker,
+    RunStatus,
+    Tracker,
+    TrackingRunLostError,
+    TrackingStoreError,
+    flatten_params,
+)
 from privzo.tracking.blank_store import keep_blank_stores_in
 from privzo.tracking.mlflow_tracker import MlflowTracker
 from privzo.tracking.reader import (
@@ -73,12 +82,15 @@ def make_tracker(
 __all__ = [
     "TRACKERS",
     "DatasetLineage",
+    "MetricPoint",
     "MlflowTracker",
     "NoopTracker",
     "RunRecord",
     "RunStatus",
     "StoredRun",
     "Tracker",
+    "TrackingRunLostError",
+    "TrackingStoreError",
     "check_server_reachable",
     "check_store_writable",
     "default_artifact_location",

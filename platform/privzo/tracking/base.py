@@ -24,6 +24,25 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 _TrackerT = TypeVar("_TrackerT", bound="Tracker")
 
 
+class TrackingStoreError(OSError):
+    """The tracking store stopped taking a run's records mid-run (a full disk, a store deleted,
+    replaced or made unwritable): an ``OSError``, so commands end in one line, as for a file."""
+
+
+class TrackingRunLostError(TrackingStoreError):
+    """The store no longer holds the run a resumed run would go on with (a store deleted or
+    replaced since): the resumed run records into a new one."""
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One metric value at a step, as a run logs it (its time is the tracker's to stamp)."""
+
+    key: str
+    value: float
+    step: int
+
+
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Flatten a nested config into ``{"a.b.c": "value"}``.
 
@@ -124,6 +143,17 @@ class Tracker(abc.ABC):
         """Send any buffered metrics now."""
 
     @abc.abstractmethod
+    def unsent(self) -> tuple[MetricPoint, ...]:
+        """The metrics logged but not yet stored (buffered): what a run keeps beside its steps,
+        so a kill loses none of them."""
+
+    @abc.abstractmethod
+    def log_missing(self, points: Sequence[MetricPoint]) -> int:
+        """Store the ``points`` whose key the run does not hold at their step (an earlier
+        attempt's unsent metrics, some of which may have been stored after all); returns how
+        many were stored. Each step's value is then held once."""
+
+    @abc.abstractmethod
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file (or a directory, recursively) into the run's artifact store."""
 
@@ -179,7 +209,11 @@ class Tracker(abc.ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.finish(_status_for(exc_type))
+        try:
+            self.finish(_status_for(exc_type))
+        except TrackingStoreError:
+            if exc_type is None:
+                raise  # a store failing here is the news; else the block's own error is
 
 
 def _status_for(exc_type: type[BaseException] | None) -> RunStatus:
@@ -228,6 +262,12 @@ class NoopTracker(Tracker):
 
     def flush(self) -> None:
         pass
+
+    def unsent(self) -> tuple[MetricPoint, ...]:
+        return ()
+
+    def log_missing(self, points: Sequence[MetricPoint]) -> int:
+        return 0
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         pass

@@ -10,6 +10,7 @@ run owns its client and URI explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import tempfile
@@ -20,8 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from privzo.tracking.base import (
     DatasetLineage,
+    MetricPoint,
     RunStatus,
     Tracker,
+    TrackingRunLostError,
+    TrackingStoreError,
     check_artifact_file,
     flatten_params,
 )
@@ -38,6 +42,7 @@ from privzo.tracking.store import (
     open_client,
     split_param,
     stamp_run_artifacts,
+    store_label,
 )
 
 if TYPE_CHECKING:
@@ -158,12 +163,36 @@ class MlflowTracker(Tracker):
         self.connect()
         client = self._client
         assert client is not None
-        info = client.get_run(run_id).info
-        if info.status != "RUNNING":
-            client.update_run(run_id, status="RUNNING")
+        with self._store_failure():
+            info = self._find_run(client, run_id).info
+            if info.status != "RUNNING":
+                client.update_run(run_id, status="RUNNING")
         self._run_id, self._active, self._start_ms = run_id, True, info.start_time
         self._artifact_uri = info.artifact_uri
         self._last_flush = time.monotonic()
+
+    def _find_run(self, client: MlflowClient, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return client.get_run(run_id)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+        raise TrackingRunLostError(f"{store_label(self.uri)} holds no run {run_id}")
+
+    @contextlib.contextmanager
+    def _store_failure(self) -> Iterator[None]:
+        """MLflow's errors from a store that stopped taking writes, as one line naming the store
+        and the reason (its innermost error: sqlite's, not the SQL around it)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            yield
+        except MlflowException as error:
+            raise TrackingStoreError(
+                f"{store_label(self.uri)} failed: {_innermost_reason(error)}"
+            ) from error
 
     def _require_active(self) -> tuple[MlflowClient, str]:
         if not self._active or self._client is None or self._run_id is None:
@@ -202,14 +231,37 @@ class MlflowTracker(Tracker):
         return len(self._buffer)
 
     def flush(self) -> None:
-        """Send buffered metrics (in chunks of MLflow's per-request limit)."""
+        """Send buffered metrics (in chunks of MLflow's per-request limit); a store that fails
+        raises ``TrackingStoreError`` and the points stay buffered."""
         if self._buffer:
             client, run_id = self._require_active()
-            while self._buffer:
-                chunk = self._buffer[:_METRICS_PER_BATCH]
-                client.log_batch(run_id, metrics=chunk, synchronous=True)
-                del self._buffer[: len(chunk)]
+            with self._store_failure():
+                while self._buffer:
+                    chunk = self._buffer[:_METRICS_PER_BATCH]
+                    client.log_batch(run_id, metrics=chunk, synchronous=True)
+                    del self._buffer[: len(chunk)]
         self._last_flush = time.monotonic()
+
+    def unsent(self) -> tuple[MetricPoint, ...]:
+        return tuple(MetricPoint(m.key, m.value, m.step) for m in self._buffer)
+
+    def log_missing(self, points: Sequence[MetricPoint]) -> int:
+        """The points whose (key, step) the run lacks, stamped as ``log_metrics`` stamps them
+        and stored now."""
+        from mlflow.entities import Metric
+
+        client, run_id = self._require_active()
+        with self._store_failure():
+            held = {
+                key: {m.step for m in client.get_metric_history(run_id, key)}
+                for key in {point.key for point in points}
+            }
+        missing = [p for p in points if p.step not in held[p.key]]
+        self._buffer.extend(
+            Metric(p.key, p.value, self._timestamp(p.step), p.step) for p in missing
+        )
+        self.flush()
+        return len(missing)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file to ``artifact_path`` (run root by default) or a directory as
@@ -321,7 +373,8 @@ class MlflowTracker(Tracker):
         try:
             self.flush()
         except BaseException:
-            self._terminate("FAILED")
+            with contextlib.suppress(TrackingStoreError):  # the flush's error says it first
+                self._terminate("FAILED")
             raise
         self._terminate(status)
 
@@ -329,7 +382,16 @@ class MlflowTracker(Tracker):
         client, run_id = self._require_active()
         self._active = False
         end_time = None if self.release_timing else self._start_ms  # None: MLflow's clock
-        client.set_terminated(run_id, status=status, end_time=end_time)
+        with self._store_failure():
+            client.set_terminated(run_id, status=status, end_time=end_time)
+
+
+def _innermost_reason(error: BaseException) -> str:
+    """The first line of the error at the bottom of ``error``'s causes (sqlite's "database or
+    disk is full" under SQLAlchemy's and MLflow's wrappers, which add SQL and links)."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _metric_key(key: str) -> str:

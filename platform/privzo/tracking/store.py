@@ -34,6 +34,7 @@ __all__ = [
     "open_client",
     "split_param",
     "stamp_run_artifacts",
+    "store_label",
     "ui_address",
     "ui_lines",
 ]
@@ -98,6 +99,16 @@ def _sqlite_path(uri: str) -> Path | None:
         return None
     path = uri[len("sqlite:///") :].split("?", 1)[0]
     return None if path in ("", ":memory:") else Path(path)
+
+
+def store_label(uri: str) -> str:
+    """How messages name a store: a sqlite store by its file, others by their host alone (a
+    server's URI may hold credentials)."""
+    db = _sqlite_path(uri)
+    if db is not None:
+        return f"the MLflow store {db}"
+    host = urlsplit(uri).hostname
+    return f"the MLflow server at {host}" if host else "the MLflow store"
 
 
 def is_local_store(uri: str) -> bool:

@@ -32,6 +32,8 @@ BEST_MODEL_URI = "privzo.best_model_uri"  # on a search's parent run: the best t
 DEVICE = "privzo.device"  # the device type the model ran on ('cuda', 'cpu'): what a peak measures
 # the planner's estimate of what one step needs above the weights, in MiB (decoders it models)
 PLANNED_STEP_MB = "privzo.planned_step_mb"
+# on a resumed run's new tracking run (its earlier one lost with its store): the steps kept
+CONTINUES_FROM_STEP = "privzo.continues_from_step"
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:

@@ -191,6 +191,7 @@ def check_finite_weights(named_tensors: Sequence[tuple[str, torch.Tensor]], step
         name = named_tensors[bad[0]][0]
         raise NonFiniteWeightsError(
             f"after step {steps} the weights of {name!r} (and {len(bad) - 1} other tensors) are "
-            "not finite; the run stops here (its trajectory so far is kept); lower "
-            "optimizer.learning_rate or privacy.clip"
+            "not finite; the run stops here (its trajectory so far is kept, for inspection); "
+            "lower optimizer.learning_rate (or privacy.clip, optimizer.perturbation_scale) and "
+            "start the run again in another directory or with --overwrite"
         )

@@ -151,6 +151,8 @@ def test_a_write_the_file_system_refuses_names_the_file_and_keeps_the_old_one(tm
         ('{"tracking_run_id": 5, "before": null}', "tracking_run_id must be text or null"),
         ('{"tracking_run_id": null, "before": [1, 2, 3]}', "before must be"),
         ('{"tracking_run_id": null, "before": [{"accuracy": "high"}, 1.0]}', "before must be"),
+        ('{"tracking_run_id": null, "unsent": [{"key": "loss", "value": 1}]}', "unsent must be"),
+        ('{"tracking_run_id": null, "unsent": [["loss", 1.0, 5]]}', "unsent must be"),
         ("[1, 2]", "a JSON list, not an object"),
         ('{"tracking_run_id": ', "not readable JSON"),
     ],
@@ -168,9 +170,11 @@ def test_a_malformed_resume_record_is_refused_naming_the_file(run_dir, text, pro
 
 def test_a_resume_record_reads_back_as_it_was_written(run_dir):
     from privzo.rundir.resume import ResumePoint, find_resume_point, write_resume_point
+    from privzo.tracking import MetricPoint
 
     directory, config = run_dir
-    point = ResumePoint("abc123", ({"accuracy": 0.5}, 1.25), None)
+    unsent = (MetricPoint("test_accuracy", 0.5, 0), MetricPoint("epsilon_spent", 1.5, 10))
+    point = ResumePoint("abc123", ({"accuracy": 0.5}, 1.25), None, unsent)
     write_resume_point(directory, point)
     assert find_resume_point(directory, config) == point
 

@@ -492,3 +492,15 @@ def test_a_private_run_refuses_a_test_split_carved_from_its_training_file(tmp_pa
     assert load_config(None, [*carved, "optimizer.algorithm=mezo", "privacy.sampler=shuffle"])
     separate = _write(_distinct_rows(10), tmp_path / "test.jsonl")
     assert load_config(None, [f"task.train_path={path}", f"task.test_path={separate}"])
+
+
+def test_a_row_without_its_label_field_is_refused_naming_the_fields_it_has(tmp_path):
+    rows = _rows("snli", 12, 3)
+    del rows[4]["label"]
+    _write(rows, tmp_path / "train.jsonl")
+    _write(_rows("snli", 6, 3), tmp_path / "test.jsonl")
+    config = resolve_task_config(TaskConfig(name="snli", data_dir=str(tmp_path)), "masked")
+    fields = sorted(rows[4])
+    with pytest.raises(ConfigError, match=r"row 4: no field 'label' \(task.label_field\)") as error:
+        load_splits(config)
+    assert f"the row has {fields}" in str(error.value)

@@ -18,8 +18,10 @@ import pytest
 
 from privzo.tracking import (
     TRACKERS,
+    MetricPoint,
     MlflowTracker,
     NoopTracker,
+    TrackingStoreError,
     default_artifact_location,
     default_tracking_uri,
     end_runs,
@@ -454,3 +456,35 @@ def test_tables_and_figures_are_logged_for_the_ui_and_read_back(root: Path) -> N
     assert "report/curve.png" in record["artifacts"]
     image = Path(urlparse(record["artifact_uri"]).path) / "report" / "curve.png"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_earlier_attempts_unsent_metrics_are_stored_once(root: Path) -> None:
+    tracker = _tracker(root, "unsent", release_timing=False)
+    with tracker:
+        tracker.log_metrics({"loss": 1.0}, step=5)
+        tracker.flush()  # stored before the kill; the resume point still lists it
+        unsent = (MetricPoint("loss", 1.0, 5), MetricPoint("loss", 0.5, 10))
+        assert tracker.log_missing((*unsent, MetricPoint("lr", 0.1, 10))) == 2
+        assert tracker.unsent() == ()
+    record = read_run(tracker.uri, tracker.run_id)
+    assert record["history"] == {"loss": [(5, 1.0), (10, 0.5)], "lr": [(10, 0.1)]}
+
+
+def test_a_store_emptied_mid_run_fails_in_one_line_keeping_the_metrics(tmp_path: Path) -> None:
+    tracker = make_tracker(
+        "mlflow", uri=None, experiment=EXPERIMENT, output_root=tmp_path, run_name="lost"
+    )
+    tracker.start()
+    tracker.log_metrics({"loss": 1.0}, step=5)
+    tracker.flush()
+    (tmp_path / "mlflow.db").write_bytes(b"")  # the store replaced by an empty file
+    tracker.log_metrics({"loss": 0.5}, step=10)
+    with pytest.raises(TrackingStoreError) as failed:
+        tracker.flush()
+    assert str(failed.value) == (
+        f"the MLflow store {tmp_path / 'mlflow.db'} failed: no such table: runs"
+    )
+    assert tracker.unsent() == (MetricPoint("loss", 0.5, 10),)  # kept for the resume point
+    with pytest.raises(TrackingStoreError, match="no such table"):  # the same, not MLflow's
+        tracker.finish()
+    assert not tracker.active
