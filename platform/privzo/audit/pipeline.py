@@ -26,6 +26,7 @@ from privzo.audit.config import (
     AuditConfig,
     ScoreName,
 )
+from privzo.audit.power import UNBOUNDED_SCORES, AuditPower, audit_power
 from privzo.audit.record import (
     ESTIMATOR_KINDS,
     VIOLATED,
@@ -347,6 +348,29 @@ def audit_record(
         tightest=max(estimators, key=lambda row: row.epsilon).estimator,
         tpr_at_fpr=rates,
         run_dir=RUN_DIR,
+        power=power_at(config, audit, summary, injection, list(results)),
+    )
+
+
+def power_at(
+    config: RunConfig,
+    audit: AuditConfig,
+    summary: RunSummary,
+    injection: CanaryInjection,
+    scores: list[ScoreName],
+) -> AuditPower | None:
+    """The run's separation ceiling and the ε_lb expected there, when some score is bound by it."""
+    if all(name in UNBOUNDED_SCORES for name in scores):
+        return None
+    return audit_power(
+        steps=summary.steps,
+        batch_size=config.optimizer.batch_size,
+        training_rows=injection.training_rows,
+        canaries_in=int(injection.included.sum()),
+        canaries=audit.canaries,
+        ks=audit.k_values(),
+        delta=_audit_delta(config),
+        alpha=audit.alpha / len(scores),
     )
 
 
