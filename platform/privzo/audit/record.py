@@ -197,9 +197,9 @@ class AuditRecord(RecordKeys):
         """What the aligning scores could show at the run's settings, however good the canaries."""
         assert self.power is not None
         return (
-            f"power                aligning scores separate by at most "
-            f"{self.power.separation_ceiling:.2f} standard deviations here (√(T·B / (N·n_in))), "
-            f"where ε_lb ≈ {self.power.epsilon_at_ceiling:.3f} is to be expected"
+            f"power                at this run's T, B, N and n_in aligning scores separate by "
+            f"at most {self.power.separation_ceiling:.2f} standard deviations "
+            f"(√(T·B / (N·n_in))), where ε_lb ≈ {self.power.epsilon_at_ceiling:.3f} is expected"
         )
 
     def estimator_lines(self) -> list[str]:
