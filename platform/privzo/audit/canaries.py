@@ -23,6 +23,10 @@ from privzo.config.tasks import TaskConfig, template_fields
 from privzo.section import ConfigError
 from privzo.tasks.data import Row
 
+# Private rows (not canaries) the white-box scores replay beside the canaries: their mean
+# derivative along z_t is the data's shared direction, which moves every g_t alike.
+REFERENCE_ROWS = 64
+
 
 def secret_generator() -> np.random.Generator:
     """A numpy generator seeded from the OS entropy pool; its seed is never stored."""
@@ -92,6 +96,7 @@ class CanaryInjection:
     included: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
     training_rows: int = 0  # the private rows before the canaries (public: the data's size)
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    references: list[Row] = field(default_factory=list, repr=False)  # REFERENCE_ROWS private rows
 
     def __call__(self, task: TaskConfig, rows: list[Row]) -> list[Row]:
         check_canary_count(self.count, rows)
@@ -103,6 +108,8 @@ class CanaryInjection:
         label_field = task.label_field or "label"
         self.labels = np.array([row[label_field] for row in self.canaries], dtype=np.int64)
         self.training_rows = len(rows)
+        picked = secret_generator().permutation(len(rows))[:REFERENCE_ROWS]
+        self.references = [rows[int(index)] for index in picked]
         return [
             *rows,
             *(row for row, kept in zip(self.canaries, self.included, strict=True) if kept),

@@ -26,6 +26,7 @@ from privzo.audit.config import (
     AuditConfig,
     ScoreName,
 )
+from privzo.audit.power import UNBOUNDED_SCORES, AuditPower, audit_power
 from privzo.audit.record import (
     ESTIMATOR_KINDS,
     VIOLATED,
@@ -35,9 +36,11 @@ from privzo.audit.record import (
 )
 from privzo.audit.report import plot_scores, record_child_run, score_distribution
 from privzo.audit.scores import (
+    WhiteBoxTrace,
     canary_losses,
     centre_by_label,
     correlation_scores,
+    data_directions,
     directional_scores,
     likelihood_scores,
     match_scores,
@@ -134,11 +137,13 @@ class TunedLosses:
     batch_size: int
     task: Any = None
     encoded: Any = None
+    replayed: Any = None  # the canaries, then the reference rows: what the replay scores
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __call__(self, context: RunContext) -> dict[str, float]:
         self.task = context.task
         self.encoded = context.task.encode(self.injection.canaries)
+        self.replayed = context.task.encode([*self.injection.canaries, *self.injection.references])
         self.losses = canary_losses(
             context.task, context.scoring_model, self.encoded, self.batch_size
         )
@@ -268,16 +273,17 @@ def score_canaries(
             config.model.name_or_path,
             output_dir / RUN_DIR / TRAJECTORY_FILE,
             tuned.task,
-            tuned.encoded,
+            tuned.replayed,
             clip=config.privacy.clip if summary.private else None,
             batch_size=audit.score_batch_size,
             cache_dir=cache_dir,
         )
+        trace, data = split_references(trace, tuned)
         batch = config.optimizer.batch_size
         if public_noise is not None and summary.noise_multiplier is not None:
             scale = summary.noise_multiplier * config.privacy.clip
             trace = without_noise(trace, public_noise(summary.steps, scale), batch)
-        values["white-box-directional"] = directional_scores(trace, tuned.injection.labels)
+        values["white-box-directional"] = directional_scores(trace, tuned.injection.labels, data)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
         values["white-box-match"] = match_scores(trace, batch)
@@ -286,6 +292,17 @@ def score_canaries(
         name: values[name] if name in UNCENTRED_SCORES else centre_by_label(values[name], labels)
         for name in scores
     }
+
+
+def split_references(trace: WhiteBoxTrace, tuned: TunedLosses) -> tuple[WhiteBoxTrace, np.ndarray]:
+    """The canaries' trace and the data's shared directions from the reference rows' columns."""
+    count = len(tuned.injection.canaries)
+    references = trace.differences[:, count:]
+    canaries = WhiteBoxTrace(trace.differences[:, :count], trace.projected_gradients)
+    if references.shape[1] == 0:
+        return canaries, np.zeros((references.shape[0], 0))
+    labels = np.asarray(tuned.replayed.labels)[count:]
+    return canaries, data_directions(references, labels)
 
 
 def verdict(claimed: float | None, bound: float) -> str:
@@ -347,6 +364,29 @@ def audit_record(
         tightest=max(estimators, key=lambda row: row.epsilon).estimator,
         tpr_at_fpr=rates,
         run_dir=RUN_DIR,
+        power=power_at(config, audit, summary, injection, list(results)),
+    )
+
+
+def power_at(
+    config: RunConfig,
+    audit: AuditConfig,
+    summary: RunSummary,
+    injection: CanaryInjection,
+    scores: list[ScoreName],
+) -> AuditPower | None:
+    """The run's separation ceiling and the ε_lb expected there, when some score is bound by it."""
+    if all(name in UNBOUNDED_SCORES for name in scores):
+        return None
+    return audit_power(
+        steps=summary.steps,
+        batch_size=config.optimizer.batch_size,
+        training_rows=injection.training_rows,
+        canaries_in=int(injection.included.sum()),
+        canaries=audit.canaries,
+        ks=audit.k_values(),
+        delta=_audit_delta(config),
+        alpha=audit.alpha / len(scores),
     )
 
 

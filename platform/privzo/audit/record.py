@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from privzo.audit.power import AuditPower
 from privzo.privacy.audit import GuessResult, TprAtFpr
 from privzo.results import RecordKeys
 
@@ -76,7 +77,8 @@ class AuditBrief:
 class AuditRecord(RecordKeys):
     """audit.json: the verdict, the best bound and every test behind it. ``audit_time_s`` is
     written only where the run releases its duration, ``tracking_run_id`` (the MLflow child
-    run, None without tracking) once that run is recorded (``child_recorded``)."""
+    run, None without tracking) once that run is recorded (``child_recorded``). ``power`` is
+    None where no score aligns canaries with the released scalars (``privzo.audit.power``)."""
 
     verdict: str
     epsilon_claimed: float | None
@@ -107,6 +109,7 @@ class AuditRecord(RecordKeys):
     audit_time_s: float | None = None
     tracking_run_id: str | None = None
     child_recorded: bool = False
+    power: AuditPower | None = None
 
     @property
     def violated(self) -> bool:
@@ -125,6 +128,8 @@ class AuditRecord(RecordKeys):
             record["audit_time_s"] = self.audit_time_s
         if self.child_recorded:
             record["tracking_run_id"] = self.tracking_run_id
+        if self.power is not None:
+            record["power"] = asdict(self.power)
         return record
 
     @classmethod
@@ -142,6 +147,7 @@ class AuditRecord(RecordKeys):
             audit_time_s=record.get("audit_time_s"),
             tracking_run_id=record.get("tracking_run_id"),
             child_recorded="tracking_run_id" in record,
+            power=AuditPower(**record["power"]) if "power" in record else None,
         )
 
     @classmethod
@@ -181,9 +187,20 @@ class AuditRecord(RecordKeys):
             lines.append("(not private: the lower bound is the run's empirical leakage)")
         elif self.tightness is not None:
             lines.append(f"tightness            ε_lb / ε = {self.tightness:.3f}")
+        if self.power is not None:
+            lines.append(self.power_line())
         if self.note:
             lines.append(f"note: {self.note}")
         return lines
+
+    def power_line(self) -> str:
+        """What the aligning scores could show at the run's settings, however good the canaries."""
+        assert self.power is not None
+        return (
+            f"power                at this run's T, B, N and n_in aligning scores separate by "
+            f"at most {self.power.separation_ceiling:.2f} standard deviations "
+            f"(√(T·B / (N·n_in))), where ε_lb ≈ {self.power.epsilon_at_ceiling:.3f} is expected"
+        )
 
     def estimator_lines(self) -> list[str]:
         """Each estimator's ε with what it assumes and where it came from, and the tightest."""
@@ -204,5 +221,6 @@ class AuditRecord(RecordKeys):
 
 
 VIOLATED = "VIOLATED"
-# the fields before these are always written; audit_time_s and tracking_run_id only when known
-_OPTIONAL = -3
+# the fields before these are always written; audit_time_s, tracking_run_id and power only when
+# known
+_OPTIONAL = -4

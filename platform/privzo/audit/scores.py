@@ -18,9 +18,10 @@
     examples and the noise, taken as Gaussian). It gains only on steps whose G_t matches d_c,
     where the correlation also sums the steps that did not sample c.
   * directional (the default): the correlation made fair across canaries. g_t first loses its
-    least-squares fit on the labels' shared directions (each step's mean d over a label's
-    canaries, the canary itself left out), which move g_t alike for every canary of a label; the
-    residual r_t keeps what the batch's own directions put in it. The sum Σ_t r_t · d_c(θ_t) is
+    least-squares fit on the shared directions, which move g_t alike for every canary: the
+    labels' (each step's mean d over a label's canaries, the canary itself left out) and the
+    data's (each step's mean d over a fixed sample of the private rows, per label, where given);
+    the residual r_t keeps what the batch's own directions put in it. The sum Σ_t r_t · d_c(θ_t) is
     then divided by √Σ_t (r_t · d_c(θ_t))², so an out-canary's score is about N(0, 1) whatever
     the size of its gradient, while an in-canary's own derivative enters g_t at every step that
     sampled it (d_c² / B each time) and lifts its score.
@@ -121,13 +122,16 @@ def correlation_scores(trace: WhiteBoxTrace) -> np.ndarray:
     return trace.projected_gradients @ trace.differences
 
 
-def unshared_gradients(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
+def unshared_gradients(
+    trace: WhiteBoxTrace, labels: np.ndarray, data: np.ndarray | None = None
+) -> np.ndarray:
     """[steps, canaries]: g_t less its least-squares fit on the labels' shared directions.
 
     A label's shared direction at step t is the mean d over its canaries: the label word's part
     of the gradient, which moves g_t alike for every canary of the label and so is only noise to
     the score. The canary itself is left out of its own label's mean, else the fit would take its
-    own derivative out of g_t at every step, in-canaries' included.
+    own derivative out of g_t at every step, in-canaries' included. ``data`` ([steps, D]) adds
+    the data's shared directions, the same for every canary.
     """
     values = np.unique(labels)
     sums = np.stack([trace.differences[:, labels == label].sum(axis=1) for label in values], 1)
@@ -139,14 +143,25 @@ def unshared_gradients(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
         own = int(np.searchsorted(values, label))
         shared = means.copy()
         shared[:, own] = (sums[:, own] - trace.differences[:, index]) / max(counts[own] - 1, 1)
+        if data is not None:
+            shared = np.concatenate([shared, data], axis=1)
         fit, *_ = np.linalg.lstsq(shared, gradients, rcond=None)
         residuals[:, index] = gradients - shared @ fit
     return residuals
 
 
-def directional_scores(trace: WhiteBoxTrace, labels: np.ndarray) -> np.ndarray:
+def data_directions(differences: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """[steps, labels]: each step's mean d over the reference rows of each label."""
+    return np.stack(
+        [differences[:, labels == label].mean(axis=1) for label in np.unique(labels)], 1
+    )
+
+
+def directional_scores(
+    trace: WhiteBoxTrace, labels: np.ndarray, data: np.ndarray | None = None
+) -> np.ndarray:
     """Σ_t r_t · d_c(θ_t) / √Σ_t (r_t · d_c(θ_t))² per canary (see the module docstring)."""
-    products = unshared_gradients(trace, labels) * trace.differences
+    products = unshared_gradients(trace, labels, data) * trace.differences
     spread = np.sqrt((products**2).sum(axis=0))
     return products.sum(axis=0) / np.where(spread > 0, spread, 1.0)
 

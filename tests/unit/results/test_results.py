@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from privzo.audit import AuditRecord
+from privzo.audit.power import AuditPower
 from privzo.audit.record import BestGuess, EstimatorResult
 from privzo.privacy.audit import GuessResult, TprAtFpr
 from privzo.search.summary import SearchBounds, SearchSummary
@@ -64,6 +65,16 @@ def test_an_audit_record_writes_its_child_run_only_once_recorded():
     again = AuditRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert again == record and again.to_dict() == record.to_dict()
     assert AuditRecord.parse({"verdict": "consistent"}) is None
+
+
+def test_an_audit_records_power_reads_back_and_prints_and_older_records_have_none():
+    record = _audit(power=AuditPower(separation_ceiling=0.2, epsilon_at_ceiling=0.013))
+    written = record.to_dict()
+    assert list(written)[-1] == "power"
+    assert written["power"] == {"separation_ceiling": 0.2, "epsilon_at_ceiling": 0.013}
+    assert AuditRecord.from_dict(json.loads(json.dumps(written))) == record
+    assert "0.20 standard deviations" in record.power_line() in record.lines()
+    assert AuditRecord.from_dict(_audit().to_dict()).power is None
 
 
 def test_an_audit_record_prints_its_verdict_and_a_violation():
