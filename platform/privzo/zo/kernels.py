@@ -300,6 +300,41 @@ def add_directions_(segments: Sequence[Segment], coefficient: float, transform: 
 
 
 @torch.no_grad()
+def add_direction_terms_(
+    terms: Sequence[Sequence[Segment]], coefficients: Sequence[float], transform: str
+) -> None:
+    """θ ← θ + Σ_t c_t·z_t in place (fp32), ``add_directions_(terms[t], c_t)`` for t in order
+    bit for bit, but one read and one write of θ per (device, dtype) group, not one per term.
+    ``terms[t]`` are the same tensors at the same offsets, keyed for term t; terms with a zero
+    coefficient are skipped, as a sweep skips them. Large segments share the group's launch:
+    the table search that slows a one-term pass is shared by every term here."""
+    kept = [(ts, c) for ts, c in zip(terms, coefficients, strict=True) if c != 0.0]
+    if not kept:
+        return
+    first = kept[0][0]
+    for group in _groups(first):
+        base = min((first[index].tensor for index in group), key=torch.Tensor.data_ptr)
+        assert base.dtype == torch.float32
+        rows: list[TableRow] = []
+        for index in group:
+            segment = first[index]
+            address = element_address(segment.tensor, base)
+            rows.append((address, address, segment.tensor.numel(), segment.offset, segment.key))
+        keys = [[list(each[index].key) for each, _c in kept] for index in group]
+        table, programs = _table(rows, base.device)
+        compiled().multi_term_add_kernel[(programs,)](
+            base,
+            table,
+            upload_table(torch.tensor(keys, dtype=torch.int64), base.device),
+            upload_table(torch.tensor([c for _t, c in kept], dtype=torch.float32), base.device),
+            len(rows),
+            len(kept),
+            TRANSFORM=TRANSFORMS[transform],
+            COUNTERS=COUNTERS_PER_PROGRAM,
+        )
+
+
+@torch.no_grad()
 def rounded_updates_(segments: Sequence[Segment], coefficient: float, transform: str) -> None:
     """``rounded_update_`` on every segment, grouped as ``add_directions_``."""
     halves = (torch.bfloat16, torch.float16)

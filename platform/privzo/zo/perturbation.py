@@ -23,6 +23,7 @@ All three expose the same calls, used identically by training and by replay.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +34,13 @@ from privzo.zo.directions import DirectionSampler
 from privzo.zo.grouped_copies import GroupedCopies
 from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
 from privzo.zo.rounding import stochastic_round
-from privzo.zo.sweeps import ParameterShard, iter_direction_blocks, segments, sweep
+from privzo.zo.sweeps import (
+    ParameterShard,
+    iter_direction_blocks,
+    segments,
+    sweep,
+    sweep_terms,
+)
 
 
 class Perturber(ABC):
@@ -57,6 +64,14 @@ class Perturber(ABC):
     def update(self, seed: int, coefficient: float) -> None:
         """End the step: θ ← θ + coefficient · z(seed), and evaluate at θ again."""
 
+    def update_all(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
+        """End a step of K directions: θ ← θ + Σ_k c_k z_k, and evaluate at θ again. The model
+        sits at θ − r·z of the last direction, so its update comes first (fused with that
+        restore), then the others in order; training and replay both end a step here."""
+        self.update(seeds[-1], coefficients[-1])
+        for seed, coefficient in zip(seeds[:-1], coefficients[:-1], strict=True):
+            self.update(seed, coefficient)
+
 
 class InPlacePerturber(Perturber):
     """fp32 weights moved in place; tracks the current offset so every move is one sweep."""
@@ -79,6 +94,16 @@ class InPlacePerturber(Perturber):
 
     def update(self, seed: int, coefficient: float) -> None:
         sweep(self.shards, self.sampler, seed, coefficient - self._offset)
+        self._offset = 0.0
+
+    def update_all(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
+        """The K updates as the base class orders them, in one pass over θ where fused."""
+        if len(seeds) == 1:
+            self.update(seeds[0], coefficients[0])
+            return
+        order = [seeds[-1], *seeds[:-1]]
+        terms = [coefficients[-1] - self._offset, *coefficients[:-1]]
+        sweep_terms(self.shards, self.sampler, order, terms)
         self._offset = 0.0
 
 

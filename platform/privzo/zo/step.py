@@ -7,8 +7,8 @@
 With K directions per step (``optimizer.directions_per_step``, DP-AggZO) the two evaluations
 run for each z_k (θ restored between directions), the estimator turns the [B, K] differences
 into g_1..g_K, and θ ← θ − (η/K) Σ_k g_k z_k: the last direction's update fused with its
-restore, the others one sweep each (the fused kernels take one key per parameter, so the K
-terms are K passes over θ, not one).
+restore (``Perturber.update_all``): with fp32 weights and fused passes one pass over θ for
+all K terms, else one sweep each.
 
 An empty (Poisson) batch makes no forward pass (g is pure noise) but the same three sweeps, so
 replay never needs the realised batch size, which a private run does not release.
@@ -83,7 +83,7 @@ def zo_step(
         losses.append(mean_loss)
     estimate = estimator.estimate(columns[0] if directions == 1 else torch.stack(columns, 1))
     gradients = estimate.projected_gradients
-    apply_updates(perturber, seeds, update_coefficients(learning_rate, gradients, scales))
+    perturber.update_all(seeds, update_coefficients(learning_rate, gradients, scales))
     return StepRecord(
         step=step,
         seed=seed,
@@ -105,16 +105,6 @@ def update_coefficients(
     one direction exactly the single-direction step's −η·g·s)."""
     share = learning_rate / len(gradients)
     return [-share * gradient * scale for gradient, scale in zip(gradients, scales, strict=True)]
-
-
-def apply_updates(
-    perturber: Perturber, seeds: Sequence[int], coefficients: Sequence[float]
-) -> None:
-    """θ += Σ_k c_k z_k, leaving the model at θ. The perturber sits at θ − r·z of the last
-    direction, so its update is fused with that restore; the others follow in order."""
-    perturber.update(seeds[-1], coefficients[-1])
-    for seed, coefficient in zip(seeds[:-1], coefficients[:-1], strict=True):
-        perturber.update(seed, coefficient)
 
 
 def estimate_differences(

@@ -63,6 +63,23 @@ def sweep(
             shard.tensor[local].add_(direction, alpha=coefficient)
 
 
+@torch.no_grad()
+def sweep_terms(
+    shards: list[ParameterShard],
+    sampler: DirectionSampler,
+    seeds: list[int],
+    coefficients: list[float],
+) -> None:
+    """``sweep(seeds[t], coefficients[t])`` for each t in order, with the same bits: fused, one
+    pass over θ for all the terms (each z regenerated in the kernel), else one sweep each."""
+    if sampler.fused:
+        terms = [segments(shards, seed) for seed in seeds]
+        kernels.add_direction_terms_(terms, coefficients, sampler.philox_transform)
+        return
+    for seed, coefficient in zip(seeds, coefficients, strict=True):
+        sweep(shards, sampler, seed, coefficient)
+
+
 def segments(shards: list[ParameterShard], seed: int) -> list[kernels.Segment]:
     """The shards as the fused kernels' segments: each with its parameter's key for ``seed``."""
     return [

@@ -26,7 +26,7 @@ from privzo.config.run import RunConfig
 from privzo.zo.directions import DIRECTIONS_VERSION, direction_seeds
 from privzo.zo.integrity import check_rows, columns_checksum
 from privzo.zo.perturbation import Perturber
-from privzo.zo.step import StepRecord, apply_updates, update_coefficients
+from privzo.zo.step import StepRecord, update_coefficients
 
 _FIRST_COLUMNS = [
     ("step", pa.int64()),
@@ -335,9 +335,7 @@ def replay_steps(
         gradients = [row["projected_gradient"], *row["extra_projected_gradients"]]
         if not intended:  # half precision into fp32 makes only the updates, unrounded
             _evaluation_moves(perturber, row, seeds, scales, meta, at_perturbed)
-        apply_updates(
-            perturber, seeds, update_coefficients(row["learning_rate"], gradients, scales)
-        )
+        perturber.update_all(seeds, update_coefficients(row["learning_rate"], gradients, scales))
         steps += 1
     return steps
 

@@ -142,6 +142,14 @@ def _lanes_in_order(v0, v1, v2, v3):
 
 
 @triton.jit
+def _block_directions(counters, key0, key1, TRANSFORM: tl.constexpr):
+    """z at the four elements of each of ``counters`` (int64), in element order."""
+    w0, w1, w2, w3 = _counter_words(counters, 0, key0.to(tl.uint32), key1.to(tl.uint32))
+    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
+    return _lanes_in_order(z0, z1, z2, z3)
+
+
+@triton.jit
 def _pass_block(
     source_ptr,
     target_ptr,
@@ -166,14 +174,10 @@ def _pass_block(
     start = (first_counter + block) * 4 - offset
     if ALIGNED:
         start = tl.multiple_of(start, 8)
-    k0 = key0.to(tl.uint32)
-    k1 = key1.to(tl.uint32)
-    w0, w1, w2, w3 = _counter_words(counters, 0, k0, k1)
-    z0, z1, z2, z3 = _directions(w0, w1, w2, w3, TRANSFORM)
-    z = _lanes_in_order(z0, z1, z2, z3)
+    z = _block_directions(counters, key0, key1, TRANSFORM)
     uniforms = z  # unused unless PASS_UPDATE
     if PASS == 2:
-        r0, r1, r2, r3 = _counter_words(counters, 1, k0, k1)
+        r0, r1, r2, r3 = _counter_words(counters, 1, key0.to(tl.uint32), key1.to(tl.uint32))
         uniforms = _lanes_in_order(_uniform(r0), _uniform(r1), _uniform(r2), _uniform(r3))
     local = start + tl.arange(0, 4 * COUNTERS).to(tl.int64)
     if (start >= 0) & (start + 4 * COUNTERS <= count):
@@ -272,10 +276,11 @@ TABLE_COLUMNS = (
 
 
 @triton.jit
-def _find_segment(table_ptr, segments, program):
-    """The row whose programs include ``program``: a binary search of the first-program column
-    (increasing), a few scalar loads from a table that stays in cache, rather than a program →
-    row table, which for a large model would hold millions of entries to build and copy."""
+def _find_row(table_ptr, segments, program):
+    """The index of the row whose programs include ``program``: a binary search of the
+    first-program column (increasing), a few scalar loads from a table that stays in cache,
+    rather than a program → row table, which for a large model would hold millions of entries
+    to build and copy."""
     low = program * 0
     high = low + segments
     while high - low > 1:
@@ -283,7 +288,13 @@ def _find_segment(table_ptr, segments, program):
         start = tl.load(table_ptr + middle * COLUMNS + FIRST_PROGRAM)
         low = tl.where(start <= program, middle, low)
         high = tl.where(start <= program, high, middle)
-    return table_ptr + low * COLUMNS
+    return low
+
+
+@triton.jit
+def _find_segment(table_ptr, segments, program):
+    """The row (a pointer to its columns) whose programs include ``program``."""
+    return table_ptr + _find_row(table_ptr, segments, program) * COLUMNS
 
 
 @triton.jit(do_not_specialize=["segments", "coefficient"])
@@ -323,6 +334,42 @@ def multi_tensor_pass_kernel(
         COUNTERS,
         ALIGNED,
     )
+
+
+@triton.jit(do_not_specialize=["segments", "terms"])
+def multi_term_add_kernel(
+    base,
+    table_ptr,
+    keys_ptr,
+    coefficients_ptr,
+    segments,
+    terms,
+    TRANSFORM: tl.constexpr,
+    COUNTERS: tl.constexpr,
+):
+    """θ ← fma(c_T, z_T, … fma(c_1, z_1, θ)) in place (fp32) over every segment of a table: the
+    ``terms`` passes of ``PASS_ADD`` in one read and one write of θ, each z regenerated in
+    registers. The accumulator is fp32 between terms as θ is between passes, so the result is
+    the passes' bit for bit. ``keys_ptr`` holds each segment's keys (int64 [segments, terms,
+    2]), ``coefficients_ptr`` the terms' coefficients (fp32 [terms]); the table's key columns
+    are unused."""
+    program = tl.program_id(0).to(tl.int64)
+    index = _find_row(table_ptr, segments, program)
+    row = table_ptr + index * COLUMNS
+    count = tl.load(row + COUNT)
+    first = tl.load(row + FIRST_COUNTER) + (program - tl.load(row + FIRST_PROGRAM)) * COUNTERS
+    counters = first + tl.arange(0, COUNTERS).to(tl.int64)
+    local = first * 4 - tl.load(row + OFFSET) + tl.arange(0, 4 * COUNTERS).to(tl.int64)
+    inside = (local >= 0) & (local < count)
+    pointers = base + tl.load(row + SOURCE) + local
+    theta = tl.load(pointers, mask=inside, other=0.0)
+    keys = keys_ptr + index * terms * 2
+    for term in range(terms):
+        z = _block_directions(
+            counters, tl.load(keys + 2 * term), tl.load(keys + 2 * term + 1), TRANSFORM
+        )
+        theta = tl.fma(z, tl.load(coefficients_ptr + term), theta)
+    tl.store(pointers, theta, mask=inside)
 
 
 @triton.jit

@@ -216,6 +216,12 @@ _COMPILE = textwrap.dedent(
              "segments": "i32", "coefficient": "fp32"},
             {"PASS": 2, "ALIGNED": aligned},
         )
+    compile(
+        K.multi_term_add_kernel,
+        {"base": "*fp32", "table_ptr": "*i64", "keys_ptr": "*i64", "coefficients_ptr": "*fp32",
+         "segments": "i32", "terms": "i32"},
+        {},
+    )
     compile(K.direction_squares_kernel, {"partial_ptr": "*fp64", **scalars}, {})
     compile(
         K.multi_tensor_squares_kernel,

@@ -18,9 +18,9 @@ from privzo.zo import kernels, triton_kernels
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.grouped_copies import GroupedCopies
 from privzo.zo.kernels import Segment
-from privzo.zo.perturbation import make_perturber
+from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.philox import philox_key
-from privzo.zo.sweeps import ParameterShard, full_shards, sweep
+from privzo.zo.sweeps import ParameterShard, full_shards, sweep, sweep_terms
 
 SIZES = [1, 3, 4, 5, 1023, 1024, 1025, 5003]
 SEED = 20261123
@@ -45,6 +45,7 @@ def launches(monkeypatch) -> dict[str, _Counting]:
         "multi_tensor_pass_kernel",
         "direction_squares_kernel",
         "multi_tensor_squares_kernel",
+        "multi_term_add_kernel",
     ]
     counters = {name: _Counting(getattr(triton_kernels, name)) for name in names}
     for name, counter in counters.items():
@@ -99,6 +100,54 @@ def test_the_fp32_sweep_is_the_per_parameter_kernels_bit_for_bit(transform, laun
     assert torch.equal(_gaps(buffer), gaps)
     assert launches["multi_tensor_pass_kernel"].launches == 1
     assert launches["direction_pass_kernel"].launches == 0
+
+
+def test_several_terms_in_one_pass_are_the_passes_bit_for_bit(launches):
+    """θ + Σ_t c_t z_t in one fp32 pass (K directions' update) gives each pass's bits in turn,
+    skips a zero coefficient as a sweep does, and launches once for the group."""
+    sampler = DirectionSampler("gaussian", generator="philox", fused=True)
+    seeds, coefficients = [SEED, 7, 2**62 + 3], [-0.37, 0.0, 2.5]
+    shards, buffer = _shards(torch.float32)
+    gaps = _gaps(buffer)
+    expected = [shard.tensor.clone() for shard in shards]
+    pairs = zip(shards, expected, strict=True)
+    others = [ParameterShard(s.name, t, s.size, s.offset) for s, t in pairs]
+    for seed, coefficient in zip(seeds, coefficients, strict=True):
+        sweep(others, sampler, seed, coefficient)
+    passes = launches["multi_tensor_pass_kernel"].launches
+    sweep_terms(shards, sampler, seeds, coefficients)
+    for shard, tensor in zip(shards, expected, strict=True):
+        assert torch.equal(shard.tensor, tensor), shard.name
+    assert not torch.equal(shards[-1].tensor, _shards(torch.float32)[0][-1].tensor)
+    assert torch.equal(_gaps(buffer), gaps)
+    assert launches["multi_term_add_kernel"].launches == 1
+    assert launches["multi_tensor_pass_kernel"].launches == passes  # no pass per term
+
+
+def test_a_step_of_several_directions_ends_in_one_pass(launches):
+    """The in-place perturber's update of K directions (fused with the last restore) is the
+    base class's K updates bit for bit, in one launch instead of K."""
+    sampler = DirectionSampler("gaussian", generator="philox", fused=True)
+    seeds, coefficients = [11, 12, 13], [0.02, -0.5, 0.125]
+    results = []
+    for one_pass in (True, False):
+        generator = torch.Generator().manual_seed(1)
+        shards = [  # a partition starting inside a counter, and a small tensor
+            ParameterShard("a", torch.randn(1030, generator=generator), 1041, 7),
+            ParameterShard("b", torch.randn(5, generator=generator), 5),
+        ]
+        perturber = make_perturber(torch.nn.Module(), shards, sampler)
+        perturber.perturb(13, 1e-3)
+        perturber.perturb(13, -1e-3)
+        if one_pass:
+            perturber.update_all(seeds, coefficients)
+            assert launches["multi_term_add_kernel"].launches == 1
+        else:
+            Perturber.update_all(perturber, seeds, coefficients)
+        perturber.perturb(14, 0.5)  # back at θ: a move after the step starts from offset 0
+        results.append([shard.tensor.clone() for shard in shards])
+    for fused, passes in zip(*results, strict=True):
+        assert torch.equal(fused, passes)
 
 
 @pytest.mark.parametrize(
