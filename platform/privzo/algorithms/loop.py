@@ -146,7 +146,7 @@ class TrainingLoop:
             self.stepper.end_window(end)
             metrics = self._window_metrics(window)
             if curve is not None:
-                self._add_epsilons(curve.take_ready(), metrics, end)
+                self._add_epsilons(curve.take_ready(through=end), metrics, end)
             if self.saver is not None:  # kept before logging: no released window is lost
                 self.saver.window(WindowEnd(self, recorder, end, metrics))
             self.tracker.log_metrics(metrics, step=end)

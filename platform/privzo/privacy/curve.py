@@ -43,10 +43,16 @@ class EpsilonCurve:
         finally:
             self._done.set()
 
-    def take_ready(self) -> list[tuple[int, float]]:
-        """(steps, ε) for every computed value not taken yet, in step order."""
+    def take_ready(self, through: int | None = None) -> list[tuple[int, float]]:
+        """(steps, ε) for every computed value not taken yet, in step order; with ``through``,
+        only those of step counts up to it (the thread runs ahead of training, and a value is
+        logged only once its steps are done)."""
         self._raise_if_failed()
-        ready = [(s, self._values[s]) for s in self.step_counts if s in self._values]
+        ready = [
+            (s, self._values[s])
+            for s in self.step_counts
+            if s in self._values and (through is None or s <= through)
+        ]
         fresh = [(s, value) for s, value in ready if s not in self._taken]
         self._taken.update(s for s, _ in fresh)
         return fresh
@@ -61,7 +67,7 @@ class EpsilonCurve:
         wanted = [count for count in self.step_counts if count <= steps]
         while not self._done.is_set() and any(count not in self._values for count in wanted):
             self._done.wait(0.05)
-        return [(count, value) for count, value in self.take_ready() if count <= steps]
+        return self.take_ready(through=steps)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -415,6 +415,18 @@ def test_ledger_books_authorized_windows_without_evaluating_epsilon():
     assert ledger.accountant.steps == 3
 
 
+def test_epsilon_curve_hands_out_no_value_of_steps_not_done_yet():
+    """The thread runs ahead of training: a window takes the values up to its own end only,
+    and those after it stay for the windows that reach them."""
+    counts = [10, 20, 25]
+    curve = EpsilonCurve(lambda: make_accountant("pld", "gaussian", 1.1, 0.02), DELTA, counts)
+    assert curve._done.wait(timeout=600)  # the thread has run ahead of every window
+    assert [steps for steps, _ in curve.take_ready(through=12)] == [10]
+    assert [steps for steps, _ in curve.take_through(20)] == [20]
+    assert [steps for steps, _ in curve.take_ready()] == [25]
+    assert curve.take_rest() == []
+
+
 def test_epsilon_curve_computes_each_window_once_off_the_calling_thread():
     sigma, rate = 1.1, 0.02
     counts = [10, 20, 25]
