@@ -19,13 +19,14 @@ nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -223,3 +224,22 @@ def _make_directories(directory: Path) -> list[Path]:
         current = current.parent
     directory.mkdir(parents=True, exist_ok=True)
     return list(reversed(missing))
+
+
+@contextlib.contextmanager
+def waited_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing), waited for and held for the
+    block: processes that share a cache or a store take turns at a one-off build. The kernel
+    drops it with its holder, however that process ends. Without ``fcntl`` (not POSIX), no
+    lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

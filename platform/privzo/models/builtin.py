@@ -13,7 +13,6 @@ leaves a half-written cache behind.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -49,6 +48,7 @@ from transformers import (
 )
 
 from privzo import demo_data
+from privzo.dirlock import waited_lock
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
 # Bump when the build code changes in a way the recipe fields do not capture.
@@ -350,8 +350,7 @@ def materialize_builtin(name: str, cache_dir: str | Path, progress: bool = True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Trials, workers and test processes that share a cold cache wait for one build instead
     # of each building the model; the lock goes with its holder, however that process ends.
-    with (cache_dir / f".{final.name}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with waited_lock(cache_dir / f".{final.name}.lock"):
         if (final / "privzo_builtin.json").is_file():
             return final
         _build_into(name, recipe, cache_dir, final, progress)

@@ -13,8 +13,9 @@ import contextlib
 import os
 import shutil
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
+
+from privzo.dirlock import waited_lock
 
 __all__ = ["BLANK_PREFIX", "keep_blank_stores_in", "seed_new_store"]
 
@@ -46,7 +47,7 @@ def seed_new_store(db: Path) -> None:
         staged = db.with_name(f"{db.name}.{os.getpid()}.blank")
         shutil.copyfile(blank, staged)
         os.replace(staged, db)  # a whole store or none: never a half-copied file at db
-    except (OSError, sqlite3.Error, ImportError):  # ImportError: no fcntl (not POSIX)
+    except (OSError, sqlite3.Error):
         return
 
 
@@ -57,7 +58,7 @@ def _blank_store(directory: Path) -> Path:
     if blank.is_file():
         return blank
     directory.mkdir(parents=True, exist_ok=True)
-    with _locked(blank.with_name(blank.name + ".lock")):
+    with waited_lock(blank.with_name(blank.name + ".lock")):
         if not blank.is_file():  # another process may have built it while this one waited
             staged = blank.with_name(f"{blank.name}.{os.getpid()}.building")
             staged.unlink(missing_ok=True)
@@ -78,15 +79,3 @@ def _migrate(db: Path) -> None:
         connection.execute(
             "DELETE FROM experiments WHERE experiment_id = ?", (DEFAULT_EXPERIMENT_ID,)
         )
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

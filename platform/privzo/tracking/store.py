@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+from privzo.dirlock import waited_lock
 from privzo.tracking.blank_store import seed_new_store
 from privzo.tracking.clock import stamp_public_time
 
@@ -150,20 +151,12 @@ def _store_lock(uri: str) -> Iterator[None]:
     ``<db>.lock`` makes the first process migrate while the others wait.
     """
     db = _sqlite_path(uri)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock available
-        fcntl = None  # type: ignore[assignment]
-    if db is None or fcntl is None:
+    if db is None:
         yield
         return
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with waited_lock(db.with_name(db.name + ".lock")):
+        yield
 
 
 SERVER_PROBE_TIMEOUT_S = 10.0
