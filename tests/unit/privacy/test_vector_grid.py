@@ -287,3 +287,21 @@ def test_a_search_trial_of_the_vector_grid_takes_the_closed_form_at_the_rounded_
 def test_the_accountants_orders_are_the_default_orders_rounded_up():
     """The rdp accountant's orders for a gridded vector: each default order's ⌈α⌉, none lost."""
     assert sorted({math.ceil(order) for order in RDP_ORDERS}) == list(INTEGER_ORDERS)
+
+
+def test_the_privacy_command_calibrates_a_gridded_vector_with_rdp_and_names_it_for_pld(capsys):
+    from privzo.cli import main
+
+    common = ["--delta", "1e-5", "--sample-rate", "0.016", "--steps", "1000", "--json"]
+    vector = ["--noise-grid", "1024", "--directions", "8"]
+    assert (
+        main(["privacy", "calibrate", "--epsilon", "2", *common, *vector, "--accountant", "rdp"])
+        == 0
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert record["directions"] == 8
+    assert record["noise_multiplier"] == calibrate_noise_multiplier(
+        epsilon=2.0, accountant="rdp", noise_parameters=VECTOR, **COMMON
+    )
+    assert main(["privacy", "epsilon", "--noise-multiplier", "1", *common, *vector]) == 2
+    assert "['rdp']" in capsys.readouterr().err
