@@ -163,9 +163,9 @@ def continuous_rdp(ratio: float, rate: float, alpha: float) -> float:
 
 
 @pytest.mark.parametrize(
-    ("scale", "shift"), [(2, (1, 2)), (3, (2, 2)), (2, (3, 0)), (2, (1, 1, 1))]
+    ("scale", "shift", "rate"),
+    [(2, (1, 2), 0.1), (2, (1, 2), 0.6), (3, (2, 2), 0.1), (2, (3, 0), 0.6), (2, (1, 1, 1), 0.3)],
 )
-@pytest.mark.parametrize("rate", [0.1, 0.6])
 def test_the_lattice_step_at_integer_orders_is_the_continuous_one_at_the_shifts_norm(
     scale, shift, rate
 ):
