@@ -23,6 +23,7 @@ KEYS = {
     "mechanism",
     "accountant",
     "noise_grid",
+    "directions",
 }
 
 

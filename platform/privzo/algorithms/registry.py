@@ -43,6 +43,7 @@ from privzo.baselines.first_order import FirstOrderStepper
 from privzo.config.run import RunConfig
 from privzo.layouts.context import RunContext
 from privzo.memory import PeakMemory
+from privzo.privacy.accountants import accountants_for
 from privzo.section import ConfigError
 from privzo.tracking import Tracker
 
@@ -212,8 +213,9 @@ def check_directions(config: RunConfig, algorithm: Algorithm) -> None:
     The K released sums of a private step are one K-dimensional release whose L2 sensitivity
     is C (each example's K differences clipped together): with independent Gaussian noise σC
     on each it costs exactly the one-direction step's ε. Laplace and LMO noise are bounded
-    through the L1 (1-D) sensitivity, which grows to √K·C, and the noise grid's accountants
-    bound one rounded scalar, not a rounded K-vector, so neither is allowed.
+    through the L1 (1-D) sensitivity, which grows to √K·C, so they are refused. On the noise
+    grid the rounded K-vector is bounded only by the accountants whose class says so
+    (``vector_grid_mechanisms``: RDP at integer orders, ``docs/privacy/vector-grid.md``).
     """
     count = config.optimizer.directions_per_step
     if count == 1:
@@ -234,11 +236,14 @@ def check_directions(config: RunConfig, algorithm: Algorithm) -> None:
             "bounds use the L1 sensitivity, √K·C); use privacy.mechanism='gaussian' or "
             "directions_per_step=1"
         )
-    if config.noise_grid is not None:
+    accountant = config.privacy.accountant
+    able = accountants_for(config.mechanism, grid=True, directions=count)
+    if config.noise_grid is not None and accountant not in able:
         raise ConfigError(
             f"optimizer.directions_per_step={count} with privacy.noise_grid="
-            f"{config.noise_grid}: the discrete noise's accountants bound one rounded scalar "
-            "per step, not a rounded K-vector (no proven L2 bound for it here); set "
+            f"{config.noise_grid} and privacy.accountant={accountant!r}: it bounds one rounded "
+            f"scalar per step, and the rounded K-vector's discrete privacy loss is bounded "
+            f"only in RDP at integer orders; allowed: privacy.accountant in {able}, "
             "privacy.noise_grid=null (the continuous Gaussian, not safe from floating-point "
             "attacks) or directions_per_step=1"
         )

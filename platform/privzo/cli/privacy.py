@@ -71,11 +71,25 @@ def _privacy_arguments(parser: argparse.ArgumentParser) -> None:
         help="grid points per σC of discrete noise (a zeroth-order run's privacy.noise_grid, "
         "1024 by default there); omitted: the continuous mechanism",
     )
+    parser.add_argument(
+        "--directions",
+        type=int,
+        default=1,
+        help="directions per step (optimizer.directions_per_step): with --noise-grid, a "
+        "rounded vector of this many coordinates, which only the rdp accountant bounds; "
+        "continuous noise costs the same for any number",
+    )
     add_json(parser)
 
 
 def _noise_parameters(args: argparse.Namespace) -> dict[str, int] | None:
-    return None if args.noise_grid is None else {"grid": args.noise_grid}
+    if args.directions < 1:
+        raise ValueError(f"--directions {args.directions}: allowed: an integer ≥ 1")
+    if args.noise_grid is None:
+        return None
+    if args.directions == 1:
+        return {"grid": args.noise_grid}
+    return {"grid": args.noise_grid, "directions": args.directions}
 
 
 def _sample_rate(args: argparse.Namespace) -> float:
@@ -139,6 +153,7 @@ def _privacy_report(args: argparse.Namespace, noise_multiplier: float, epsilon: 
         "mechanism": args.mechanism,
         "accountant": args.accountant,
         "noise_grid": args.noise_grid,
+        "directions": args.directions,
     }
     if args.json:
         print(json.dumps(record))
@@ -154,4 +169,5 @@ def _privacy_report(args: argparse.Namespace, noise_multiplier: float, epsilon: 
 def _mechanism_label(args: argparse.Namespace) -> str:
     if args.noise_grid is None:
         return args.mechanism
-    return f"discrete {args.mechanism} on a grid of {args.noise_grid} per σC"
+    vector = f", {args.directions} directions" if args.directions > 1 else ""
+    return f"discrete {args.mechanism} on a grid of {args.noise_grid} per σC{vector}"

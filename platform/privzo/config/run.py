@@ -63,7 +63,13 @@ class RunConfig(Section):
             raise ValueError(
                 f"privacy.delta={self.privacy.delta}: approximate DP needs 0 < delta < 1"
             )
-        if self.noise_grid is not None and not accountant.bounds(mechanism, grid=True):
+        # several directions on a grid: check_directions names the accountants that bound it
+        one_direction = self.optimizer.directions_per_step == 1
+        if (
+            self.noise_grid is not None
+            and one_direction
+            and not accountant.bounds(mechanism, grid=True)
+        ):
             raise ValueError(
                 f"privacy.accountant={name!r} with privacy.noise_grid={self.noise_grid}: it "
                 f"accounts only the continuous {mechanism} mechanism, and the run draws discrete "

@@ -34,6 +34,7 @@ __all__ = [
     "noise_units",
     "rounded_laplace",
     "unit_interval_units",
+    "vector_grid_bound",
 ]
 
 _ONE = Fraction(1)
@@ -144,6 +145,31 @@ def grid_sensitivity(grid: int, noise_multiplier: float) -> int:
     The estimator clamps each rounded value to ±this and the accountants use it, so the two
     always agree (one function, one float rounding)."""
     return math.ceil(grid / noise_multiplier)
+
+
+def vector_grid_bound(grid: int, noise_multiplier: float, directions: int) -> int:
+    """N, the largest integer with √N ≤ K/σ + √J/2: a bound on the squared L2 norm, in grid
+    units, of a vector of J ≥ 2 directions' values with L2 norm ≤ C, each rounded to the
+    nearest point of the grid γ = σC/K (each coordinate moves by ≤ ½, so the norm by ≤ √J/2,
+    and a vector of integers has an integer squared norm). The estimator replaces a rounded
+    vector beyond it (only float error in the clipping could make one) and the accountants
+    use √N, so the two always agree. Decided in exact rational arithmetic on the float σ."""
+    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 2:
+        raise ValueError(f"directions={directions!r} must be an integer ≥ 2")
+    ratio = Fraction(check_grid(grid) or 0) / Fraction(noise_multiplier)  # C in grid units
+
+    def fits(count: int) -> bool:  # √count ≤ ratio + √J/2, squared twice without roots
+        if count <= ratio * ratio:
+            return True
+        gap = count + ratio * ratio - Fraction(directions, 4)  # √count > ratio from here on
+        return gap <= 0 or gap * gap <= 4 * ratio * ratio * count
+
+    count = math.floor((float(ratio) + math.sqrt(directions) / 2) ** 2)
+    while not fits(count):
+        count -= 1
+    while fits(count + 1):
+        count += 1
+    return count
 
 
 # --- a noised sum of per-example values in [0, 1] (a search's selection score) ------------------

@@ -268,11 +268,13 @@ MECHANISMS: dict[str, type[Mechanism]] = {
 
 def get_mechanism(name: str, **parameters: Any) -> Mechanism:
     """A fresh instance (with its own secret generator) of the mechanism called ``name``;
-    ``parameters`` configure a parametrised mechanism (lmo)."""
+    ``parameters`` configure a parametrised mechanism (lmo). A ``directions`` entry (the K of
+    a gridded K-vector, which the accountants bound) does not change a single draw."""
     try:
         cls = MECHANISMS[name]
     except (KeyError, TypeError):
         raise ValueError(f"mechanism={name!r} is unknown; allowed: {sorted(MECHANISMS)}") from None
+    parameters.pop("directions", None)
     return cls.from_parameters(**parameters)
 
 

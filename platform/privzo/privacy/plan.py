@@ -153,12 +153,15 @@ def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> Bat
 
 def mechanism_parameters(config: RunConfig) -> dict[str, Any] | None:
     """The configured parameters of a parametrised mechanism (lmo's) and the grid of gridded
-    scalar noise ({"grid": K}); None for continuous noise without parameters."""
+    scalar noise ({"grid": K}, with ``"directions": J`` for a step of J ≥ 2 directions, whose
+    rounded vector the accountants bound); None for continuous noise without parameters."""
     parameters: dict[str, Any] = {}
     if config.mechanism == "lmo":
         parameters |= config.privacy.lmo.model_dump(mode="json")
     if config.noise_grid is not None:
         parameters["grid"] = config.noise_grid
+        if config.optimizer.directions_per_step > 1:
+            parameters["directions"] = config.optimizer.directions_per_step
     return parameters or None
 
 

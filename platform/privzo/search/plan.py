@@ -217,6 +217,7 @@ def plan_search(
                     score_noise_multiplier=search.selection.score_noise_multiplier,
                     score_grid=search.selection.score_grid,
                     noise_grid=config.noise_grid,
+                    directions=config.optimizer.directions_per_step,
                     exceed_probability=privacy.run_exceed_probability,
                 )
             )

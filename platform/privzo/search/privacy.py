@@ -21,7 +21,10 @@ The noise is discrete (``privzo.privacy.discrete``): a gridded trial step is bou
 order by the larger of the continuous Gaussian's closed form at K/Δ and the discrete step's own
 Rényi divergences summed on the lattice (``privzo.privacy.discrete_rdp``); a score release
 (N_Z(0, s²) on a sum of sensitivity m) by the continuous Gaussian's at s/m, which Canonne,
-Kamath & Steinke (2020) show bounds the discrete Gaussian at every order.
+Kamath & Steinke (2020) show bounds the discrete Gaussian at every order. A gridded trial of
+J ≥ 2 directions per step is bounded by the continuous Gaussian's closed form at K/√N (N the
+rounded vector's squared norm bound) at the integer order ⌈α⌉ for each order α
+(``docs/privacy/vector-grid.md``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privzo.privacy.accountants import quiet_absl
+from privzo.privacy.accountants.rdp import vector_grid_noise_multiplier
 from privzo.privacy.discrete import DEFAULT_SCORE_GRID, grid_sensitivity, noise_units
 from privzo.privacy.discrete_rdp import subsampled_discrete_gaussian_rdp
 from privzo.privacy.dp_accounting_adapter import RDP_ORDERS, repeat_and_select_rdp
@@ -52,6 +56,7 @@ class TrialEvent:
     score_releases: int = 0
     score_noise_multiplier: float | None = None
     noise_grid: int | None = None  # the trial's noise is discrete on this grid
+    directions: int = 1  # directions per step: on a grid, a rounded vector of this many
     score_grid: int = DEFAULT_SCORE_GRID  # the scores' discrete noise is on the grid 1/m
     # that any of the trial's Poisson draws exceeds its padded bound and is truncated
     # (privzo.privacy.truncation): the curve bounds the untruncated trial
@@ -63,6 +68,10 @@ class TrialEvent:
         discrete Gaussian the trial draws (see ``curve`` for how its RDP is bounded)."""
         if self.noise_grid is None:
             return self.noise_multiplier
+        if self.directions > 1:
+            return vector_grid_noise_multiplier(
+                self.noise_grid, self.noise_multiplier, self.directions
+            )
         return self.noise_grid / grid_sensitivity(self.noise_grid, self.noise_multiplier)
 
     @property
@@ -89,9 +98,13 @@ class TrialEvent:
         A gridded step takes, order by order, the larger of the continuous closed form at K/Δ
         (exactly the discrete remove direction at integer orders) and the discrete step's own
         divergences summed on the lattice (``privzo.privacy.discrete_rdp``: the add direction
-        at every order, the remove direction at fractional ones)."""
-        step = rdp_curve(self._step_event())
-        if self.noise_grid is not None:
+        at every order, the remove direction at fractional ones). A gridded vector of several
+        directions takes the closed form at K/√N at ⌈α⌉, its proven bound (D_α ≤ D_⌈α⌉)."""
+        if self.noise_grid is not None and self.directions > 1:
+            step = rdp_curve(self._step_event(), np.ceil(RDP_ORDERS))
+        else:
+            step = rdp_curve(self._step_event())
+        if self.noise_grid is not None and self.directions == 1:
             sensitivity = grid_sensitivity(self.noise_grid, self.noise_multiplier)
             lattice = subsampled_discrete_gaussian_rdp(
                 self.noise_grid, sensitivity, self.sample_rate, RDP_ORDERS
@@ -114,8 +127,9 @@ class TrialEvent:
         )
 
 
-def rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
-    accountant = dp_accounting.rdp.RdpAccountant()
+def rdp_curve(event: dp_accounting.DpEvent, orders: np.ndarray | None = None) -> np.ndarray:
+    """``event``'s RDP at ``orders`` (default ``RDP_ORDERS``)."""
+    accountant = dp_accounting.rdp.RdpAccountant(None if orders is None else list(orders))
     with quiet_absl():  # per-order convergence notes; such an order is excluded (infinite)
         accountant.compose(event)
     return np.asarray(accountant.rdp, dtype=np.float64)

@@ -105,7 +105,8 @@ def cell_config(study: ScalingStudyConfig, cell: Cell) -> RunConfig:
     if cell.epsilon is not None:
         values["privacy.epsilon"] = cell.epsilon
         if cell.directions > 1:
-            # the grid's accountants bound one rounded scalar, not a K-vector (check_directions)
+            # pld (the default accountant) bounds one rounded scalar, not a K-vector; continuous
+            # noise runs a K > 1 cell under the DPZero cells' accountant (check_directions)
             values["privacy.noise_grid"] = None
     else:
         # A non-private baseline needs no secret Poisson batches, and with them its score moved

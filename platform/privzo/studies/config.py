@@ -89,8 +89,9 @@ class ScalingStudyConfig(OverBase):
         default_factory=lambda: [1],
         min_length=1,
         description="optimizer.directions_per_step of each zeroth-order algorithm's cells "
-        "(DP-AggZO for K > 1; its private cells set privacy.noise_grid: null, which K > 1 "
-        "needs); other algorithms' cells train once, with 1.",
+        "(DP-AggZO for K > 1; its private cells set privacy.noise_grid: null, since the "
+        "default pld accountant bounds one rounded scalar per step, not a rounded K-vector); "
+        "other algorithms' cells train once, with 1.",
     )
     search: str | None = Field(
         None,

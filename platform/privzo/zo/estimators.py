@@ -8,12 +8,14 @@ and ``draw_noise`` (drawn once, shared), so the algorithm never asks which rank 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from privzo.privacy.discrete import vector_grid_bound
 from privzo.privacy.mechanisms import get_mechanism, grid_sensitivity, units_as_float
 
 # On a grid the released total is clamp(S + k, ±RELEASE_LIMIT) grid units: a function of the
@@ -99,7 +101,7 @@ class PrivateEstimator(GradientEstimator):
     With K directions per step (DP-AggZO) each example's K differences are clipped together to
     L2 norm C and every coordinate of the sum gets its own Gaussian draw of scale σC: the
     released K-vector is a Gaussian mechanism of L2 sensitivity C, whose privacy loss is that
-    of the one-direction step (``docs/privacy``). Only the continuous Gaussian allows K > 1
+    of the one-direction step (``docs/privacy``). Only the Gaussian allows K > 1
     (``privzo.algorithms.registry`` refuses the rest before anything loads).
 
     With a gridded mechanism (``noise_parameters={"grid": K}``) the sum is formed in integer
@@ -107,7 +109,11 @@ class PrivateEstimator(GradientEstimator):
     (``grid_sensitivity``, the sensitivity the accountant uses), the integer noise k is added,
     and only then is the integer total scaled by γ/B. The released g is a function of an integer
     that is exactly discrete-Gaussian (or discrete-Laplace) noised, so no float rounding carries
-    the un-noised sum.
+    the un-noised sum. With K directions on the grid (``noise_parameters`` holding
+    ``"directions": K``) each clipped K-vector is rounded coordinate by coordinate to the
+    nearest grid point, which keeps its squared norm within N = ``vector_grid_bound`` grid
+    units² (the accountants' sensitivity is √N), and each coordinate of the sum gets its own
+    discrete Gaussian draw.
     """
 
     private = True
@@ -130,19 +136,30 @@ class PrivateEstimator(GradientEstimator):
         grid = self.mechanism.grid
         self.unit = 1.0 if grid is None else noise_multiplier * clip / grid  # γ
         self.sensitivity_units = None if grid is None else grid_sensitivity(grid, noise_multiplier)
+        # the K the accountant was given: a gridded step of any other K is refused
+        self.directions = int((noise_parameters or {}).get("directions", 1))
+        self.vector_bound = (  # N: the squared norm of a rounded K-vector, in grid units²
+            None
+            if grid is None or self.directions == 1
+            else vector_grid_bound(grid, noise_multiplier, self.directions)
+        )
 
     def estimate(self, differences: torch.Tensor) -> DirectionalEstimate:
         values, nonfinite = self.sanitize(differences)
-        if values.dim() == 2 and values.shape[1] > 1:
-            assert self.mechanism.name == "gaussian" and self.sensitivity_units is None, (
-                "several directions need the continuous Gaussian (L2 sensitivity C)"
-            )
+        columns = values.shape[1] if values.dim() == 2 else 1
+        if columns > 1:
+            assert self.mechanism.name == "gaussian", "several directions need the Gaussian"
+        if self.sensitivity_units is not None:
+            assert columns == self.directions, (columns, self.directions)  # what was accounted
         units = self.to_units(self.clip_each(values))
         totals, count = self.aggregate(column_totals(units), units.shape[0])
         noisy_totals = [total + self.draw_noise() for total in totals]
         if self.sensitivity_units is not None:
-            # Δ ≤ 2²⁰/0.05 < 2²⁵ units: a batch would need 2²⁵ examples to reach the limit
-            assert count * self.sensitivity_units < SUM_LIMIT, (count, self.sensitivity_units)
+            # Δ ≤ 2²⁰/0.05 < 2²⁵ units (and √N < 2²⁵ + 16): a batch would need about 2²⁵
+            # examples to reach the limit
+            vector = self.vector_bound
+            most = self.sensitivity_units if vector is None else math.isqrt(vector) + 1
+            assert count * most < SUM_LIMIT, (count, most)
             noisy_totals = [min(max(t, -RELEASE_LIMIT), RELEASE_LIMIT) for t in noisy_totals]
         gradients = tuple(t * self.unit / self.expected_batch_size for t in noisy_totals)
         return DirectionalEstimate(gradients, count, nonfinite)
@@ -157,9 +174,11 @@ class PrivateEstimator(GradientEstimator):
 
     def to_units(self, clipped: torch.Tensor) -> torch.Tensor:
         """fp64 values in units of the grid: integers within ±Δ (exact sums up to 2⁵³), or the
-        clipped values themselves without a grid."""
+        clipped values themselves without a grid; K-vectors as ``round_vectors`` makes them."""
         if self.sensitivity_units is None:
             return clipped.double()
+        if self.vector_bound is not None:
+            return round_vectors(clipped.double() / self.unit, self.vector_bound)
         bound = self.sensitivity_units
         return torch.round(clipped.double() / self.unit).clamp(-bound, bound)
 
@@ -170,6 +189,22 @@ class PrivateEstimator(GradientEstimator):
             units = self.mechanism.sample_units()
             return units_as_float(min(max(units, -DRAW_LIMIT), DRAW_LIMIT))  # exact: ≤ 2⁵³
         return self.mechanism.sample(self.noise_multiplier * self.clip)
+
+
+def round_vectors(scaled: torch.Tensor, bound: int) -> torch.Tensor:
+    """Each row of ``scaled`` (fp64 [B, K], L2 norm ≤ C/γ) rounded to the nearest integers,
+    with squared norm at most ``bound`` by construction: a row whose rounding exceeds it (only
+    float error in the clipping can make one) is rounded toward zero instead, which never
+    lengthens it, and is zeroed if even that exceeds the bound. Squared norms are summed in
+    int64, exactly."""
+    nearest = torch.round(scaled)
+    toward_zero = torch.trunc(scaled)
+
+    def within(rows: torch.Tensor) -> torch.Tensor:
+        return (rows.to(torch.int64) ** 2).sum(dim=1, keepdim=True) <= bound
+
+    fallback = torch.where(within(toward_zero), toward_zero, torch.zeros_like(toward_zero))
+    return torch.where(within(nearest), nearest, fallback)
 
 
 def make_estimator(

@@ -8,8 +8,10 @@ import pytest
 from privzo.algorithms.config import MAX_DIRECTIONS
 from privzo.config import ConfigError, load_config
 from privzo.preflight import preflight
+from privzo.privacy import compute_epsilon
 
 CONTINUOUS = "privacy.noise_grid=null"
+CONTINUOUS_RDP = ("optimizer.directions_per_step=4", CONTINUOUS, "privacy.accountant=rdp")
 
 
 @pytest.mark.parametrize("count", [0, -3, MAX_DIRECTIONS + 1])
@@ -63,3 +65,27 @@ def test_epsilon_is_the_same_for_one_and_eight_directions(tiny_run_config, accou
     assert fixed_one.epsilon == fixed_eight.epsilon and 0 < fixed_one.epsilon < float("inf")
     assert calibrated_one.noise_multiplier == calibrated_eight.noise_multiplier
     assert calibrated_one.epsilon == calibrated_eight.epsilon
+
+
+def test_the_grid_takes_several_directions_with_the_accountant_that_bounds_them(tiny_run_config):
+    """On the default grid, K = 4 runs under rdp (the rounded vector's RDP bound) and its ε is
+    that bound's; pld, which bounds one rounded scalar, is refused naming rdp."""
+    config = tiny_run_config(
+        "optimizer.directions_per_step=4", "privacy.accountant=rdp", "privacy.noise_multiplier=1.3"
+    )
+    plan = preflight(config).privacy
+    grid = config.privacy.noise_grid
+    assert plan.noise_parameters == {"grid": grid, "directions": 4}
+    expected = compute_epsilon(
+        noise_multiplier=1.3,
+        sample_rate=plan.sample_rate,
+        steps=config.optimizer.steps,
+        delta=plan.mechanism_delta,
+        accountant="rdp",
+        noise_parameters={"grid": grid, "directions": 4},
+    )
+    assert plan.epsilon == expected
+    continuous = preflight(tiny_run_config(*CONTINUOUS_RDP, "privacy.noise_multiplier=1.3"))
+    assert continuous.privacy.epsilon < plan.epsilon < 1.05 * continuous.privacy.epsilon
+    with pytest.raises(ConfigError, match=r"privacy.accountant='pld'.*allowed: .*\['rdp'\]"):
+        preflight(tiny_run_config("optimizer.directions_per_step=4"))

@@ -83,6 +83,25 @@ def test_the_distributed_estimator_keeps_the_lmo_noise_parameters():
     assert np.isfinite(twin.estimate(torch.zeros(3)).projected_gradient)
 
 
+def test_the_distributed_estimator_keeps_the_gridded_vectors_directions():
+    """A rank's twin of a gridded K = 4 estimator rounds to the same squared-norm bound N the
+    accountant was given, and refuses a step of another width."""
+    parameters = {"grid": 1024, "directions": 4}
+    single = make_estimator(
+        "gaussian",
+        clip=1.0,
+        noise_multiplier=1.3,
+        expected_batch_size=4,
+        noise_parameters=parameters,
+    )
+    twin = distribute_estimator(single, WorkerGroup(0, 1))
+    assert twin.noise_parameters == parameters
+    assert twin.vector_bound == single.vector_bound is not None
+    assert len(twin.estimate(torch.ones(3, 4)).projected_gradients) == 4
+    with pytest.raises(AssertionError):
+        twin.estimate(torch.ones(3, 2))
+
+
 def _worker(rank: int, store_path: str, results: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
     group = WorkerGroup.current()

@@ -28,10 +28,11 @@ Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanism
 is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
 rounded to the grid with sensitivity Δ = ⌈K/σ⌉ grid units. ``pld`` then composes
 dp_accounting's discrete Gaussian / discrete Laplace PLDs at (K, Δ) and ``pure`` uses the
-discrete Laplace's Δ/K per step; ``rdp`` and ``numeric`` bound only continuous noise and refuse
-a grid, except that ``numeric`` accounts LMO on the grid (a rounding of the continuous LMO
-output, see ``numeric``). Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or slightly above
-the continuous one.
+discrete Laplace's Δ/K per step; ``rdp`` and ``numeric`` refuse a one-direction grid, except that
+``numeric`` accounts LMO on the grid (a rounding of the continuous LMO output, see ``numeric``).
+Since Δ/K ≥ 1/σ, the discrete mechanism's ε is at or slightly above the continuous one. A step
+of J ≥ 2 directions on the grid (``{"grid": K, "directions": J}``) rounds a J-vector, whose
+discrete Gaussian step only ``rdp`` bounds (at integer orders, ``docs/privacy/vector-grid.md``).
 """
 
 from privzo.privacy.accountants.base import (

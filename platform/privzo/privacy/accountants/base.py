@@ -28,6 +28,7 @@ __all__ = [
     "check_delta",
     "check_mechanism_name",
     "check_positive",
+    "directions_of",
 ]
 
 MECHANISM_NAMES: tuple[str, ...] = ("gaussian", "laplace", "lmo")
@@ -83,6 +84,7 @@ class UnsupportedNoiseError(ValueError):
     noise: str = ""  # what is refused, as the message names it
     mechanism: str | None = None  # the refused mechanism; None: any mechanism on a grid
     grid: bool = False  # the refused noise is discrete (on a grid)
+    directions: int = 1  # the refused noise is a gridded vector of this many directions
     advice: str = ""
 
     @classmethod
@@ -95,26 +97,51 @@ class UnsupportedNoiseError(ValueError):
         able: list[str] | None = None,
         *,
         grid: bool = False,
+        directions: int = 1,
     ) -> UnsupportedNoiseError:
         """The refusal, listing ``able`` (the accountants that can) where given."""
         listed = "" if able is None else f"; accountants for {noise}: {able}"
         error = cls(f"{reason}{listed}{advice}")
         error.reason, error.noise, error.mechanism = reason, noise, mechanism
         error.grid, error.advice = grid or mechanism is None, advice
+        error.directions = directions
         return error
 
     def can_bound(self, accountant: type[Accountant]) -> bool:
         """Whether ``accountant`` bounds the refused noise."""
         if self.mechanism is None:
             return bool(accountant.grid_mechanisms)
-        return accountant.bounds(self.mechanism, grid=self.grid)
+        return accountant.bounds(self.mechanism, grid=self.grid, directions=self.directions)
 
     def naming(self, accountants: Mapping[str, type[Accountant]]) -> UnsupportedNoiseError:
         """The same refusal, naming the accountants in ``accountants`` that can bound it."""
         able = [name for name, accountant in accountants.items() if self.can_bound(accountant)]
         return self.refusing(
-            self.reason, self.noise, self.mechanism, self.advice, able, grid=self.grid
+            self.reason,
+            self.noise,
+            self.mechanism,
+            self.advice,
+            able,
+            grid=self.grid,
+            directions=self.directions,
         )
+
+
+def directions_of(noise_parameters: Mapping[str, Any] | None) -> int:
+    """The J of a gridded J-vector in ``noise_parameters`` (1 when absent): an integer ≥ 2
+    that comes with a grid, since only discrete noise makes the privacy depend on it."""
+    parameters = noise_parameters or {}
+    if "directions" not in parameters:
+        return 1
+    directions = parameters["directions"]
+    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 2:
+        raise ValueError(f"directions={directions!r} must be an integer ≥ 2 (absent for 1)")
+    if parameters.get("grid") is None:
+        raise ValueError(
+            f"directions={directions} without a grid: continuous Gaussian noise costs the "
+            "same for any number of directions; drop it"
+        )
+    return directions
 
 
 # --- the base class ----------------------------------------------------------------------------
@@ -126,18 +153,23 @@ class Accountant(ABC):
     ε only ever grows with the step count, and ``epsilon_at`` answers "what would ε be after n
     steps" without stepping, which the budget ledger uses to refuse a step before taking it.
     ``noise_parameters`` may hold the grid K of discrete noise (``{"grid": K}``), which an
-    accountant refuses for a mechanism not in its ``grid_mechanisms``.
+    accountant refuses for a mechanism not in its ``grid_mechanisms``, and with it the J ≥ 2
+    directions of a step that releases a rounded J-vector (``"directions": J``), refused for a
+    mechanism not in its ``vector_grid_mechanisms``.
 
     What an accountant bounds is stated here, by its class attributes, and read by everyone
     else (the registry's refusals, the run config's validation): ``mechanisms`` (continuous
-    noise), ``grid_mechanisms`` (discrete noise), ``allows_zero_delta`` (pure ε-DP), and
-    ``discretized`` (a PLD on an ε grid of ``value_discretization_interval``).
+    noise), ``grid_mechanisms`` (discrete noise, one direction per step),
+    ``vector_grid_mechanisms`` (discrete noise on a vector of several directions),
+    ``allows_zero_delta`` (pure ε-DP), and ``discretized`` (a PLD on an ε grid of
+    ``value_discretization_interval``).
     """
 
     name: ClassVar[str]
     title: ClassVar[str]  # its method, as messages name it
     mechanisms: ClassVar[tuple[str, ...]]
     grid_mechanisms: ClassVar[tuple[str, ...]] = ()
+    vector_grid_mechanisms: ClassVar[tuple[str, ...]] = ()
     allows_zero_delta: ClassVar[bool] = False
     discretized: ClassVar[bool] = False
 
@@ -155,6 +187,7 @@ class Accountant(ABC):
         self._steps = 0
         self._cache: dict[tuple[int, float], float] = {}
         self._grid = type(self).grid_of(noise_parameters, mechanism)
+        self._directions = directions_of(noise_parameters)
         self._interval = type(self).interval_of(value_discretization_interval)
         self._given_parameters = dict(noise_parameters) if noise_parameters else None
         self._prepare()
@@ -178,8 +211,13 @@ class Accountant(ABC):
 
     @property
     def noise_parameters(self) -> dict[str, Any] | None:
-        """The noise settings beyond σ this accountant bounds: the grid, if any."""
-        return None if self._grid is None else {"grid": self._grid}
+        """The noise settings beyond σ this accountant bounds: the grid, if any, and the
+        directions of a gridded vector."""
+        if self._grid is None:
+            return None
+        if self._directions == 1:
+            return {"grid": self._grid}
+        return {"grid": self._grid, "directions": self._directions}
 
     @property
     def steps(self) -> int:
@@ -187,9 +225,12 @@ class Accountant(ABC):
         return self._steps
 
     @classmethod
-    def bounds(cls, mechanism: str, *, grid: bool = False) -> bool:
-        """Whether this accountant bounds ``mechanism``'s noise, discrete if ``grid``."""
-        return mechanism in (cls.grid_mechanisms if grid else cls.mechanisms)
+    def bounds(cls, mechanism: str, *, grid: bool = False, directions: int = 1) -> bool:
+        """Whether this accountant bounds ``mechanism``'s noise, discrete if ``grid`` (on a
+        vector of ``directions`` coordinates, each rounded, when that is above 1)."""
+        if not grid:
+            return mechanism in cls.mechanisms
+        return mechanism in (cls.vector_grid_mechanisms if directions > 1 else cls.grid_mechanisms)
 
     @classmethod
     def check_mechanism(cls, mechanism: str) -> str:
@@ -213,9 +254,31 @@ class Accountant(ABC):
         """The grid K of discrete noise in ``noise_parameters`` (None: continuous), refused by
         an accountant that does not bound ``mechanism`` on a grid (the registry adds which do)."""
         grid = check_grid((noise_parameters or {}).get("grid"))
-        if grid is None or cls.bounds(mechanism, grid=True):
+        directions = directions_of(noise_parameters)
+        if grid is None or cls.bounds(mechanism, grid=True, directions=directions):
             return grid
-        if not cls.grid_mechanisms:
+        if directions > 1 and cls.bounds(mechanism, grid=True):
+            raise UnsupportedNoiseError.refusing(
+                f"accountant={cls.name!r} bounds the discrete {mechanism} noise of one "
+                f"direction per step, and this step releases a rounded vector of {directions} "
+                f"directions (grid={grid}), whose discrete privacy loss it does not bound",
+                f"a gridded {mechanism} vector of several directions",
+                mechanism,
+                " (or one direction per step; or continuous noise: privacy.noise_grid=null)",
+                grid=True,
+                directions=directions,
+            )
+        if directions == 1 and cls.bounds(mechanism, grid=True, directions=2):
+            raise UnsupportedNoiseError.refusing(
+                f"accountant={cls.name!r} bounds discrete {mechanism} noise only on the rounded "
+                f"vector of several directions per step, and this step releases one discrete "
+                f"value (grid={grid})",
+                f"discrete {mechanism} noise",
+                mechanism,
+                " (or draw continuous noise: privacy.noise_grid=null)",
+                grid=True,
+            )
+        if not cls.grid_mechanisms and not cls.vector_grid_mechanisms:
             raise UnsupportedNoiseError.refusing(
                 f"accountant={cls.name!r} bounds only continuous noise, and this noise is "
                 f"discrete (grid={grid})",
@@ -230,6 +293,7 @@ class Accountant(ABC):
             mechanism,
             " (or draw continuous noise: privacy.noise_grid=null)",
             grid=True,
+            directions=directions,
         )
 
     @classmethod
@@ -346,7 +410,7 @@ class Accountant(ABC):
         options: dict[str, Any] = {}
         if self._interval is not None:
             options["value_discretization_interval"] = self._interval
-        if type(self).grid_mechanisms:
+        if type(self).grid_mechanisms or type(self).vector_grid_mechanisms:
             options["noise_parameters"] = self.noise_parameters
         return options
 

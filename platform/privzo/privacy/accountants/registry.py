@@ -35,10 +35,15 @@ ACCOUNTANTS: dict[str, type[Accountant]] = {
 """Every accountant, by name: the one list of them (nothing registers itself)."""
 
 
-def accountants_for(mechanism: str, *, grid: bool = False) -> list[str]:
-    """The accountants that bound ``mechanism``'s noise (discrete noise if ``grid``), as their
-    classes state it; the run config asks this at load."""
-    return [name for name, cls in ACCOUNTANTS.items() if cls.bounds(mechanism, grid=grid)]
+def accountants_for(mechanism: str, *, grid: bool = False, directions: int = 1) -> list[str]:
+    """The accountants that bound ``mechanism``'s noise (discrete noise if ``grid``, on a
+    rounded vector of ``directions`` coordinates), as their classes state it; the run config
+    asks this at load."""
+    return [
+        name
+        for name, cls in ACCOUNTANTS.items()
+        if cls.bounds(mechanism, grid=grid, directions=directions)
+    ]
 
 
 @contextlib.contextmanager
