@@ -173,7 +173,8 @@ def check_job_output_dir(output_dir: Path | None) -> None:
 
 
 def tracking_uri() -> str | None:
-    """The MLflow server a command's runs go to: ``MLFLOW_TRACKING_URI``, else the config's."""
+    """``MLFLOW_TRACKING_URI``: the MLflow server for runs whose config sets no ``tracking.uri``
+    (a config's own server wins, as the run pipeline applies it)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
