@@ -9,8 +9,9 @@ from typing import ClassVar
 import numpy as np
 
 from privzo.privacy.accountants.base import Accountant
-from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.accountants.calibration import Curve
 from privzo.privacy.accountants.events import event_curve, quiet_absl, step_event
+from privzo.privacy.accountants.query import AccountingQuery
 
 __all__ = ["RdpAccountant"]
 
@@ -46,9 +47,9 @@ class RdpAccountant(Accountant):
         return float(epsilon)
 
     @classmethod
-    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+    def _curves(cls, query: AccountingQuery) -> tuple[Curve, Curve | None]:
         """dp_accounting's RDP accountant composing the run's event; ε is cheap, so no coarse
         curve."""
         from dp_accounting import rdp as dp_rdp
 
-        return event_curve(target, dp_rdp.RdpAccountant), None
+        return event_curve(query, dp_rdp.RdpAccountant), None
