@@ -21,6 +21,10 @@ Importing this module imports Triton; ``privzo.zo.kernels`` imports it only when
 is first asked for, so CPU installs without Triton never touch it. With ``TRITON_INTERPRET=1``
 set before that first use, the same kernels run on CPU tensors (how the tests check them
 against the CPU implementation).
+
+Over 400 lines because it is one concept: the Philox rounds, the word transforms and the four
+passes must live in one Triton module, since a ``@triton.jit`` kernel inlines only the jitted
+helpers it can see, and splitting them would split the one bit-exact twin of ``zo.philox``.
 """
 
 from __future__ import annotations
