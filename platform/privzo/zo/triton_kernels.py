@@ -22,9 +22,9 @@ is first asked for, so CPU installs without Triton never touch it. With ``TRITON
 set before that first use, the same kernels run on CPU tensors (how the tests check them
 against the CPU implementation).
 
-Over 400 lines because it is one concept: the Philox rounds, the word transforms and the four
-passes must live in one Triton module, since a ``@triton.jit`` kernel inlines only the jitted
-helpers it can see, and splitting them would split the one bit-exact twin of ``zo.philox``.
+Over 400 lines because it is one concept: the device twin of ``privzo.zo.philox``, whose
+rounds, word transforms and passes must agree with it bit for bit and are read and checked
+together (``privzo bench kernels``).
 """
 
 from __future__ import annotations
