@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privzo.analysis.markdown import frame_markdown, resources_markdown, scaling_markdown
 from privzo.analysis.plots import (
     close_figure,
     plot_audits,
@@ -23,12 +24,9 @@ from privzo.analysis.tables import (
     audit_table,
     cells_table,
     cost_table,
-    frame_markdown,
     privacy_gap_table,
-    resources_markdown,
     resources_table,
     sampling_table,
-    scaling_markdown,
     scaling_table,
     step_memory_table,
 )

@@ -1,4 +1,4 @@
-"""The report's tables, as Arrow tables (mean and std columns) and Markdown.
+"""The report's tables, as Arrow tables (mean and std columns; ``markdown`` writes them out).
 
 - scaling: task metric by model size × budget (zero-shot, each private algorithm and ε,
   each non-private algorithm), mean ± std over seeds, as in DP-ZO's model-size table;
@@ -10,10 +10,8 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -167,9 +165,6 @@ def cost_table(runs: pa.Table) -> pa.Table:
     return pa.Table.from_pandas(table[columns], preserve_index=False)
 
 
-WITHHELD = "withheld"
-
-
 def resources_table(runs: pa.Table) -> pa.Table:
     """Peak memory and mean step time by model and algorithm (means over runs).
 
@@ -251,42 +246,6 @@ def _above_weights(run: Any) -> float | None:
     return float(peak) - run.model_parameters * dtype_bytes(run.dtype) / 2**20
 
 
-def resources_markdown(resources: pa.Table) -> str:
-    """The resources table as Markdown; a private algorithm's missing figure reads withheld."""
-    frame = resources.to_pandas()
-    formats = {"peak_memory_mb": ".1f", "step_peak_memory_mb": ".1f", "mean_step_time_s": ".4f"}
-    for column, spec in formats.items():
-        frame[column] = [
-            WITHHELD if private and math.isnan(value) else _cell(value, spec)
-            for private, value in zip(frame["private"], frame[column], strict=True)
-        ]
-    return frame_markdown(pa.Table.from_pandas(frame, preserve_index=False))
-
-
-def scaling_markdown(scaling: pa.Table) -> str:
-    """The scaling table as Markdown: a row per (task, model), a column per budget."""
-    frame = scaling.to_pandas()
-    if frame.empty:
-        return "_no finished runs_\n"
-    budgets = list(dict.fromkeys(frame["budget"]))
-    rows = []
-    for (task, size, model), group in frame.groupby(["task", "model_parameters", "model"]):
-        cells = dict(
-            zip(group["budget"], zip(group["mean"], group["std"], strict=True), strict=True)
-        )
-        values = [_mean_std(*cells[b]) if b in cells else "-" for b in budgets]
-        rows.append([task, model, f"{int(size):,}", *values])
-    return markdown(pd.DataFrame(rows, columns=["task", "model", "parameters", *budgets]))
-
-
-def markdown(frame: pd.DataFrame) -> str:
-    """``frame`` as a Markdown (pipe) table by pandas' ``to_markdown``, its cells as given:
-    numbers are formatted by the caller, so tabulate must not re-parse them."""
-    return frame.astype(str).to_markdown(index=False, disable_numparse=True) + "\n"
-
-
-# Columns every Markdown table formats the same way (122,304 parameters, as in the scaling table).
-COLUMN_FORMATS = {"model_parameters": ","}
 SAMPLER_MEANING = {
     "poisson": "Poisson, from secret randomness (what the accountant assumes)",
     "shuffle": "seeded shuffle, fixed-size batches (repeatable)",
@@ -337,32 +296,6 @@ def sampling_table(runs: pa.Table) -> pa.Table:
     )
     table["sampler"] = [SAMPLER_MEANING.get(name, name) for name in table["sampler"]]
     return pa.Table.from_pandas(table[columns].reset_index(drop=True), preserve_index=False)
-
-
-def frame_markdown(table: pa.Table, formats: dict[str, str] | None = None) -> str:
-    frame = table.to_pandas()
-    if frame.empty:
-        return "_none_\n"
-    formats = COLUMN_FORMATS | (formats or {})
-    cells = {
-        column: [_cell(value, formats.get(column)) for value in frame[column]]
-        for column in frame.columns
-    }
-    return markdown(pd.DataFrame(cells, columns=frame.columns))
-
-
-def _mean_std(mean: float, std: float) -> str:
-    if std is None or (isinstance(std, float) and math.isnan(std)):
-        return f"{mean:.3f}"
-    return f"{mean:.3f} ± {std:.3f}"
-
-
-def _cell(value: object, spec: str | None) -> str:
-    if isinstance(value, float):
-        return "-" if math.isnan(value) else format(value, spec or ".4g")
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and spec:
-        return format(int(value), spec)
-    return str(value)
 
 
 def audit_table(audits: pa.Table) -> pa.Table:

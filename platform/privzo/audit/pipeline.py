@@ -4,7 +4,7 @@ The run is the ordinary run pipeline (``privzo.run.run``) with two hooks: ``trai
 the canaries whose secret coin came up "in" to the private training rows, and ``final_scores``
 measures every canary's loss on the fine-tuned model (and returns nothing to the summary). The
 audit then scores the canaries (black-box, and white-box from the trajectory for zeroth-order
-runs), guesses, counts and bounds ε with ``privzo.privacy.audit``.
+runs); ``bounds`` guesses, counts, bounds ε and gives the verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from privzo.algorithms.registry import get_algorithm
+from privzo.audit.bounds import audit_record, guess_and_bound
 from privzo.audit.canaries import CanaryInjection, tokenizer_words
 from privzo.audit.config import (
     DEFAULT_SCORE,
@@ -26,15 +27,8 @@ from privzo.audit.config import (
     AuditConfig,
     ScoreName,
 )
-from privzo.audit.power import UNBOUNDED_SCORES, AuditPower, audit_power
-from privzo.audit.record import (
-    ESTIMATOR_KINDS,
-    VIOLATED,
-    AuditRecord,
-    BestGuess,
-    EstimatorResult,
-)
-from privzo.audit.report import plot_scores, record_child_run, score_distribution
+from privzo.audit.record import RUN_DIR, AuditRecord
+from privzo.audit.report import plot_scores, record_child_run
 from privzo.audit.scores import (
     WhiteBoxTrace,
     canary_losses,
@@ -50,7 +44,6 @@ from privzo.audit.scores import (
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
 from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
-from privzo.privacy.audit import BOUNDS, GuessResult, TprAtFpr, audit_guesses, tpr_at_fpr
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
@@ -58,7 +51,6 @@ from privzo.tasks import is_generation, resolve_task_config
 from privzo.tracking.tags import AUDIT
 
 AUDIT_FILE = "audit.json"
-RUN_DIR = "run"
 VIOLATED_EXIT_CODE = 4
 # A match is exact or not whatever the canary's label: standardising per label would only mix
 # the two labels' exact matches with the other label's near misses.
@@ -199,25 +191,6 @@ def run_audit(
     return record
 
 
-def guess_and_bound(
-    config: RunConfig,
-    audit: AuditConfig,
-    values: dict[ScoreName, np.ndarray],
-    injection: CanaryInjection,
-) -> dict[ScoreName, list[GuessResult]]:
-    """Every (score, k) test at α / (scores × ks): the best bound holds at confidence 1 − α."""
-    return {
-        name: audit_guesses(
-            scores,
-            injection.included,
-            audit.k_values(),
-            delta=_audit_delta(config),
-            alpha=audit.alpha / len(values),
-        )
-        for name, scores in values.items()
-    }
-
-
 def write_outputs(
     config: RunConfig,
     record: AuditRecord,
@@ -247,11 +220,6 @@ def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list
         return tokenizer_words(tokenizer, task.label_words or [])
 
     return words
-
-
-def _audit_delta(config: RunConfig) -> float:
-    """The δ the bound is computed at: the run's (a non-private run's config still names one)."""
-    return config.privacy.delta
 
 
 def score_canaries(
@@ -303,107 +271,3 @@ def split_references(trace: WhiteBoxTrace, tuned: TunedLosses) -> tuple[WhiteBox
         return canaries, np.zeros((references.shape[0], 0))
     labels = np.asarray(tuned.replayed.labels)[count:]
     return canaries, data_directions(references, labels)
-
-
-def verdict(claimed: float | None, bound: float) -> str:
-    """'VIOLATED' when the audit proves more leakage than the accountant claims."""
-    if claimed is None:
-        return "not private"
-    return VIOLATED if bound > claimed else "consistent"
-
-
-def audit_record(
-    config: RunConfig,
-    audit: AuditConfig,
-    summary: RunSummary,
-    results: dict[ScoreName, list[GuessResult]],
-    values: dict[ScoreName, np.ndarray],
-    injection: CanaryInjection,
-    note: str | None,
-) -> AuditRecord:
-    """audit.json: counts, bounds and score distributions; no canary and no coin."""
-    name, best = max(
-        ((name, result) for name, rows in results.items() for result in rows),
-        key=lambda pair: pair[1].epsilon_lower_bound,
-    )
-    claimed = summary.epsilon if summary.private else None
-    tests = len(results) * len(audit.k_values()) * len(BOUNDS)
-    rates: dict[str, TprAtFpr] = {
-        key: tpr_at_fpr(
-            value, injection.included, audit.fpr, delta=_audit_delta(config), alpha=audit.alpha
-        )
-        for key, value in values.items()
-    }
-    estimators = estimator_results(results, rates)
-    return AuditRecord(
-        verdict=verdict(claimed, best.epsilon_lower_bound),
-        epsilon_claimed=claimed,
-        epsilon_lower_bound=best.epsilon_lower_bound,
-        tightness=best.epsilon_lower_bound / claimed if claimed else None,
-        delta=_audit_delta(config),
-        alpha=audit.alpha,
-        canaries=audit.canaries,
-        canaries_in=int(injection.included.sum()),
-        training_rows=injection.training_rows,
-        best=BestGuess.of(name, best),
-        tests=tests,
-        bonferroni_level=audit.alpha / tests,
-        results={name: rows for name, rows in results.items()},
-        score_distributions={
-            key: score_distribution(value, injection.included) for key, value in values.items()
-        },
-        white_box=any(key in WHITE_BOX_SCORES for key in results),
-        note=note,
-        algorithm=config.optimizer.algorithm,
-        model=config.model.name_or_path,
-        steps=summary.steps,
-        noise_multiplier=summary.noise_multiplier,
-        sample_rate=summary.sample_rate,
-        audited_run_id=summary.tracking_run_id,
-        estimators=estimators,
-        tightest=max(estimators, key=lambda row: row.epsilon).estimator,
-        tpr_at_fpr=rates,
-        run_dir=RUN_DIR,
-        power=power_at(config, audit, summary, injection, list(results)),
-    )
-
-
-def power_at(
-    config: RunConfig,
-    audit: AuditConfig,
-    summary: RunSummary,
-    injection: CanaryInjection,
-    scores: list[ScoreName],
-) -> AuditPower | None:
-    """The run's separation ceiling and the ε_lb expected there, when some score is bound by it."""
-    if all(name in UNBOUNDED_SCORES for name in scores):
-        return None
-    return audit_power(
-        steps=summary.steps,
-        batch_size=config.optimizer.batch_size,
-        training_rows=injection.training_rows,
-        canaries_in=int(injection.included.sum()),
-        canaries=audit.canaries,
-        ks=audit.k_values(),
-        delta=_audit_delta(config),
-        alpha=audit.alpha / len(scores),
-    )
-
-
-def estimator_results(
-    results: dict[ScoreName, list[GuessResult]], rates: dict[str, TprAtFpr]
-) -> list[EstimatorResult]:
-    """Each estimator's largest ε over the scores (and k), in ``ESTIMATOR_KINDS`` order."""
-    tests = [(name, row) for name, rows in results.items() for row in rows]
-    one_run = max(tests, key=lambda pair: pair[1].epsilon_lower_bound)
-    fdp = max(tests, key=lambda pair: pair[1].fdp_epsilon_lower_bound)
-    rate = max(rates.items(), key=lambda pair: pair[1].epsilon_estimate)
-    found = {
-        "one-run": (one_run[1].epsilon_lower_bound, one_run[0], one_run[1].k),
-        "one-run-f-dp-gaussian": (fdp[1].fdp_epsilon_lower_bound, fdp[0], fdp[1].k),
-        "tpr-at-fpr": (rate[1].epsilon_estimate, rate[0], None),
-    }
-    return [
-        EstimatorResult(estimator, epsilon, ESTIMATOR_KINDS[estimator], score, k)
-        for estimator, (epsilon, score, k) in found.items()
-    ]

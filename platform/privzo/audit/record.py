@@ -15,6 +15,7 @@ from privzo.results import RecordKeys
 
 # a score's distribution: "in" and "out" canaries → count, mean, std and quantiles
 ScoreDistribution = dict[str, dict[str, float]]
+RUN_DIR = "run"  # the audited run's directory inside the audit's (``AuditRecord.run_dir``)
 
 
 @dataclass(frozen=True)

@@ -68,61 +68,65 @@ class Case:
     after: Callable[[], None] | None = None
 
 
-def zo_step_benchmark(
-    shape: str = "tiny",
-    device: str = "cpu",
-    dtype: str = "float32",
-    batch_size: int = 16,
-    seq_len: int = 128,
-    repeats: int = 5,
-    progress: bool = True,
-    directions: int = 1,
-) -> ZoStepReport:
+@dataclass(frozen=True)
+class StepBench:
+    """What both step benchmarks run on (device, dtype, batch), how many timed rounds, and
+    whether they print their progress; refused before any model is built if ``repeats`` < 1."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int = 16
+    seq_len: int = 128
+    repeats: int = 5
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"--repeats={self.repeats}: allowed: 1 or more")
+
+    def setup(self, shape: str) -> BenchSetup:
+        """``shape`` on this device and batch, refused if the machine cannot run it."""
+        return checked_setup(shape, self.device, self.dtype, self.batch_size, self.seq_len)
+
+    def measure(
+        self, cases: dict[str, Case], where: torch.device
+    ) -> dict[str, tuple[float, float]]:
+        """Every case timed ``repeats`` rounds, interleaved, with its peak memory."""
+        return _measure(cases, PeakMemory(where), self.repeats, self.progress, _synchronizer(where))
+
+
+def zo_step_benchmark(bench: StepBench, shape: str = "tiny", directions: int = 1) -> ZoStepReport:
     """Measure every case on ``shape``; refuses a request the machine cannot run first."""
-    if repeats < 1:
-        raise ValueError(f"--repeats={repeats}: allowed: 1 or more")
     if not 1 <= directions <= MAX_DIRECTIONS:
         raise ValueError(f"--directions={directions}: allowed: 1..{MAX_DIRECTIONS}")
-    setup = checked_setup(shape, device, dtype, batch_size, seq_len)
-    if progress:
-        print(f"building {shape} ({dtype}) on {setup.device}", flush=True)
-    model = random_model(setup.arch, dtype, device=setup.device)
+    setup = bench.setup(shape)
+    if bench.progress:
+        print(f"building {shape} ({bench.dtype}) on {setup.device}", flush=True)
+    model = random_model(setup.arch, bench.dtype, device=setup.device)
     batch = _random_batch(setup)
-    memory = PeakMemory(setup.device)
-    cases = _cases(setup, model, batch, directions)
-    measured = _measure(cases, memory, repeats, progress, _synchronizer(setup.device))
+    measured = bench.measure(_cases(setup, model, batch, directions), setup.device)
     parameters = sum(p.numel() for p in model.parameters())
-    return report(setup, measured, parameters, repeats, needed_bytes(setup), directions)
+    return report(setup, measured, parameters, bench.repeats, needed_bytes(setup), directions)
 
 
-def family_step_benchmark(
-    device: str = "cpu",
-    dtype: str = "float32",
-    batch_size: int = 16,
-    seq_len: int = 128,
-    repeats: int = 5,
-    progress: bool = True,
-) -> FamilyStepReport:
+def family_step_benchmark(bench: StepBench) -> FamilyStepReport:
     """The forward and DPZero's step of each family's tiny shape (``tiny``, ``tiny-llama``,
     ``tiny-qwen2``, ``tiny-mistral``), every model's cases in one round-robin, so the machine's
     drift touches each family alike and the step ratios compare across families."""
-    if repeats < 1:
-        raise ValueError(f"--repeats={repeats}: allowed: 1 or more")
-    setups = [checked_setup(shape, device, dtype, batch_size, seq_len) for shape in TINY_SHAPES]
+    setups = [bench.setup(shape) for shape in TINY_SHAPES]
     cases: dict[str, Case] = {}
     parameters: dict[str, int] = {}
     for setup in setups:
-        if progress:
-            print(f"building {setup.shape} ({dtype}) on {setup.device}", flush=True)
-        model = random_model(setup.arch, dtype, device=setup.device)
+        if bench.progress:
+            print(f"building {setup.shape} ({bench.dtype}) on {setup.device}", flush=True)
+        model = random_model(setup.arch, bench.dtype, device=setup.device)
         parameters[setup.shape] = sum(p.numel() for p in model.parameters())
         batch = _random_batch(setup)
         loss = _loss(setup, model, batch)
-        step = _privzo_step(_weights(setup, model), batch, loss, "dpzero", batch_size)
+        step = _privzo_step(_weights(setup, model), batch, loss, "dpzero", bench.batch_size)
         cases.update({f"{setup.shape}/forward": Case(loss), f"{setup.shape}/dpzero": Case(step)})
-    where = setups[0].device
-    measured = _measure(cases, PeakMemory(where), repeats, progress, _synchronizer(where))
-    return family_report(setups, measured, parameters, repeats)
+    measured = bench.measure(cases, setups[0].device)
+    return family_report(setups, measured, parameters, bench.repeats)
 
 
 def _random_batch(setup: BenchSetup) -> Batch:

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from privzo.config.run import RunConfig
@@ -99,10 +99,13 @@ def finish_command(
     *,
     quiet: str | None = None,
     cache_dir: bool = True,
+    address: bool = False,
 ) -> None:
-    """The options the working commands share, in one order (``--quiet`` with its own help
-    where given, ``--cache-dir`` unless the command builds no model, ``--verbose``), then the
-    handler the entry point calls."""
+    """The options the working commands share, in one order (``--address`` where the command
+    may run on a Ray cluster, ``--quiet`` with its own help where given, ``--cache-dir`` unless
+    the command builds no model, ``--verbose``), then the handler the entry point calls."""
+    if address:
+        parser.add_argument("--address", help=ADDRESS_HELP)
     if quiet is not None:
         parser.add_argument("--quiet", action="store_true", help=quiet)
     if cache_dir:
@@ -113,6 +116,39 @@ def finish_command(
 
 def add_json(parser: argparse.ArgumentParser, shape: str = "one JSON object") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {shape}")
+
+
+def add_output_dir(
+    parser: argparse.ArgumentParser,
+    what: str,
+    *,
+    overwrite: str | None = None,
+    required: bool = True,
+    default: Path | None = None,
+) -> None:
+    """``--output-dir`` (never empty, see ``path_argument``) saying ``what`` it holds, and
+    ``--overwrite`` with its help where a finished directory may be replaced."""
+    parser.add_argument(
+        "--output-dir", type=path_argument, required=required, default=default, help=what
+    )
+    if overwrite is not None:
+        parser.add_argument("--overwrite", action="store_true", help=overwrite)
+
+
+class WorkOptions(TypedDict):
+    """What the options ``finish_command`` adds (with ``--quiet``) ask of a library call that
+    loads models and records runs, and where its runs are tracked."""
+
+    cache_dir: Path
+    progress: bool
+    tracking_uri: str | None
+
+
+def work_options(args: argparse.Namespace) -> WorkOptions:
+    """The shared options of a command finished with ``quiet``, for its library call."""
+    return WorkOptions(
+        cache_dir=args.cache_dir, progress=not args.quiet, tracking_uri=tracking_uri()
+    )
 
 
 MERGED_OVERRIDES = (
@@ -183,10 +219,6 @@ ADDRESS_HELP = (
     "RAY_ADDRESS, else the head of the latest `ray start --head` on this machine, else a new "
     "local Ray"
 )
-
-
-def add_address(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", help=ADDRESS_HELP)
 
 
 def ray_target(address: str | None) -> RayTarget:

@@ -11,10 +11,11 @@ from privzo.cli.arguments import (
     Commands,
     add_command,
     add_config,
+    add_json,
+    add_output_dir,
     finish_command,
     load_run_config,
-    path_argument,
-    tracking_uri,
+    work_options,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
 
@@ -49,11 +50,8 @@ def add_audit(commands: Commands) -> None:
         help="a score to guess from, fixed before the run (repeat; default: "
         f"white-box-directional, or black-box without a trajectory): {SCORES}",
     )
-    audit.add_argument(
-        "--output-dir", type=path_argument, required=True, help="the audit's directory (its run)"
-    )
-    audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
-    audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')
+    add_output_dir(audit, "the audit's directory (its run)", overwrite="replace a finished audit")
+    add_json(audit, '{"privzo_audit": {...}}')
     finish_command(audit, _audit_command, quiet="no progress bar")
 
 
@@ -72,13 +70,7 @@ def _audit_command(args: argparse.Namespace) -> int:
     audit = validate_section(AuditConfig, options, "privzo audit")
     use_process_cores()
     record = run_audit(
-        config,
-        audit,
-        args.output_dir,
-        cache_dir=args.cache_dir,
-        progress=not args.quiet,
-        overwrite=args.overwrite,
-        tracking_uri=tracking_uri(),
+        config, audit, args.output_dir, overwrite=args.overwrite, **work_options(args)
     )
     return report_audit(record, as_json=args.json)
 

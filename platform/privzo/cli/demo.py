@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from privzo.cli.arguments import Commands, add_command, finish_command, path_argument
+from privzo.cli.arguments import Commands, add_command, add_output_dir, finish_command
 from privzo.cli.process import process_cores, quiet_libraries
 
 
@@ -19,12 +19,7 @@ def add_demo(commands: Commands) -> None:
         "sentiment task, zero-shot vs a private run (DPZero) vs a non-private one (MeZO), then "
         "a small search and a scaling study, all recorded in one MLflow store.",
     )
-    demo.add_argument(
-        "--output-dir",
-        type=path_argument,
-        default=Path("runs/demo"),
-        help="where the demo's runs go",
-    )
+    add_output_dir(demo, "where the demo's runs go", required=False, default=Path("runs/demo"))
     demo.add_argument(
         "--quick",
         action="store_true",

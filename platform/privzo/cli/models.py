@@ -12,10 +12,10 @@ from privzo.cli.arguments import (
     Commands,
     add_command,
     add_json,
+    add_output_dir,
     add_subcommands,
     dtype_name,
     finish_command,
-    path_argument,
 )
 from privzo.cli.process import quiet_libraries
 
@@ -128,9 +128,7 @@ def add_data(commands: Commands) -> None:
         "privzo[hub]) and write each split as Parquet, for clusters without the Hub.",
     )
     prepare.add_argument("task", help="a task preset, e.g. sst2, snli, boolq")
-    prepare.add_argument(
-        "--output-dir", type=path_argument, required=True, help="where the splits are written"
-    )
+    add_output_dir(prepare, "where the splits are written")
     prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
     prepare.add_argument("--hf-subset", help="override the preset's subset")
     prepare.set_defaults(handler=_prepare_command)
@@ -168,9 +166,7 @@ def add_models(commands: Commands) -> None:
         help="tiny (an OPT of 5.32M parameters: 32.3 times the built-in demo-opt-s, and not the "
         f"built-in tiny-opt), {SHAPE_NAMES}",
     )
-    init.add_argument(
-        "--output-dir", type=path_argument, required=True, help="a new or empty directory"
-    )
+    add_output_dir(init, "a new or empty directory")
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     finish_command(init, _models_init_command, cache_dir=False)

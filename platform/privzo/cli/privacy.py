@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import Commands, add_command, add_json, add_subcommands
+
+if TYPE_CHECKING:
+    from privzo.privacy import AccountingQuery
 
 SAMPLING = "--batch-size 32 --dataset-size 1000 --steps 300"
 
@@ -107,9 +110,10 @@ def _sample_rate(args: argparse.Namespace) -> float:
     return args.batch_size / args.dataset_size
 
 
-def _accounting(args: argparse.Namespace) -> dict[str, Any]:
-    """The accountant's arguments that calibrate and epsilon share."""
+def _accounting(args: argparse.Namespace) -> AccountingQuery:
+    """What calibrate and epsilon both ask the accountant about."""
     from privzo.config import MAX_STEPS
+    from privzo.privacy import AccountingQuery
 
     if not 1 <= args.steps <= MAX_STEPS:  # beyond it the accountant's memory and time explode
         why = "fewer than one" if args.steps < 1 else "more steps than the accountant can carry"
@@ -117,7 +121,7 @@ def _accounting(args: argparse.Namespace) -> dict[str, Any]:
             f"--steps {args.steps}: {why}; allowed: 1 ≤ steps ≤ {MAX_STEPS:_} (as "
             "optimizer.steps in a run config)"
         )
-    return dict(
+    return AccountingQuery(
         sample_rate=_sample_rate(args),
         steps=args.steps,
         delta=args.delta,
@@ -128,18 +132,18 @@ def _accounting(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _calibrate_command(args: argparse.Namespace) -> int:
-    from privzo.privacy import calibrate_noise_multiplier, compute_epsilon
+    from privzo.privacy import calibrate, epsilon_of
 
-    common = _accounting(args)
-    noise_multiplier = calibrate_noise_multiplier(epsilon=args.epsilon, **common)
-    epsilon = compute_epsilon(noise_multiplier=noise_multiplier, **common)
+    query = _accounting(args)
+    noise_multiplier = calibrate(query, args.epsilon)
+    epsilon = epsilon_of(query, noise_multiplier)
     return _privacy_report(args, noise_multiplier, epsilon)
 
 
 def _epsilon_command(args: argparse.Namespace) -> int:
-    from privzo.privacy import compute_epsilon
+    from privzo.privacy import epsilon_of
 
-    epsilon = compute_epsilon(noise_multiplier=args.noise_multiplier, **_accounting(args))
+    epsilon = epsilon_of(_accounting(args), args.noise_multiplier)
     return _privacy_report(args, args.noise_multiplier, epsilon)
 
 

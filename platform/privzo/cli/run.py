@@ -11,14 +11,16 @@ from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import (
     Commands,
-    add_address,
     add_command,
     add_config,
+    add_json,
+    add_output_dir,
     finish_command,
     load_run_config,
     path_argument,
     ray_target,
     tracking_uri,
+    work_options,
 )
 from privzo.cli.process import (
     Terminated,
@@ -52,20 +54,13 @@ def add_run(commands: Commands) -> None:
     )
     run.epilog = f"{run.epilog}\n\n{RUN_EPILOG}"
     add_config(run, "run", "configs/runs/*.yaml")
-    run.add_argument(
-        "--output-dir",
-        type=path_argument,
-        required=True,
-        help="the run's directory: refused if it holds another run (see --overwrite)",
+    add_output_dir(
+        run,
+        "the run's directory: refused if it holds another run (see --overwrite)",
+        overwrite="replace a finished run's records",
     )
-    run.add_argument("--overwrite", action="store_true", help="replace a finished run's records")
-    run.add_argument(
-        "--json",
-        action="store_true",
-        help='print the summary as one JSON line, {"privzo_summary": {...}}',
-    )
-    add_address(run)
-    finish_command(run, _run_command, quiet="no progress bar")
+    add_json(run, 'the summary as one JSON line, {"privzo_summary": {...}}')
+    finish_command(run, _run_command, quiet="no progress bar", address=True)
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -85,12 +80,10 @@ def _run_command(args: argparse.Namespace) -> int:
             summary = run(
                 config,
                 args.output_dir,
-                cache_dir=args.cache_dir,
-                progress=not args.quiet,
                 overwrite=args.overwrite,
-                tracking_uri=tracking_uri(),
                 on_checked=print_data_lines,
                 cluster=ray_target(args.address),
+                **work_options(args),
             )
     except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
         print(interrupted_line(args.output_dir), file=sys.stderr)
@@ -129,13 +122,13 @@ def add_check(commands: Commands) -> None:
         "writes nothing.",
     )
     add_config(check, "run", "configs/runs/*.yaml")
-    check.add_argument(
-        "--output-dir",
-        type=path_argument,
-        help="also check this run directory is free (see --overwrite)",
+    add_output_dir(
+        check,
+        "also check this run directory is free (see --overwrite)",
+        overwrite="as privzo run's --overwrite",
+        required=False,
     )
-    check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
-    check.add_argument("--json", action="store_true", help='one JSON line, {"privzo_check": ...}')
+    add_json(check, 'one JSON line, {"privzo_check": ...}')
     finish_command(check, _check_command, cache_dir=False)
 
 
@@ -172,12 +165,7 @@ def add_replay(commands: Commands) -> None:
     replay.add_argument(
         "--trajectory", type=path_argument, required=True, help="a run's trajectory.parquet"
     )
-    replay.add_argument(
-        "--output-dir",
-        type=path_argument,
-        required=True,
-        help="where the rebuilt weights are saved",
-    )
+    add_output_dir(replay, "where the rebuilt weights are saved")
     replay.add_argument(
         "--device",
         help="where to replay (cpu, cuda, cuda:N; default: the training run's device type); "

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from privzo.cli.arguments import (
     Commands,
     add_command,
     add_config,
+    add_output_dir,
     finish_command,
-    path_argument,
     tracking_uri,
+    work_options,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
 
@@ -37,9 +37,7 @@ def add_study(commands: Commands) -> None:
         "configs/studies/*.yaml",
         overrides="key.sub=value overrides of the study config",
     )
-    study.add_argument(
-        "--output-dir", type=path_argument, required=True, help="the study's directory (its cells)"
-    )
+    add_output_dir(study, "the study's directory (its cells)")
     study.add_argument(
         "--max-cells",
         type=int,
@@ -54,14 +52,7 @@ def _study_command(args: argparse.Namespace) -> int:
     quiet_libraries(args.verbose)
     study = load_study_config(args.config, args.overrides)
     use_process_cores()  # cells train one after another in this process
-    options: dict[str, Any] = {
-        "cache_dir": args.cache_dir,
-        "tracking_uri": tracking_uri(),
-        "progress": not args.quiet,
-    }
-    if args.max_cells is not None:
-        options["max_cells"] = args.max_cells
-    summary = run_study(study, args.output_dir, **options)
+    summary = run_study(study, args.output_dir, max_cells=args.max_cells, **work_options(args))
     violated = summary.violated_audits()
     if violated:
         from privzo.audit import VIOLATED_EXIT_CODE
@@ -80,12 +71,7 @@ def add_report(commands: Commands) -> None:
         "--experiment tiny-scaling --output-dir runs/report",
     )
     report.add_argument("--experiment", required=True, help="the MLflow experiment name")
-    report.add_argument(
-        "--output-dir",
-        type=path_argument,
-        required=True,
-        help="where the tables, plots and report go",
-    )
+    add_output_dir(report, "where the tables, plots and report go")
     report.add_argument("--study", help="only this study's runs (its cells; default: every run)")
     report.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI")
     report.set_defaults(handler=_report_command)

@@ -7,13 +7,13 @@ import argparse
 
 from privzo.cli.arguments import (
     Commands,
-    add_address,
     add_command,
     add_config,
+    add_output_dir,
     finish_command,
     path_argument,
     ray_target,
-    tracking_uri,
+    work_options,
 )
 from privzo.cli.process import process_cores, quiet_libraries
 
@@ -34,14 +34,8 @@ def add_tune(commands: Commands) -> None:
         "configs/searches/*.yaml",
         overrides="key.sub=value overrides of the search config",
     )
-    tune.add_argument(
-        "--output-dir",
-        type=path_argument,
-        required=True,
-        help="the search's directory (its trials)",
-    )
-    add_address(tune)
-    finish_command(tune, _tune_command, quiet="no Tune progress table")
+    add_output_dir(tune, "the search's directory (its trials)")
+    finish_command(tune, _tune_command, quiet="no Tune progress table", address=True)
 
 
 def _tune_command(args: argparse.Namespace) -> int:
@@ -52,12 +46,10 @@ def _tune_command(args: argparse.Namespace) -> int:
     summary = run_search(
         search,
         args.output_dir,
-        cache_dir=args.cache_dir,
         cluster=ray_target(args.address),
         # a local Ray schedules trials on the cores this process may use, not the machine's
         num_cpus=process_cores(),
-        tracking_uri=tracking_uri(),
-        progress=not args.quiet,
+        **work_options(args),
     )
     return 130 if summary.interrupted else 0
 
@@ -70,9 +62,7 @@ def add_export_best(commands: Commands) -> None:
         "privzo export-best runs/tiny-search --output-dir runs/tiny-best",
     )
     export.add_argument("search_dir", type=path_argument, help="a finished search's --output-dir")
-    export.add_argument(
-        "--output-dir", type=path_argument, required=True, help="a new, empty directory"
-    )
+    add_output_dir(export, "a new, empty directory")
     export.set_defaults(handler=_export_best_command)
 
 

@@ -1,22 +1,31 @@
 """A privacy budget that refuses a step before it is taken, not after.
 
-``check_feasible`` runs before training starts (does the whole plan fit?); ``BudgetLedger``
-guards each step while it runs, so a resumed or extended run cannot silently overspend.
+``feasible_epsilon`` (by keywords ``check_feasible``) runs before training starts (does the
+whole plan fit?); ``BudgetLedger`` guards each step while it runs, so a resumed or extended run
+cannot silently overspend.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from privzo.privacy.accountants import (
     Accountant,
+    AccountingQuery,
     check_positive,
-    compute_epsilon,
+    epsilon_of,
     get_accountant,
 )
 from privzo.privacy.checks import check_count
 
-__all__ = ["BUDGET_RTOL", "BudgetExceededError", "BudgetLedger", "check_feasible"]
+__all__ = [
+    "BUDGET_RTOL",
+    "BudgetExceededError",
+    "BudgetLedger",
+    "check_feasible",
+    "feasible_epsilon",
+]
 
 # Calibration leaves ε a hair under the target, but the stateful PLD path (cached one-step PLD)
 # and dp_accounting's PLDAccountant round differently in the last digits; this absorbs that.
@@ -135,35 +144,22 @@ class BudgetLedger:
         )
 
 
-def check_feasible(
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    epsilon: float,
-    delta: float,
-    mechanism: str = "gaussian",
-    accountant: str = "pld",
-    noise_parameters: dict | None = None,
-) -> float:
+def feasible_epsilon(query: AccountingQuery, noise_multiplier: float, epsilon: float) -> float:
     """ε of the planned run; ValueError before any training if it would exceed ``epsilon``."""
     epsilon = check_positive("epsilon", epsilon)
-    delta = get_accountant(accountant).check_delta(delta)
-    spent = compute_epsilon(
-        noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
-        steps=steps,
-        delta=delta,
-        mechanism=mechanism,
-        accountant=accountant,
-        noise_parameters=noise_parameters,
-    )
+    query = replace(query, delta=get_accountant(query.accountant).check_delta(query.delta))
+    spent = epsilon_of(query, noise_multiplier)
     if not _within(spent, epsilon):
         raise ValueError(
-            f"{steps} steps at noise_multiplier={noise_multiplier:g}, sample_rate="
-            f"{sample_rate:g} ({mechanism} mechanism, accountant {accountant!r}) spend "
-            f"epsilon={spent:.6g} at delta={delta:g}, over the budget epsilon={epsilon:g}; use "
-            "calibrate_noise_multiplier(...) to pick the noise for this budget, or take fewer "
-            "steps or a smaller sample_rate"
+            f"{query.steps} steps at noise_multiplier={noise_multiplier:g}, sample_rate="
+            f"{query.sample_rate:g} ({query.mechanism} mechanism, accountant "
+            f"{query.accountant!r}) spend epsilon={spent:.6g} at delta={query.delta:g}, over the "
+            f"budget epsilon={epsilon:g}; use calibrate_noise_multiplier(...) to pick the noise "
+            "for this budget, or take fewer steps or a smaller sample_rate"
         )
     return spent
+
+
+def check_feasible(*, noise_multiplier: float, epsilon: float, **query: Any) -> float:
+    """``feasible_epsilon`` by keywords: ``query`` holds ``AccountingQuery``'s fields."""
+    return feasible_epsilon(AccountingQuery(**query), noise_multiplier, epsilon)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 from privzo.config.run import RunConfig
-from privzo.privacy.accountants import Accountant, calibrate_noise_multiplier, make_accountant
+from privzo.privacy.accountants import Accountant, AccountingQuery, calibrate, make_accountant
 from privzo.privacy.adjacency import ADD_REMOVE, replace_one
 from privzo.privacy.curve import EpsilonCurve
-from privzo.privacy.ledger import BudgetLedger, check_feasible
+from privzo.privacy.ledger import BudgetLedger, feasible_epsilon
 from privzo.privacy.sampling import PoissonSampler, Sampler, ShuffleSampler
 from privzo.privacy.truncation import (
     DEFAULT_SHARE,
@@ -53,17 +53,6 @@ class PrivacyPlan:
         return None if self.delta is None else self.delta - self.truncation_delta
 
 
-class _Accounting(TypedDict):
-    """What calibration and the feasibility check both account for."""
-
-    sample_rate: float
-    steps: int
-    delta: float
-    mechanism: str
-    accountant: str
-    noise_parameters: dict[str, Any] | None
-
-
 def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     """Calibrate σ to (ε, δ) for this sampling rate and T, or check a fixed σ meets it."""
     batch_size = config.optimizer.batch_size
@@ -85,7 +74,7 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     mechanism = config.mechanism
     assert mechanism is not None, "every private algorithm has a mechanism"
     truncation = bound.truncation_delta if bound else 0.0
-    common = _Accounting(
+    query = AccountingQuery(
         sample_rate=sample_rate,
         steps=steps,
         delta=privacy.delta - truncation,
@@ -96,10 +85,8 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
     noise_multiplier = privacy.noise_multiplier
     try:
         if noise_multiplier is None:
-            noise_multiplier = calibrate_noise_multiplier(epsilon=privacy.epsilon, **common)
-        epsilon = check_feasible(
-            noise_multiplier=noise_multiplier, epsilon=privacy.epsilon, **common
-        )
+            noise_multiplier = calibrate(query, privacy.epsilon)
+        epsilon = feasible_epsilon(query, noise_multiplier, privacy.epsilon)
     except ValueError as error:  # the accountant's reason, reported as a config error
         field = "privacy.noise_multiplier" if privacy.noise_multiplier else "privacy"
         value = f"={privacy.noise_multiplier}" if privacy.noise_multiplier else ""

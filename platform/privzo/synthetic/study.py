@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from privzo.privacy import calibrate_noise_multiplier
+from privzo.privacy import AccountingQuery, calibrate
 from privzo.results import RecordKeys
 from privzo.synthetic.algorithms import run_algorithm
 from privzo.synthetic.config import SyntheticStudyConfig
@@ -51,14 +51,14 @@ def study_noise_multiplier(config: SyntheticStudyConfig) -> float:
     coordinate, and a d-dimensional Gaussian mechanism with ℓ2 sensitivity C has the privacy
     loss of the 1-D one with sensitivity C.
     """
-    return calibrate_noise_multiplier(
-        epsilon=config.privacy.epsilon,
-        delta=config.privacy.delta,
+    query = AccountingQuery(
         sample_rate=1.0,
         steps=config.steps,
+        delta=config.privacy.delta,
         mechanism="gaussian",
         accountant=config.privacy.accountant,
     )
+    return calibrate(query, config.privacy.epsilon)
 
 
 def _grid_points(config: SyntheticStudyConfig, algorithm: str) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,7 @@ from privzo.tracking.store import (
     open_client,
     split_param,
     stamp_run_artifacts,
+    store_failures,
     store_label,
 )
 
@@ -163,7 +164,7 @@ class MlflowTracker(Tracker):
         self.connect()
         client = self._client
         assert client is not None
-        with self._store_failure():
+        with store_failures(self.uri):
             info = self._find_run(client, run_id).info
             if info.status != "RUNNING":
                 client.update_run(run_id, status="RUNNING")
@@ -180,19 +181,6 @@ class MlflowTracker(Tracker):
             if error.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
         raise TrackingRunLostError(f"{store_label(self.uri)} holds no run {run_id}")
-
-    @contextlib.contextmanager
-    def _store_failure(self) -> Iterator[None]:
-        """MLflow's errors from a store that stopped taking writes, as one line naming the store
-        and the reason (its innermost error: sqlite's, not the SQL around it)."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            yield
-        except MlflowException as error:
-            raise TrackingStoreError(
-                f"{store_label(self.uri)} failed: {_innermost_reason(error)}"
-            ) from error
 
     def _require_active(self) -> tuple[MlflowClient, str]:
         if not self._active or self._client is None or self._run_id is None:
@@ -235,7 +223,7 @@ class MlflowTracker(Tracker):
         raises ``TrackingStoreError`` and the points stay buffered."""
         if self._buffer:
             client, run_id = self._require_active()
-            with self._store_failure():
+            with store_failures(self.uri):
                 while self._buffer:
                     chunk = self._buffer[:_METRICS_PER_BATCH]
                     client.log_batch(run_id, metrics=chunk, synchronous=True)
@@ -251,7 +239,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         client, run_id = self._require_active()
-        with self._store_failure():
+        with store_failures(self.uri):
             held = {
                 key: {m.step for m in client.get_metric_history(run_id, key)}
                 for key in {point.key for point in points}
@@ -382,16 +370,8 @@ class MlflowTracker(Tracker):
         client, run_id = self._require_active()
         self._active = False
         end_time = None if self.release_timing else self._start_ms  # None: MLflow's clock
-        with self._store_failure():
+        with store_failures(self.uri):
             client.set_terminated(run_id, status=status, end_time=end_time)
-
-
-def _innermost_reason(error: BaseException) -> str:
-    """The first line of the error at the bottom of ``error``'s causes (sqlite's "database or
-    disk is full" under SQLAlchemy's and MLflow's wrappers, which add SQL and links)."""
-    while error.__cause__ is not None or error.__context__ is not None:
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _metric_key(key: str) -> str:

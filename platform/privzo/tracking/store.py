@@ -1,5 +1,6 @@
 """Opening an MLflow store: its URIs, the first process's schema migration, probes that fail
-fast on a bad store, experiments, and how param values longer than MLflow's limit are stored.
+fast on a bad store, its failures as one line, experiments, and how param values longer than
+MLflow's limit are stored.
 
 ``import mlflow`` is slow, so every function here imports it only when called.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from privzo.dirlock import waited_lock
+from privzo.tracking.base import TrackingStoreError
 from privzo.tracking.blank_store import seed_new_store
 from privzo.tracking.clock import stamp_public_time
 
@@ -35,6 +37,7 @@ __all__ = [
     "open_client",
     "split_param",
     "stamp_run_artifacts",
+    "store_failures",
     "store_label",
     "ui_address",
     "ui_lines",
@@ -110,6 +113,28 @@ def store_label(uri: str) -> str:
         return f"the MLflow store {db}"
     host = urlsplit(uri).hostname
     return f"the MLflow server at {host}" if host else "the MLflow store"
+
+
+@contextlib.contextmanager
+def store_failures(uri: str) -> Iterator[None]:
+    """MLflow's errors from a store that stopped taking writes, as one line naming the store
+    and the reason (its innermost error: sqlite's, not the SQL around it)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as error:
+        raise TrackingStoreError(
+            f"{store_label(uri)} failed: {_innermost_reason(error)}"
+        ) from error
+
+
+def _innermost_reason(error: BaseException) -> str:
+    """The first line of the error at the bottom of ``error``'s causes (sqlite's "database or
+    disk is full" under SQLAlchemy's and MLflow's wrappers, which add SQL and links)."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def is_local_store(uri: str) -> bool:

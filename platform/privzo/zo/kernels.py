@@ -13,6 +13,10 @@ devices' log/sin/cos differ in the last bits). Both forms give the same bits.
 
 Triton is imported on first use only (``privzo.zo.triton_kernels``): it ships with torch's CUDA
 builds and is an optional test dependency on CPU, where the kernels run under its interpreter.
+
+Over 400 lines because it is one concept, the host side of every fused pass: loading Triton,
+the launch, alignment and the multi-tensor tables and groups that each pass's single and
+multi-tensor forms share, so both forms address the same counters.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ Importing this module imports Triton; ``privzo.zo.kernels`` imports it only when
 is first asked for, so CPU installs without Triton never touch it. With ``TRITON_INTERPRET=1``
 set before that first use, the same kernels run on CPU tensors (how the tests check them
 against the CPU implementation).
+
+Over 400 lines because it is one concept: the device twin of ``privzo.zo.philox``, whose
+rounds, word transforms and passes must agree with it bit for bit and are read and checked
+together (``privzo bench kernels``).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ import statistics
 import pyarrow as pa
 import pytest
 
+from privzo.analysis.markdown import frame_markdown
 from privzo.analysis.plots import close_figure, plot_cost
 from privzo.analysis.report import COST_FORMATS
 from privzo.analysis.runs import SCHEMA
-from privzo.analysis.tables import cost_table, forward_passes, frame_markdown, scaling_table
+from privzo.analysis.tables import cost_table, forward_passes, scaling_table
 
 # (algorithm, private, K, steps, seed, accuracy after); batch 8, one model, ε = 6 when private
 RUNS = [

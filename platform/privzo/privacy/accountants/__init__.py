@@ -19,7 +19,8 @@ Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
 - ``numeric``: a certified numeric PLD of any symmetric 1-D noise with a computable tail
   (Gaussian, Laplace and the LMO mixture).
 
-``calibration`` holds the one search for the smallest σ meeting an ε target, ``memo`` the memo
+``query`` states what ε and calibration are asked about (``AccountingQuery``), ``calibration``
+holds the one search for the smallest σ meeting an ε target, ``memo`` the memo
 of ε evaluations (for the process, and in a cache directory for later processes), ``events``
 the run's dp_accounting event, ``base`` what the accountants share (validation, the
 ``Accountant`` class, which states what each bounds), and ``registry`` the accountants by name.
@@ -53,13 +54,16 @@ from privzo.privacy.accountants.memo import keep_epsilons_in
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.accountants.rdp import RdpAccountant
 from privzo.privacy.accountants.registry import (
     ACCOUNTANTS,
     accountant_from_state,
     accountants_for,
+    calibrate,
     calibrate_noise_multiplier,
     compute_epsilon,
+    epsilon_of,
     get_accountant,
     make_accountant,
 )
@@ -72,6 +76,7 @@ __all__ = [
     "MIN_NOISE_MULTIPLIER",
     "PLD_VALUE_DISCRETIZATION",
     "Accountant",
+    "AccountingQuery",
     "NumericAccountant",
     "PldAccountant",
     "PureLaplaceAccountant",
@@ -79,10 +84,12 @@ __all__ = [
     "UnsupportedNoiseError",
     "accountant_from_state",
     "accountants_for",
+    "calibrate",
     "calibrate_noise_multiplier",
     "check_delta",
     "check_positive",
     "compute_epsilon",
+    "epsilon_of",
     "get_accountant",
     "keep_epsilons_in",
     "make_accountant",

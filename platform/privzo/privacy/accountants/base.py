@@ -11,12 +11,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from privzo.privacy.accountants.calibration import (
-    COARSE_FACTOR,
-    CalibrationTarget,
-    Curve,
-    search_sigma,
-)
+from privzo.privacy.accountants.calibration import COARSE_FACTOR, Curve, search_sigma
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.checks import check_count, check_sample_rate
 from privzo.privacy.discrete import check_grid
 
@@ -336,27 +332,19 @@ class Accountant(ABC):
     # --- calibration ---------------------------------------------------------------------------
 
     @classmethod
-    def calibrate(
-        cls,
-        *,
-        epsilon: float,
-        delta: float,
-        sample_rate: float,
-        steps: int,
-        mechanism: str,
-        noise_parameters: dict[str, Any] | None = None,
-    ) -> float:
-        """Smallest σ (to ``CALIBRATION_RTOL``) whose ε after ``steps`` is ≤ ``epsilon``.
+    def calibrate(cls, query: AccountingQuery, epsilon: float) -> float:
+        """Smallest σ (to ``CALIBRATION_RTOL``) whose ε after ``query.steps`` is ≤ ``epsilon``.
 
         Raises ValueError if no σ ≤ ``MAX_NOISE_MULTIPLIER`` meets the target, or if even
         σ = ``MIN_NOISE_MULTIPLIER`` already does (the target is too loose to pin σ down
         cheaply).
         """
-        mechanism = cls.check_mechanism(mechanism)
+        assert query.accountant == cls.name, f"{cls.name!r} asked {query.accountant!r}'s query"
+        mechanism = cls.check_mechanism(query.mechanism)
         epsilon = check_positive("epsilon", epsilon)
-        delta = cls.check_delta(delta)
-        sample_rate = check_sample_rate(sample_rate)
-        steps = check_count("steps", steps, 1)
+        delta = cls.check_delta(query.delta)
+        sample_rate = check_sample_rate(query.sample_rate)
+        steps = check_count("steps", query.steps, 1)
         ever_sampled = -math.expm1(steps * math.log1p(-sample_rate)) if sample_rate < 1 else 1.0
         if not cls.allows_zero_delta and ever_sampled <= delta:
             raise ValueError(
@@ -365,40 +353,40 @@ class Accountant(ABC):
                 f"with probability {ever_sampled:.3g} <= delta, so no σ is pinned down; tighten "
                 "delta"
             )
-        cls.grid_of(noise_parameters, mechanism)
-        target = CalibrationTarget(
-            cls.name, mechanism, epsilon, delta, sample_rate, steps, noise_parameters or None
+        cls.grid_of(query.noise_parameters, mechanism)
+        checked = AccountingQuery(
+            sample_rate, steps, delta, mechanism, cls.name, query.noise_parameters or None
         )
-        return float(cls._solve(target))
+        return float(cls._solve(checked, epsilon))
 
     @classmethod
-    def _solve(cls, target: CalibrationTarget) -> float:
+    def _solve(cls, query: AccountingQuery, epsilon: float) -> float:
         """The one search (``calibration.search_sigma``) over this accountant's ε(σ) curves; an
         accountant with a closed form overrides this instead of ``_curves``."""
-        return search_sigma(target, *cls._curves(target))
+        return search_sigma(query, epsilon, *cls._curves(query))
 
     @classmethod
-    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
-        """The fine ε(σ) curve of ``target`` and, where one is cheaper, a coarse one."""
+    def _curves(cls, query: AccountingQuery) -> tuple[Curve, Curve | None]:
+        """The fine ε(σ) curve of ``query`` and, where one is cheaper, a coarse one."""
         raise NotImplementedError(f"accountant={cls.name!r} has no ε(σ) curve to search")
 
     @classmethod
-    def _accountant_curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve]:
-        """ε(σ) of ``target`` from fresh accountants of this (``discretized``) class, on the
+    def _accountant_curves(cls, query: AccountingQuery) -> tuple[Curve, Curve]:
+        """ε(σ) of ``query`` from fresh accountants of this (``discretized``) class, on the
         default ε grid and on one ``COARSE_FACTOR`` coarser."""
 
         def curve(interval: float) -> Curve:
             def epsilon_of(sigma: float) -> float:
                 fresh = cls(
-                    target.mechanism,
+                    query.mechanism,
                     sigma,
-                    target.sample_rate,
-                    target.noise_parameters,
+                    query.sample_rate,
+                    query.noise_parameters,
                     value_discretization_interval=interval,
                 )
-                return fresh.epsilon_at(target.steps, target.delta)
+                return fresh.epsilon_at(query.steps, query.delta)
 
-            return Curve(target.curve_key("accountant", interval), epsilon_of)
+            return Curve(query.curve_key("accountant", interval), epsilon_of)
 
         return curve(PLD_VALUE_DISCRETIZATION), curve(PLD_VALUE_DISCRETIZATION * COARSE_FACTOR)
 

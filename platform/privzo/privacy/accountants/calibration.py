@@ -18,18 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from privzo.privacy.accountants.memo import EPSILONS
+from privzo.privacy.accountants.query import AccountingQuery
 
 __all__ = [
     "CALIBRATION_RTOL",
     "COARSE_FACTOR",
     "MAX_NOISE_MULTIPLIER",
     "MIN_NOISE_MULTIPLIER",
-    "CalibrationTarget",
     "Curve",
     "laplace_sigma_for_pure_dp",
     "noise_hint",
@@ -48,35 +47,9 @@ COARSE_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
-class CalibrationTarget:
-    """One calibration problem: ``steps`` steps of ``mechanism`` at ``sample_rate`` must cost at
-    most ``epsilon`` at ``delta`` under ``accountant`` (validated by the accountant)."""
-
-    accountant: str
-    mechanism: str
-    epsilon: float
-    delta: float
-    sample_rate: float
-    steps: int
-    noise_parameters: dict[str, Any] | None = None
-
-    def curve_key(self, *how: Hashable) -> tuple[Hashable, ...]:
-        """What identifies an ε(σ) curve of this problem: everything but ε, plus ``how``."""
-        parameters = sorted((self.noise_parameters or {}).items())
-        return (
-            self.accountant,
-            self.mechanism,
-            self.delta,
-            self.sample_rate,
-            self.steps,
-            repr(parameters),
-            *how,
-        )
-
-
-@dataclass(frozen=True)
 class Curve:
-    """ε(σ) of one calibration problem at one precision; ``key`` names it in ``EPSILONS``."""
+    """ε(σ) of one query at one precision; ``key`` (``AccountingQuery.curve_key``) names it in
+    ``EPSILONS``."""
 
     key: tuple[Hashable, ...]
     epsilon_of: Callable[[float], float]
@@ -150,19 +123,21 @@ def noise_hint(
 # --- the search --------------------------------------------------------------------------------
 
 
-def search_sigma(target: CalibrationTarget, fine: Curve, coarse: Curve | None = None) -> float:
-    """The smallest σ (within ``CALIBRATION_RTOL``) whose ε on ``fine`` is ≤ the target.
+def search_sigma(
+    query: AccountingQuery, epsilon: float, fine: Curve, coarse: Curve | None = None
+) -> float:
+    """The smallest σ (within ``CALIBRATION_RTOL``) whose ε on ``fine`` (a curve of ``query``)
+    is ≤ ``epsilon``.
 
     Every fine evaluation may be expensive (PLD's grows with the steps), so the probes first run on
     ``coarse`` when given, then need about three fine ones; the bracket handed to Brent's
     method is usually already within ``CALIBRATION_RTOL``, so the finish only verifies it.
     """
-    epsilon = target.epsilon
-    guess = noise_hint(target.mechanism, epsilon, target.delta, target.sample_rate, target.steps)
+    guess = noise_hint(query.mechanism, epsilon, query.delta, query.sample_rate, query.steps)
     slope = -1.5
     if coarse is not None:
-        _, guess, slope = _bracket(coarse, target, guess, slope, rtol=CALIBRATION_RTOL / 10)
-    lo, hi, _ = _bracket(fine, target, guess, slope, rtol=CALIBRATION_RTOL)
+        _, guess, slope = _bracket(coarse, query, epsilon, guess, slope, rtol=CALIBRATION_RTOL / 10)
+    lo, hi, _ = _bracket(fine, query, epsilon, guess, slope, rtol=CALIBRATION_RTOL)
     tight = hi - lo <= CALIBRATION_RTOL * lo
     return _finish(fine, epsilon, lo, hi, tol=(hi - lo) if tight else CALIBRATION_RTOL * lo)
 
@@ -208,14 +183,19 @@ def _bisect(gap: Callable[[float], float], lower: float, upper: float, tol: floa
 
 
 def _bracket(
-    curve: Curve, target: CalibrationTarget, guess: float, slope: float, rtol: float
+    curve: Curve,
+    query: AccountingQuery,
+    epsilon: float,
+    guess: float,
+    slope: float,
+    rtol: float,
 ) -> tuple[float, float, float]:
-    """(lo, hi, slope): ε(lo) > target ≥ ε(hi), as tight as a few secant probes make it."""
-    lo, hi, slope = _secant_probes(curve, target.epsilon, guess, slope, rtol)
+    """(lo, hi, slope): ε(lo) > ``epsilon`` ≥ ε(hi), as tight as a few secant probes make it."""
+    lo, hi, slope = _secant_probes(curve, epsilon, guess, slope, rtol)
     if lo is None or hi is None:
         start = lo if lo is not None else hi
         assert start is not None  # the first probe always lands on one side
-        lo, hi = _expand(curve, target, start)
+        lo, hi = _expand(curve, query, epsilon, start)
     return lo, hi, slope
 
 
@@ -276,13 +256,15 @@ def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
 
 
-def _expand(curve: Curve, target: CalibrationTarget, start: float) -> tuple[float, float]:
+def _expand(
+    curve: Curve, query: AccountingQuery, epsilon: float, start: float
+) -> tuple[float, float]:
     """Fallback: walk from ``start`` in growing geometric steps until the target is bracketed.
 
     Small σ is expensive for PLD (a wider loss distribution), so the walk down grows its step
     slowly; the walk up may double. Raises ValueError when σ leaves the searched range.
     """
-    epsilon, factor = target.epsilon, 1.02
+    factor, problem = 1.02, query.describe(epsilon)
     sigma = _clamp(start, MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER)
     if curve(sigma) > epsilon:  # too little noise: walk up
         while True:
@@ -291,7 +273,7 @@ def _expand(curve: Curve, target: CalibrationTarget, start: float) -> tuple[floa
                 return sigma, upper
             if upper >= MAX_NOISE_MULTIPLIER:
                 raise ValueError(
-                    f"cannot meet {_problem(target)} (accountant {target.accountant!r}): even "
+                    f"cannot meet {problem} (accountant {query.accountant!r}): even "
                     f"noise_multiplier={MAX_NOISE_MULTIPLIER:g} spends more; allow a larger "
                     "epsilon or delta, or use fewer steps or a smaller sample_rate"
                 )
@@ -302,16 +284,9 @@ def _expand(curve: Curve, target: CalibrationTarget, start: float) -> tuple[floa
             return lower, sigma
         if lower <= MIN_NOISE_MULTIPLIER:
             raise ValueError(
-                f"{_problem(target)} is met even at noise_multiplier={MIN_NOISE_MULTIPLIER} "
-                f"(accountant {target.accountant!r}); calibration does not search lower, where "
+                f"{problem} is met even at noise_multiplier={MIN_NOISE_MULTIPLIER} "
+                f"(accountant {query.accountant!r}); calibration does not search lower, where "
                 "PLD evaluations take minutes: set noise_multiplier explicitly or tighten the "
                 "target"
             )
         sigma, factor = lower, min(factor**2, 1.5)
-
-
-def _problem(target: CalibrationTarget) -> str:
-    return (
-        f"epsilon={target.epsilon}, delta={target.delta} with {target.steps} steps of the "
-        f"{target.mechanism} mechanism at sample_rate={target.sample_rate}"
-    )

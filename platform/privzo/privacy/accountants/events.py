@@ -8,7 +8,8 @@ import logging
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.accountants.calibration import Curve
+from privzo.privacy.accountants.query import AccountingQuery
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -38,18 +39,18 @@ def run_event(mechanism: str, noise_multiplier: float, sample_rate: float, steps
 
 
 def event_curve(
-    target: CalibrationTarget,
+    query: AccountingQuery,
     make_fresh: Callable[[], dp_accounting.PrivacyAccountant],
     *how: Hashable,
 ) -> Curve:
-    """ε(σ) of ``target`` from a fresh dp_accounting accountant composing the run's event."""
+    """ε(σ) of ``query`` from a fresh dp_accounting accountant composing the run's event."""
 
     def epsilon_of(sigma: float) -> float:
-        event = run_event(target.mechanism, sigma, target.sample_rate, target.steps)
+        event = run_event(query.mechanism, sigma, query.sample_rate, query.steps)
         with quiet_absl():
-            return float(make_fresh().compose(event).get_epsilon(target.delta))
+            return float(make_fresh().compose(event).get_epsilon(query.delta))
 
-    return Curve(target.curve_key("events", *how), epsilon_of)
+    return Curve(query.curve_key("events", *how), epsilon_of)
 
 
 @contextlib.contextmanager

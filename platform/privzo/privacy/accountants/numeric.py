@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from privzo.privacy.accountants.base import Accountant
-from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.accountants.calibration import Curve
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.config import LMO_MIN_GAMMA_SHAPE
 from privzo.privacy.discrete import grid_sensitivity
 
@@ -334,6 +335,6 @@ class NumericAccountant(Accountant):
         return float(self._one_step.self_compose(steps).get_epsilon_for_delta(delta))
 
     @classmethod
-    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+    def _curves(cls, query: AccountingQuery) -> tuple[Curve, Curve | None]:
         """Fresh accountants of this class, on a 10x coarser ε grid first."""
-        return cls._accountant_curves(target)
+        return cls._accountant_curves(query)

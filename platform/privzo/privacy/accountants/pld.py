@@ -12,14 +12,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from privzo.privacy.accountants.base import PLD_VALUE_DISCRETIZATION, Accountant
-from privzo.privacy.accountants.calibration import (
-    COARSE_FACTOR,
-    MIN_NOISE_MULTIPLIER,
-    CalibrationTarget,
-    Curve,
-)
+from privzo.privacy.accountants.calibration import COARSE_FACTOR, MIN_NOISE_MULTIPLIER, Curve
 from privzo.privacy.accountants.events import event_curve
 from privzo.privacy.accountants.memo import EPSILONS
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.discrete import grid_sensitivity
 
 if TYPE_CHECKING:
@@ -84,16 +80,16 @@ class PldAccountant(Accountant):
         )
 
     @classmethod
-    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+    def _curves(cls, query: AccountingQuery) -> tuple[Curve, Curve | None]:
         """Continuous noise: dp_accounting's PLD accountant composing the run's event, the
         reference this class matches to ~1e-9; discrete noise: fresh accountants of this class
         (dp_accounting has no event for it)."""
-        if cls.grid_of(target.noise_parameters, target.mechanism) is not None:
-            return cls._accountant_curves(target)
+        if cls.grid_of(query.noise_parameters, query.mechanism) is not None:
+            return cls._accountant_curves(query)
         coarse_interval = PLD_VALUE_DISCRETIZATION * COARSE_FACTOR
         return (
-            event_curve(target, _pld_factory(PLD_VALUE_DISCRETIZATION), PLD_VALUE_DISCRETIZATION),
-            event_curve(target, _pld_factory(coarse_interval), coarse_interval),
+            event_curve(query, _pld_factory(PLD_VALUE_DISCRETIZATION), PLD_VALUE_DISCRETIZATION),
+            event_curve(query, _pld_factory(coarse_interval), coarse_interval),
         )
 
 

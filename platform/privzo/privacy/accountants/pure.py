@@ -9,10 +9,10 @@ from typing import ClassVar
 from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import (
     MAX_NOISE_MULTIPLIER,
-    CalibrationTarget,
     laplace_sigma_for_pure_dp,
     subsampled_pure_epsilon,
 )
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.discrete import grid_sensitivity
 
 __all__ = ["PureLaplaceAccountant"]
@@ -45,20 +45,18 @@ class PureLaplaceAccountant(Accountant):
         return steps * self.step_epsilon(self._noise_multiplier, self._sample_rate, self._grid)
 
     @classmethod
-    def _solve(cls, target: CalibrationTarget) -> float:
+    def _solve(cls, query: AccountingQuery, epsilon: float) -> float:
         """The exact inverse of ε(σ), on the grid the smallest σ keeping Δ/K within it."""
-        sigma = laplace_sigma_for_pure_dp(target.epsilon, target.sample_rate, target.steps)
-        grid = cls.grid_of(target.noise_parameters, target.mechanism)
+        sigma = laplace_sigma_for_pure_dp(epsilon, query.sample_rate, query.steps)
+        grid = cls.grid_of(query.noise_parameters, query.mechanism)
         if grid is not None and math.isfinite(sigma):
             sigma = _pure_grid_sigma(sigma, grid)
-            assert not target.steps * cls.step_epsilon(sigma, target.sample_rate, grid) > (
-                target.epsilon
-            )
+            assert not query.steps * cls.step_epsilon(sigma, query.sample_rate, grid) > epsilon
         if not sigma <= MAX_NOISE_MULTIPLIER:
             raise ValueError(
-                f"cannot meet epsilon={target.epsilon} (delta={target.delta}) with "
-                f"{target.steps} steps of the {target.mechanism} mechanism at sample_rate="
-                f"{target.sample_rate} (accountant {cls.name!r}): it needs noise_multiplier="
+                f"cannot meet epsilon={epsilon} (delta={query.delta}) with "
+                f"{query.steps} steps of the {query.mechanism} mechanism at sample_rate="
+                f"{query.sample_rate} (accountant {cls.name!r}): it needs noise_multiplier="
                 f"{sigma:.4g} > {MAX_NOISE_MULTIPLIER:g}; allow a larger epsilon, or use fewer "
                 "steps or a smaller sample_rate"
             )

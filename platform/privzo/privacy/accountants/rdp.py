@@ -11,8 +11,9 @@ from typing import ClassVar
 import numpy as np
 
 from privzo.privacy.accountants.base import Accountant
-from privzo.privacy.accountants.calibration import CalibrationTarget, Curve
+from privzo.privacy.accountants.calibration import Curve
 from privzo.privacy.accountants.events import event_curve, quiet_absl, step_event
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.discrete import vector_grid_bound
 
 __all__ = ["INTEGER_ORDERS", "RdpAccountant", "vector_grid_noise_multiplier"]
@@ -75,16 +76,16 @@ class RdpAccountant(Accountant):
         return float(epsilon)
 
     @classmethod
-    def _curves(cls, target: CalibrationTarget) -> tuple[Curve, Curve | None]:
+    def _curves(cls, query: AccountingQuery) -> tuple[Curve, Curve | None]:
         """dp_accounting's RDP accountant composing the run's event (continuous noise) or
         fresh accountants of this class (a gridded vector); ε is cheap, so no coarse curve."""
         from dp_accounting import rdp as dp_rdp
 
-        if cls.grid_of(target.noise_parameters, target.mechanism) is None:
-            return event_curve(target, dp_rdp.RdpAccountant), None
+        if cls.grid_of(query.noise_parameters, query.mechanism) is None:
+            return event_curve(query, dp_rdp.RdpAccountant), None
 
         def epsilon_of(sigma: float) -> float:
-            fresh = cls(target.mechanism, sigma, target.sample_rate, target.noise_parameters)
-            return fresh.epsilon_at(target.steps, target.delta)
+            fresh = cls(query.mechanism, sigma, query.sample_rate, query.noise_parameters)
+            return fresh.epsilon_at(query.steps, query.delta)
 
-        return Curve(target.curve_key("vector grid"), epsilon_of), None
+        return Curve(query.curve_key("vector grid"), epsilon_of), None

@@ -1,6 +1,7 @@
 """The accountants by name (``ACCOUNTANTS``), and the functions that build, restore and ask
-them by name: ``make_accountant``, ``accountant_from_state``, ``compute_epsilon`` and
-``calibrate_noise_multiplier``."""
+them by name: ``make_accountant``, ``accountant_from_state``, and for an ``AccountingQuery``
+``epsilon_of`` and ``calibrate`` (by keywords: ``compute_epsilon`` and
+``calibrate_noise_multiplier``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from privzo.privacy.accountants.base import Accountant, UnsupportedNoiseError
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
+from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.accountants.rdp import RdpAccountant
 from privzo.privacy.checks import check_count
 
@@ -19,8 +21,10 @@ __all__ = [
     "ACCOUNTANTS",
     "accountant_from_state",
     "accountants_for",
+    "calibrate",
     "calibrate_noise_multiplier",
     "compute_epsilon",
+    "epsilon_of",
     "get_accountant",
     "make_accountant",
 ]
@@ -96,52 +100,38 @@ def accountant_from_state(state: dict[str, Any]) -> Accountant:
     return accountant
 
 
-# --- one-shot functions ------------------------------------------------------------------------
+# --- one-shot questions ------------------------------------------------------------------------
 
 
-def compute_epsilon(
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    delta: float,
-    mechanism: str = "gaussian",
-    accountant: str = "pld",
-    noise_parameters: dict[str, Any] | None = None,
-) -> float:
-    """ε of ``steps`` steps at noise multiplier σ and sampling rate p, at ``delta``.
-
-    ``noise_parameters``: a parametrised mechanism's settings (lmo), for the numeric accountant.
-    """
-    steps = check_count("steps", steps, 1)
-    options = {"noise_parameters": noise_parameters} if noise_parameters else {}
+def epsilon_of(query: AccountingQuery, noise_multiplier: float) -> float:
+    """ε of ``query``'s steps at noise multiplier σ."""
+    steps = check_count("steps", query.steps, 1)
+    options = {"noise_parameters": query.noise_parameters} if query.noise_parameters else {}
     return make_accountant(
-        accountant, mechanism, noise_multiplier, sample_rate, **options
-    ).epsilon_at(steps, delta)
+        query.accountant, query.mechanism, noise_multiplier, query.sample_rate, **options
+    ).epsilon_at(steps, query.delta)
 
 
-def calibrate_noise_multiplier(
-    *,
-    epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    mechanism: str = "gaussian",
-    accountant: str = "pld",
-    noise_parameters: dict[str, Any] | None = None,
-) -> float:
-    """The smallest σ (within ``CALIBRATION_RTOL``) for which ``steps`` steps cost ≤ ``epsilon``.
+def calibrate(query: AccountingQuery, epsilon: float) -> float:
+    """The smallest σ (within ``CALIBRATION_RTOL``) for which ``query``'s steps cost ≤
+    ``epsilon``.
 
     Raises ValueError if no σ ≤ ``MAX_NOISE_MULTIPLIER`` meets the target, or if even
     σ = ``MIN_NOISE_MULTIPLIER`` already does (the target is too loose to pin σ down cheaply).
     """
-    cls = get_accountant(accountant)
+    cls = get_accountant(query.accountant)
     with _naming_the_able():
-        return cls.calibrate(
-            epsilon=epsilon,
-            delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            mechanism=mechanism,
-            noise_parameters=noise_parameters,
-        )
+        return cls.calibrate(query, epsilon)
+
+
+def compute_epsilon(*, noise_multiplier: float, **query: Any) -> float:
+    """``epsilon_of`` by keywords: ``query`` holds ``AccountingQuery``'s fields (sample_rate,
+    steps, delta; mechanism "gaussian", accountant "pld" and noise_parameters None unless
+    given)."""
+    return epsilon_of(AccountingQuery(**query), noise_multiplier)
+
+
+def calibrate_noise_multiplier(*, epsilon: float, **query: Any) -> float:
+    """``calibrate`` by keywords: ``query`` holds ``AccountingQuery``'s fields, as for
+    ``compute_epsilon``."""
+    return calibrate(AccountingQuery(**query), epsilon)
