@@ -11,9 +11,9 @@ from privzo.cli.arguments import (
     Commands,
     add_command,
     add_config,
+    directory_argument,
     finish_command,
     load_run_config,
-    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
@@ -50,7 +50,10 @@ def add_audit(commands: Commands) -> None:
         f"white-box-directional, or black-box without a trajectory): {SCORES}",
     )
     audit.add_argument(
-        "--output-dir", type=path_argument, required=True, help="the audit's directory (its run)"
+        "--output-dir",
+        type=directory_argument,
+        required=True,
+        help="the audit's directory (its run)",
     )
     audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
     audit.add_argument("--json", action="store_true", help='print {"privzo_audit": {...}}')

@@ -15,6 +15,7 @@ from privzo.cli.arguments import (
     add_config,
     add_json,
     add_subcommands,
+    directory_argument,
     dtype_name,
     finish_command,
     load_run_config,
@@ -258,7 +259,7 @@ def _add_planner(benches: Commands) -> None:
     planner.add_argument("--model", required=True, type=path_argument, help="a model directory")
     planner.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         required=True,
         help="where each case's run is kept (and found again)",
     )

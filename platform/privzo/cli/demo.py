@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from privzo.cli.arguments import Commands, add_command, finish_command, path_argument
+from privzo.cli.arguments import Commands, add_command, directory_argument, finish_command
 from privzo.cli.process import process_cores, quiet_libraries
 
 
@@ -21,7 +21,7 @@ def add_demo(commands: Commands) -> None:
     )
     demo.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         default=Path("runs/demo"),
         help="where the demo's runs go",
     )

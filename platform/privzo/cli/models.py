@@ -13,9 +13,9 @@ from privzo.cli.arguments import (
     add_command,
     add_json,
     add_subcommands,
+    directory_argument,
     dtype_name,
     finish_command,
-    path_argument,
 )
 from privzo.cli.process import quiet_libraries
 
@@ -129,7 +129,7 @@ def add_data(commands: Commands) -> None:
     )
     prepare.add_argument("task", help="a task preset, e.g. sst2, snli, boolq")
     prepare.add_argument(
-        "--output-dir", type=path_argument, required=True, help="where the splits are written"
+        "--output-dir", type=directory_argument, required=True, help="where the splits are written"
     )
     prepare.add_argument("--hf-dataset", help="override the preset's hub id (or a local dir)")
     prepare.add_argument("--hf-subset", help="override the preset's subset")
@@ -169,7 +169,7 @@ def add_models(commands: Commands) -> None:
         f"built-in tiny-opt), {SHAPE_NAMES}",
     )
     init.add_argument(
-        "--output-dir", type=path_argument, required=True, help="a new or empty directory"
+        "--output-dir", type=directory_argument, required=True, help="a new or empty directory"
     )
     init.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights")

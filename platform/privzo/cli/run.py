@@ -14,6 +14,7 @@ from privzo.cli.arguments import (
     add_address,
     add_command,
     add_config,
+    directory_argument,
     finish_command,
     load_run_config,
     path_argument,
@@ -54,7 +55,7 @@ def add_run(commands: Commands) -> None:
     add_config(run, "run", "configs/runs/*.yaml")
     run.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         required=True,
         help="the run's directory: refused if it holds another run (see --overwrite)",
     )
@@ -131,7 +132,7 @@ def add_check(commands: Commands) -> None:
     add_config(check, "run", "configs/runs/*.yaml")
     check.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         help="also check this run directory is free (see --overwrite)",
     )
     check.add_argument("--overwrite", action="store_true", help="as privzo run's --overwrite")
@@ -174,7 +175,7 @@ def add_replay(commands: Commands) -> None:
     )
     replay.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         required=True,
         help="where the rebuilt weights are saved",
     )

@@ -11,8 +11,8 @@ from privzo.cli.arguments import (
     Commands,
     add_command,
     add_config,
+    directory_argument,
     finish_command,
-    path_argument,
     tracking_uri,
 )
 from privzo.cli.process import quiet_libraries, use_process_cores
@@ -38,7 +38,10 @@ def add_study(commands: Commands) -> None:
         overrides="key.sub=value overrides of the study config",
     )
     study.add_argument(
-        "--output-dir", type=path_argument, required=True, help="the study's directory (its cells)"
+        "--output-dir",
+        type=directory_argument,
+        required=True,
+        help="the study's directory (its cells)",
     )
     study.add_argument(
         "--max-cells",
@@ -82,7 +85,7 @@ def add_report(commands: Commands) -> None:
     report.add_argument("--experiment", required=True, help="the MLflow experiment name")
     report.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         required=True,
         help="where the tables, plots and report go",
     )

@@ -10,6 +10,7 @@ from privzo.cli.arguments import (
     add_address,
     add_command,
     add_config,
+    directory_argument,
     finish_command,
     path_argument,
     ray_target,
@@ -36,7 +37,7 @@ def add_tune(commands: Commands) -> None:
     )
     tune.add_argument(
         "--output-dir",
-        type=path_argument,
+        type=directory_argument,
         required=True,
         help="the search's directory (its trials)",
     )
@@ -71,7 +72,7 @@ def add_export_best(commands: Commands) -> None:
     )
     export.add_argument("search_dir", type=path_argument, help="a finished search's --output-dir")
     export.add_argument(
-        "--output-dir", type=path_argument, required=True, help="a new, empty directory"
+        "--output-dir", type=directory_argument, required=True, help="a new, empty directory"
     )
     export.set_defaults(handler=_export_best_command)
 
