@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +268,14 @@ def train_audited(
     injection.saved = check_audit_resumes(config, audit, output_dir, overwrite)
     if injection.saved is not None and finished(run_dir, config) is not None:
         return _finished_audited(config, output_dir, hooks, cache_dir, tracking_uri)
-    injection.keep = partial(save_draw, output_dir, digest)
+
+    def keep_draw(draw: CanaryDraw) -> None:
+        # a new draw trains a new run: an earlier audit's record (--overwrite) no longer
+        # describes this directory, and a stop from here on must not leave it looking finished
+        (output_dir / AUDIT_FILE).unlink(missing_ok=True)
+        save_draw(output_dir, digest, draw)
+
+    injection.keep = keep_draw
 
     def keep_losses(losses: np.ndarray) -> None:
         assert injection.draw is not None, "the canaries were drawn before the run trained"

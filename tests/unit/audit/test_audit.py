@@ -188,7 +188,8 @@ def test_a_stopped_audit_goes_on_with_its_secret_draw(
 ):
     """Stopped mid-run, the same call goes on from the run's trajectory into its MLflow run with
     the same canaries and coins (kept 0600 in the audit's directory, not in MLflow); stopped
-    after the run finished, it is scored from that run, nothing trained again."""
+    after the run finished, it is scored from that run, nothing trained again; --overwrite
+    draws anew and drops the earlier audit's record."""
     config = tiny_run_config(*AUDIT_RUN)
     audit = AuditConfig(canaries=20, ks=[5], scores=["black-box"])
     output = tmp_path / "audit"
@@ -234,6 +235,13 @@ def test_a_stopped_audit_goes_on_with_its_secret_draw(
             client.get_run(run_id).data.params
         )
     assert "included" not in (output / AUDIT_FILE).read_text()
+
+    _interrupt(monkeypatch, TrainingLoop, "step", lambda args: args[1] == 2)
+    with pytest.raises(KeyboardInterrupt):  # --overwrite: a new run, with a draw of its own
+        run_audit(config, audit, output, overwrite=True, **call)
+    assert not (output / AUDIT_FILE).exists()  # no longer the record of the directory's run
+    assert json.loads(secret.read_text())["canaries"] != drawn["canaries"]
+    assert pq.read_table(output / "run" / "trajectory.parquet").num_rows == 2
 
 
 @pytest.mark.parametrize(
