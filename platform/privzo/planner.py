@@ -10,6 +10,7 @@ This is only the estimate of a later scale-out feature; nothing here places anyt
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -103,11 +104,19 @@ class Plan:
         return asdict(self)
 
 
-def _check_resources(gpus: int, gpu_memory_gb: float) -> None:
+def _check_resources(
+    gpus: int, gpu_memory_gb: float, shape: tuple[int, int], host_memory_gb: float | None
+) -> None:
+    """Refuse what no machine or run has, before an answer is computed from it."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
-    if gpu_memory_gb <= 0:
-        raise ValueError(f"gpu_memory_gb must be > 0, got {gpu_memory_gb}")
+    if not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:
+        raise ValueError(f"gpu_memory_gb must be a finite number > 0 (GiB), got {gpu_memory_gb}")
+    if host_memory_gb is not None and (not math.isfinite(host_memory_gb) or host_memory_gb <= 0):
+        raise ValueError(f"host_memory_gb must be a finite number > 0 (GiB), got {host_memory_gb}")
+    for name, value in zip(("batch_size", "seq_len"), shape, strict=True):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def plan(
@@ -137,7 +146,7 @@ def plan(
     NVMe files) and a GPU holds only the layer being gathered, its activations and overhead
     (:func:`_offloaded`); ``host_memory_gb`` then judges the host too (``host_fits``).
     """
-    _check_resources(gpus, gpu_memory_gb)
+    _check_resources(gpus, gpu_memory_gb, (batch_size, seq_len), host_memory_gb)
     if offload not in OFFLOADS:
         raise ValueError(f"unknown offload {offload!r}; known: {', '.join(OFFLOADS)}")
     name, arch = resolve_arch(model)

@@ -128,7 +128,9 @@ def test_human_readable_output(capsys):
         (["--sample-rate", "0.1", "--batch-size", "3", "--dataset-size", "30"], "not both"),
         (["--batch-size", "3"], "--dataset-size"),
         (["--batch-size", "50", "--dataset-size", "30"], "batch size"),
-        (["--sample-rate", "1.5"], "sample_rate"),
+        (["--sample-rate", "1.5"], "--sample-rate 1.5 is out of range; allowed: (0, 1]"),
+        (["--sample-rate", "0.1", "--delta", "0"], "--delta 0.0 is out of range"),
+        (["--sample-rate", "0.1", "--noise-grid", "0"], "--noise-grid 0 must be an integer ≥ 16"),
         (["--sample-rate", "0.1", "--mechanism", "laplace", "--accountant", "rdp"], "laplace"),
         (["--sample-rate", "0.1", "--steps", "1000000000"], "steps ≤ 10_000_000"),
         (["--sample-rate", "0.1", "--steps", "0"], "allowed: 1 ≤ steps"),
@@ -138,6 +140,37 @@ def test_bad_privacy_arguments_exit_2_with_a_message(capsys, args, message):
     base = ["privacy", "epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--steps", "10"]
     assert main(base + args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_accountants_refusal_names_the_option_written(capsys):
+    args = ["privacy", "epsilon", "--noise-multiplier", "0", "--delta", "1e-5", "--steps", "10"]
+    assert main([*args, "--sample-rate", "0.1"]) == 2
+    assert "privzo: error: --noise-multiplier 0.0 is out of range" in capsys.readouterr().err
+
+
+def test_words_that_are_not_overrides_are_named_alone(capsys, tmp_path):
+    args = ["run", "configs/runs/tiny-dpzero.yaml", "--output-dir", str(tmp_path / "r")]
+    with pytest.raises(SystemExit) as stopped:
+        main([*args, "optimizer.steps=2", "optimizer.batch_size"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: optimizer.batch_size; an override is written" in err
+    assert "optimizer.steps=2" not in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--cache-dir"])
+def test_a_directory_option_naming_a_file_is_refused(capsys, tmp_path, option):
+    (tmp_path / "file").write_text("x")
+    args = {"--output-dir": str(tmp_path / "r"), "--cache-dir": str(tmp_path / "c")}
+    args[option] = str(tmp_path / "file")
+    argv = ["run", "configs/runs/tiny-dpzero.yaml", *(x for pair in args.items() for x in pair)]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert f"argument {option}: '{tmp_path / 'file'}' is a file, not a directory" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

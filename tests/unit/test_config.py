@@ -455,6 +455,25 @@ def test_an_unquoted_template_is_shown_with_how_to_quote_it(tmp_path):
         load_config([TINY_DPZERO, unquoted])
 
 
+def test_an_override_with_nothing_after_the_equals_sign_is_refused():
+    """YAML reads nothing as null: ``optimizer.learning_rate=`` (an unset shell variable) would
+    otherwise be refused as "got None", or unset a key that takes null."""
+    for item in ("optimizer.learning_rate=", "tracking.uri= "):
+        key = item.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"override '{re.escape(item)}' has no value "):
+            load_config(None, [item])
+        with pytest.raises(ConfigError, match=rf"or {re.escape(key)}=null to unset it"):
+            load_config(None, [item])
+    assert load_config(None, ["tracking.uri=null"]).tracking.uri is None
+
+
+def test_a_check_across_sections_is_named_by_its_keys_not_a_placeholder():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["privacy.delta=0"])
+    assert "<root>" not in str(error.value)
+    assert str(error.value).endswith("\n  privacy.delta=0.0: approximate DP needs 0 < delta < 1")
+
+
 def test_an_override_without_a_value_is_not_taken_for_a_missing_file():
     with pytest.raises(ConfigError) as error:
         load_config(["optimizer.steps"])

@@ -209,6 +209,14 @@ def test_nvme_offload_keeps_the_weights_on_the_drive() -> None:
         ),
         ({"model": "opt-125m", "gpus": 0, "gpu_memory_gb": 80}, "gpus"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 0}, "gpu_memory_gb"),
+        ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": float("nan")}, "finite number > 0"),
+        ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "batch_size": 0}, "batch_size"),
+        ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "seq_len": 0}, "seq_len must"),
+        (
+            {"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "host_memory_gb": -1.0},
+            "host_memory_gb must be a finite number > 0",
+        ),
+        ({"model": "", "gpus": 1, "gpu_memory_gb": 80}, "the model name is empty; known"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "dtype": "int3"}, "dtype"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "attention": "x"}, "attention"),
         ({"model": "opt-125m", "gpus": 1, "gpu_memory_gb": 80, "offload": "disk"}, "offload"),
@@ -218,6 +226,14 @@ def test_plan_errors(kwargs: dict[str, object], message: str) -> None:
     model = kwargs.pop("model")
     with pytest.raises(ValueError, match=message):
         plan(model, **kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_names_a_file_or_a_directory_without_config_json(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"weights\.bin' is a file; give a local model dir"):
+        plan(str(tmp_path / "weights.bin"), gpus=1, gpu_memory_gb=80)
+    with pytest.raises(ValueError, match=r"is a directory without a config\.json"):
+        plan(str(tmp_path), gpus=1, gpu_memory_gb=80)
 
 
 cpu_linux = pytest.mark.skipif(

@@ -7,8 +7,9 @@ the model fits it only if it trains on it, and two canaries share little but the
 (the scores are compared within a label, ``privzo.audit.scores.centre_by_label``), so one
 canary's effect on the weights says little about another's. Words from the training rows would
 share far more: the demo's private task has 77 distinct words. The canaries and the coins come
-from the operating system's entropy (``secrets``) and are never written or logged: only counts
-leave.
+from the operating system's entropy (``secrets``) and are never logged or released: only counts
+leave. They are kept, readable by their owner only, in the audit's directory
+(``privzo.audit.draw``), so a stopped audit goes on with them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from privzo.audit.draw import CanaryDraw
 from privzo.config.tasks import TaskConfig, template_fields
 from privzo.section import ConfigError
 from privzo.tasks.data import Row
@@ -87,11 +89,15 @@ def make_canaries(
 class CanaryInjection:
     """The run's ``training_rows`` hook: checks the count against the training rows, makes the
     canaries and adds the ones whose coin came up "in". Holds the canaries and coins for
-    scoring, in memory only."""
+    scoring; ``keep`` saves a new draw before the run trains (``privzo.audit.draw``), and a
+    ``saved`` one (a resumed run's) is used instead of drawing again."""
 
     count: int
     words_per_field: int
     alphabet: Callable[[TaskConfig], list[str]]  # the words canaries are drawn from
+    saved: CanaryDraw | None = field(default=None, repr=False)
+    keep: Callable[[CanaryDraw], None] | None = field(default=None, repr=False)
+    draw: CanaryDraw | None = field(default=None, repr=False)
     canaries: list[Row] = field(default_factory=list, repr=False)
     included: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
     training_rows: int = 0  # the private rows before the canaries (public: the data's size)
@@ -100,17 +106,36 @@ class CanaryInjection:
 
     def __call__(self, task: TaskConfig, rows: list[Row]) -> list[Row]:
         check_canary_count(self.count, rows)
-        words = self.alphabet(task)
-        self.canaries = make_canaries(
-            words, task, self.count, self.words_per_field, secret_generator()
-        )
-        self.included = draw_coins(self.count)
+        draw = self.saved or self._new_draw(task, rows)
+        _check_draw(draw, self.count, rows)
+        self.draw, self.canaries, self.included = draw, draw.canaries, draw.included
         label_field = task.label_field or "label"
         self.labels = np.array([row[label_field] for row in self.canaries], dtype=np.int64)
         self.training_rows = len(rows)
-        picked = secret_generator().permutation(len(rows))[:REFERENCE_ROWS]
-        self.references = [rows[int(index)] for index in picked]
+        self.references = [rows[index] for index in draw.references]
+        if self.saved is None and self.keep is not None:
+            self.keep(draw)  # on disk before the first step: a resumed run trains on these rows
         return [
             *rows,
             *(row for row, kept in zip(self.canaries, self.included, strict=True) if kept),
         ]
+
+    def _new_draw(self, task: TaskConfig, rows: list[Row]) -> CanaryDraw:
+        canaries = make_canaries(
+            self.alphabet(task), task, self.count, self.words_per_field, secret_generator()
+        )
+        picked = secret_generator().permutation(len(rows))[:REFERENCE_ROWS]
+        return CanaryDraw(canaries, draw_coins(self.count), [int(i) for i in picked], len(rows))
+
+
+def _check_draw(draw: CanaryDraw, count: int, rows: list[Row]) -> None:
+    """A saved draw fits the rows the task loaded now (the same data file as before)."""
+    if len(draw.canaries) != count or draw.training_rows != len(rows):
+        raise ConfigError(
+            f"the audit's saved canaries were drawn for {len(draw.canaries)} canaries and "
+            f"{draw.training_rows} private training rows, but this run has {count} and "
+            f"{len(rows)} (the data file changed since): start the audit again with --overwrite "
+            "or in a new directory"
+        )
+    if any(not 0 <= index < len(rows) for index in draw.references):
+        raise ConfigError("the audit's saved reference rows are out of range of the training rows")

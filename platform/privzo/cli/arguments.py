@@ -78,10 +78,21 @@ def path_argument(text: str) -> Path:
     return Path(text)
 
 
+def directory_argument(text: str) -> Path:
+    """A directory option's type: ``path_argument``, and a path that exists must be a
+    directory (a file there would fail later as "File exists")."""
+    path = path_argument(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a file, not a directory; give a directory (a new one is created)"
+        )
+    return path
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir",
-        type=path_argument,
+        type=directory_argument,
         default=DEFAULT_CACHE,
         help="where built-in models are built and cached (default: ~/.cache/privzo)",
     )
@@ -126,10 +137,10 @@ def add_output_dir(
     required: bool = True,
     default: Path | None = None,
 ) -> None:
-    """``--output-dir`` (never empty, see ``path_argument``) saying ``what`` it holds, and
+    """``--output-dir`` (never empty, see ``directory_argument``) saying ``what`` it holds, and
     ``--overwrite`` with its help where a finished directory may be replaced."""
     parser.add_argument(
-        "--output-dir", type=path_argument, required=required, default=default, help=what
+        "--output-dir", type=directory_argument, required=required, default=default, help=what
     )
     if overwrite is not None:
         parser.add_argument("--overwrite", action="store_true", help=overwrite)
@@ -183,6 +194,18 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
 def all_overrides(items: list[str]) -> bool:
     """Whether the words argparse left over are overrides that followed the options."""
     return all("=" in item and not item.startswith("-") for item in items)
+
+
+def unrecognized(extra: list[str], takes_overrides: bool) -> str:
+    """argparse's error for words it left over: where the command takes overrides, only the
+    words that are not one, and how an override is written."""
+    if not takes_overrides:
+        return f"unrecognized arguments: {' '.join(extra)}"
+    bad = [item for item in extra if not all_overrides([item])]
+    return (
+        f"unrecognized arguments: {' '.join(bad)}; an override is written key.sub=value "
+        "(e.g. optimizer.steps=100)"
+    )
 
 
 def dtype_name(dtype: str) -> str:

@@ -13,6 +13,7 @@ from privzo.cli.arguments import (
     add_subcommands,
     all_overrides,
     check_job_output_dir,
+    unrecognized,
 )
 from privzo.cli.process import Terminated, passive_openmp_waits, redeliver_lost_interrupts
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and getattr(args, "overrides", None) is not None and all_overrides(extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(unrecognized(extra, getattr(args, "overrides", None) is not None))
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         check_job_output_dir(getattr(args, "output_dir", None))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from privzo.cli.arguments import Commands, add_command, add_json, add_subcommands
@@ -131,19 +133,44 @@ def _accounting(args: argparse.Namespace) -> AccountingQuery:
     )
 
 
+# the accountant's argument names (its refusals start with them) → the options that set them
+OPTIONS = {
+    "noise_multiplier": "--noise-multiplier",
+    "delta": "--delta",
+    "sample_rate": "--sample-rate",
+    "grid": "--noise-grid",
+    "epsilon": "--epsilon",
+}
+
+
+@contextmanager
+def _named_by_option() -> Iterator[None]:
+    """An accountant's refusal of a value, naming the option the user wrote, not its
+    argument (``noise_multiplier=0.0 ...`` → ``--noise-multiplier 0.0 ...``)."""
+    try:
+        yield
+    except ValueError as error:
+        name, _, rest = str(error).partition("=")
+        if name not in OPTIONS or not rest:
+            raise
+        raise ValueError(f"{OPTIONS[name]} {rest}") from None
+
+
 def _calibrate_command(args: argparse.Namespace) -> int:
     from privzo.privacy import calibrate, epsilon_of
 
-    query = _accounting(args)
-    noise_multiplier = calibrate(query, args.epsilon)
-    epsilon = epsilon_of(query, noise_multiplier)
+    with _named_by_option():
+        query = _accounting(args)
+        noise_multiplier = calibrate(query, args.epsilon)
+        epsilon = epsilon_of(query, noise_multiplier)
     return _privacy_report(args, noise_multiplier, epsilon)
 
 
 def _epsilon_command(args: argparse.Namespace) -> int:
     from privzo.privacy import epsilon_of
 
-    epsilon = epsilon_of(_accounting(args), args.noise_multiplier)
+    with _named_by_option():
+        epsilon = epsilon_of(_accounting(args), args.noise_multiplier)
     return _privacy_report(args, args.noise_multiplier, epsilon)
 
 

@@ -55,6 +55,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         dotted, raw = item.split("=", 1)
+        if not raw.strip():  # YAML reads nothing as null: say so rather than set it silently
+            raise ConfigError(
+                f"override {item!r} has no value after '='; write one, or {dotted.strip()}=null "
+                "to unset it"
+            )
         node, key = _override_target(result, dotted.strip().split("."), item)
         node[key] = _parse_scalar(raw)
     return result
@@ -80,10 +85,13 @@ def _override_target(
 def format_validation_error(error: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        field = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
+        if not field:  # a check across sections: its message names the keys itself
+            lines.append(f"  {message}")
+            continue
         lines.append(f"  {field}: {message}{_shown(item.get('input'), item['type'])}")
     return "\n".join(lines)
 

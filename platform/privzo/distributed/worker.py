@@ -35,7 +35,7 @@ from privzo.privacy.plan import privacy_record
 from privzo.rundir.files import MODEL_DIR, TRAJECTORY_FILE
 from privzo.rundir.summary import RunRecords
 from privzo.tasks.evaluation import Evaluation
-from privzo.tracking import NoopTracker, Tracker, make_tracker
+from privzo.tracking import MetricPoint, NoopTracker, Tracker, make_tracker
 from privzo.zo.estimators import estimator_for
 from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder, read_trajectory
 
@@ -142,6 +142,8 @@ class RayTrainCheckpoints:
 
     def __init__(self, layout: Layout, group: WorkerGroup, salvaged: bytes | None = None):
         self.layout, self.group, self.salvaged = layout, group, salvaged
+        # the metrics the newest checkpoint kept unsent, which its attempt's kill may have lost
+        self.unsent: tuple[MetricPoint, ...] = ()
 
     def before(self, measure: Callable[[], Evaluation | None]) -> tuple[Evaluation | None, bool]:
         """Measured on every attempt (the summary's), logged with the first window (``watch``):
@@ -164,6 +166,7 @@ class RayTrainCheckpoints:
     def _checkpointed(
         self, model: str
     ) -> tuple[pa.Table, TrajectoryMeta, dict[str, Any] | None] | None:
+        """Ray's newest committed checkpoint, its unsent metrics kept for the saver."""
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
@@ -173,6 +176,7 @@ class RayTrainCheckpoints:
             table, meta, state = read_checkpoint(Path(directory))
         if state.model != model:
             raise ValueError(f"checkpoint is for another model: {state.model!r} != {model!r}")
+        self.unsent = state.unsent
         return table, meta, state.ledger
 
     def _salvaged(self) -> tuple[pa.Table, TrajectoryMeta, None] | None:
@@ -186,7 +190,7 @@ class RayTrainCheckpoints:
 
     def saver(self, tracker: Tracker, before: Evaluation | None) -> WindowSaver:
         first = before if self.layout.reports(self.group.rank) else None
-        return _Reporter(self.group, self.layout, tracker, first)
+        return _Reporter(self.group, self.layout, tracker, first, lambda: self.unsent)
 
     def stopped(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         """Nothing to write: the driver keeps the latest checkpoint's steps of a failed run."""
@@ -197,15 +201,24 @@ class _Reporter:
     checkpoint attached and committed by Ray, before the window's metrics are logged anywhere."""
 
     def __init__(
-        self, group: WorkerGroup, layout: Layout, tracker: Tracker, before: Evaluation | None
+        self,
+        group: WorkerGroup,
+        layout: Layout,
+        tracker: Tracker,
+        before: Evaluation | None,
+        kept: Callable[[], tuple[MetricPoint, ...]] = tuple,
     ):
         """``before``: the test metrics before training, logged (at step 0) to the run's
-        ``tracker`` after the first window's checkpoint is committed; None: not to be logged."""
+        ``tracker`` after the first window's checkpoint is committed; None: not to be logged.
+        ``kept``: the metrics the checkpoint resumed from kept unsent (once it is restored)."""
         self.group, self.layout, self.tracker, self.before = group, layout, tracker, before
+        self.kept = kept
 
     def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
         if loop.resumed_steps:  # an attempt that resumes logged them with its first window
             self.before = None
+            if self.layout.reports(self.group.rank):  # stored where the run lacks them
+                self.tracker.log_missing(self.kept())
 
     def window(self, end: WindowEnd) -> None:
         import ray.train
@@ -217,14 +230,8 @@ class _Reporter:
         if not self.layout.reports(self.group.rank):
             ray.train.report(payload)
             return
-        ledger = loop.ledger
-        state = RunState(
-            model=loop.context.config.model.name_or_path,
-            steps_done=steps_done,
-            ledger=ledger.state_dict() if ledger else None,
-        )
         with tempfile.TemporaryDirectory() as directory:
-            write_checkpoint(Path(directory), end.recorder, state)
+            write_checkpoint(Path(directory), end.recorder, self.state(end))
             ray.train.report(
                 payload,
                 checkpoint=ray.train.Checkpoint.from_directory(directory),
@@ -240,6 +247,30 @@ class _Reporter:
         if self.before is not None:  # a launch that resumes from here never logs them again
             metrics_before, self.before = self.before[0], None
             self.tracker.log_metrics({f"test_{k}": v for k, v in metrics_before.items()}, step=0)
+
+    def state(self, end: WindowEnd) -> RunState:
+        """The reporting rank's checkpoint state at the window's end, with the metrics that
+        go out once it is committed: the tracker's buffer, the window's own and, with the
+        first window, the test metrics before training."""
+        loop, ledger = end.loop, end.loop.ledger
+        return RunState(
+            model=loop.context.config.model.name_or_path,
+            steps_done=end.steps_done,
+            ledger=ledger.state_dict() if ledger else None,
+            unsent=unsent_at(self.tracker, end.metrics, end.steps_done, self.before),
+        )
+
+
+def unsent_at(
+    tracker: Tracker, metrics: dict[str, float], steps_done: int, before: Evaluation | None
+) -> tuple[MetricPoint, ...]:
+    """The metrics a window's checkpoint keeps: what ``tracker`` holds unsent, the window's
+    ``metrics`` and the test metrics ``before`` training (step 0, with the first window), all
+    logged only once the checkpoint is committed."""
+    unsent = tracker.unsent_with(metrics, steps_done)
+    if before is None:
+        return unsent
+    return unsent + tuple(MetricPoint(f"test_{k}", float(v), 0) for k, v in before[0].items())
 
 
 def checkpoint_name(steps_done: int) -> str:

@@ -148,6 +148,15 @@ def resolve_shape(name: str) -> tuple[str, DecoderArch]:
             return str(directory), arch_from_config(AutoConfig.from_pretrained(directory))
         except ValueError as error:
             raise ValueError(f"{name}: {error}") from None
+    if not name.strip():
+        raise ValueError(f"the model name is empty; {known_shapes()}")
+    if directory.is_file():
+        raise ValueError(f"{name!r} is a file; give a local model directory (its config.json)")
+    if directory.is_dir():
+        raise ValueError(
+            f"{name!r} is a directory without a config.json; give a directory saved with "
+            "save_pretrained (its config.json is read, no weights)"
+        )
     raise ValueError(f"unknown shape {name!r}; {known_shapes()}")
 
 

@@ -29,7 +29,7 @@ from privzo.rundir.resume import ResumePoint, write_resume_point
 from privzo.rundir.trajectory import read_run_trajectory, write_trajectory
 from privzo.section import ConfigError
 from privzo.tasks.evaluation import Evaluation
-from privzo.tracking import MetricPoint, Tracker
+from privzo.tracking import Tracker
 from privzo.zo.integrity import check_fingerprint
 from privzo.zo.trajectory import TrajectoryRecorder
 
@@ -90,21 +90,24 @@ class DirectorySaver:
         self.output_dir, self.tracker, self.before = output_dir, tracker, before
 
     def start(self, loop: TrainingLoop, recorder: TrajectoryRecorder) -> None:
-        self.save(loop, recorder, ())
+        self.save(loop, recorder, {})
 
     def window(self, end: WindowEnd) -> None:
-        points = tuple(MetricPoint(k, float(v), end.steps_done) for k, v in end.metrics.items())
-        self.save(end.loop, end.recorder, points)
+        self.save(end.loop, end.recorder, end.metrics, end.steps_done)
 
     def save(
-        self, loop: TrainingLoop, recorder: TrajectoryRecorder, logging: tuple[MetricPoint, ...]
+        self,
+        loop: TrainingLoop,
+        recorder: TrajectoryRecorder,
+        logging: dict[str, float],
+        step: int = 0,
     ) -> None:
-        """``logging``: the metrics about to be logged, which the tracker does not hold yet."""
+        """``logging``: the metrics about to be logged at ``step``, not in the tracker yet."""
         if not loop.records_trajectory:
             return
         privacy = privacy_record(loop.context.plan, loop.ledger, final=False)
         point = ResumePoint(
-            self.tracker.run_id, self.before, unsent=self.tracker.unsent() + logging
+            self.tracker.run_id, self.before, unsent=self.tracker.unsent_with(logging, step)
         )
         save_trajectory(self.output_dir, recorder)
         write_json_atomically(self.output_dir / PRIVACY_FILE, privacy)

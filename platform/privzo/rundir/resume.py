@@ -26,7 +26,7 @@ from privzo.rundir.files import (
     read_record,
     write_text_atomically,
 )
-from privzo.tracking import MetricPoint
+from privzo.tracking import MetricPoint, is_metric_point
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def read_resume_point(path: Path) -> ResumePoint:
     if before is not None and not _is_before(before):
         raise malformed_record(path, f"before must be [metrics, seconds] or null, got {before!r}")
     unsent = saved.get("unsent", [])
-    if not isinstance(unsent, list) or not all(_is_point(point) for point in unsent):
+    if not isinstance(unsent, list) or not all(is_metric_point(point) for point in unsent):
         raise malformed_record(
             path, f"unsent must be a list of {{key, value, step}} metrics, got {unsent!r}"
         )
@@ -83,21 +83,6 @@ def read_resume_point(path: Path) -> ResumePoint:
         None if before is None else (before[0], before[1]),
         saved.get("ray_run"),
         tuple(MetricPoint(p["key"], float(p["value"]), p["step"]) for p in unsent),
-    )
-
-
-def _is_point(value: object) -> bool:
-    """Whether ``value`` is ``{key: text, value: number, step: count}``, a ``MetricPoint``."""
-    if not isinstance(value, dict) or set(value) != {"key", "value", "step"}:
-        return False
-    key, number, step = value["key"], value["value"], value["step"]
-    return (
-        isinstance(key, str)
-        and isinstance(number, int | float)
-        and not isinstance(number, bool)
-        and isinstance(step, int)
-        and not isinstance(step, bool)
-        and step >= 0
     )
 
 

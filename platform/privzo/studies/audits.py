@@ -2,8 +2,9 @@
 (``privzo audit``), in ``DIR/audits/<cell>-audit/``, after the study's trained cells.
 
 An audit cell is finished when its directory holds ``audit.json`` from exactly its run config
-and audit settings; the same command does not run it again. An unfinished one starts over: its
-canaries' coins were secret and are gone, so a half-trained audited run cannot go on.
+and audit settings; the same command does not run it again. An unfinished one goes on as
+``privzo audit`` does: its run from its own trajectory, with the canaries and secret coins kept
+in the cell's directory (``privzo.audit.draw``), or scored from its finished run.
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ import yaml
 from privzo.audit import AUDIT_FILE, AuditRecord, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
+from privzo.audit.draw import draw_digest, load_draw
+from privzo.audit.pipeline import check_audit_resumes
 from privzo.audit.record import RUN_DIR
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.models.loading import check_model
-from privzo.rundir import CONFIG_FILE, finished_record, write_text_atomically
+from privzo.run import holds_other_run
+from privzo.rundir import (
+    CONFIG_FILE,
+    finished_record,
+    read_json_object,
+    write_text_atomically,
+)
+from privzo.section import ConfigError
 from privzo.studies.config import ScalingStudyConfig
 from privzo.tasks import load_splits, resolve_task_config
 
@@ -42,9 +52,16 @@ def audit_cell_names(study: ScalingStudyConfig, cells: list[Any]) -> dict[str, s
 
 
 def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> None:
-    """What ``privzo audit`` refuses before training: the layout, the task, k against M, and
-    M against the cell's private training rows."""
-    check_audit(config, audit, cell_dir, overwrite=True)
+    """What ``privzo audit`` refuses before training: the layout, the task, k against M, M
+    against the cell's private training rows, and a stopped attempt without its draw."""
+    check_audit(config, audit, cell_dir, overwrite=True)  # an audit.json: see run_audit_cell
+    if holds_other_run(cell_dir / RUN_DIR, config):
+        raise ConfigError(
+            f"{cell_dir / RUN_DIR} holds a run of another config (the study's base, overrides or "
+            "experiment changed since it ran); delete that audit cell's directory to audit the "
+            "cell with this config, or choose another --output-dir"
+        )
+    check_audit_resumes(config, audit, cell_dir)
     task = resolve_task_config(config.task, check_model(config.model))
     check_canary_count(audit.canaries, load_splits(task).train)
 
@@ -65,18 +82,27 @@ def run_audit_cell(
     tags: dict[str, str],
     progress: bool,
 ) -> AuditRecord:
-    """Train with canaries and audit; the settings file, written last, marks it finished."""
-    record = run_audit(
+    """Train with canaries and audit (or go on with a stopped attempt); the settings file,
+    written last, marks it finished."""
+    record = _audited(config, audit, cell_dir) or run_audit(
         config,
         audit,
         cell_dir,
         cache_dir=cache_dir,
         progress=progress,
-        overwrite=True,  # an interrupted attempt's files; a finished cell was returned above
         tracking_uri=tracking_uri,
         tags=tags,
     )
     write_text_atomically(cell_dir / SETTINGS_FILE, _dump(audit))
+    return record
+
+
+def _audited(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> AuditRecord | None:
+    """The record of an audit stopped after its ``audit.json`` but before the settings file,
+    once its draw shows it is of exactly this config and these settings."""
+    record = AuditRecord.parse(read_json_object(cell_dir / AUDIT_FILE))
+    if record is not None:
+        load_draw(cell_dir, draw_digest(config, audit), "taking its finished audit")
     return record
 
 

@@ -204,8 +204,11 @@ def _check_audit_cells(
         return
     settings = study.audit.settings()
     for index, (cell, name) in enumerate(audits.items(), start=1):
+        cell_dir = output_dir / AUDITS_DIR / name
+        if finished_audit(cell_dir, configs[cell], settings) is not None:
+            continue
         try:
-            check_audit_cell(configs[cell], settings, output_dir / AUDITS_DIR / name)
+            check_audit_cell(configs[cell], settings, cell_dir)
         except (ValueError, OSError) as error:
             raise ConfigError(f"study audit cell {index}/{len(audits)} {name}: {error}") from None
 

@@ -23,8 +23,18 @@ UNREADABLE = "__privzo_unreadable__"
 def read_rows(path: str | Path, field: str = "task.train_path") -> list[Row]:
     """Read a local file into a list of dict rows; errors name the config field and path."""
     path = Path(path).expanduser()
-    if not path.is_file():
+    if path.is_dir():
+        raise ConfigError(
+            f"{field}={str(path)!r} is a directory; give one data file ({', '.join(SUFFIXES)}), "
+            "or task.data_dir for a directory of train / test files"
+        )
+    if not path.exists():
         raise ConfigError(f"{field}={str(path)!r}: dataset file does not exist")
+    if not path.is_file():  # a FIFO or device: reading it could block forever
+        raise ConfigError(
+            f"{field}={str(path)!r} is not a regular file (a pipe, socket or device); give a "
+            "data file"
+        )
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise ConfigError(f"{field}={str(path)!r}: unsupported file type; allowed: {SUFFIXES}")

@@ -17,6 +17,7 @@ from privzo.tracking.base import (
     TrackingRunLostError,
     TrackingStoreError,
     flatten_params,
+    is_metric_point,
 )
 from privzo.tracking.blank_store import keep_blank_stores_in
 from privzo.tracking.mlflow_tracker import MlflowTracker
@@ -99,6 +100,7 @@ __all__ = [
     "find_runs",
     "flatten_params",
     "get_or_create_experiment",
+    "is_metric_point",
     "join_split_params",
     "keep_blank_stores_in",
     "make_tracker",

@@ -43,6 +43,22 @@ class MetricPoint:
     step: int
 
 
+def is_metric_point(value: object) -> bool:
+    """Whether ``value`` is ``{key: text, value: number, step: count}``: a ``MetricPoint`` as
+    a saved record (a resume point, a checkpoint) holds it."""
+    if not isinstance(value, dict) or set(value) != {"key", "value", "step"}:
+        return False
+    key, number, step = value["key"], value["value"], value["step"]
+    return (
+        isinstance(key, str)
+        and isinstance(number, int | float)
+        and not isinstance(number, bool)
+        and isinstance(step, int)
+        and not isinstance(step, bool)
+        and step >= 0
+    )
+
+
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Flatten a nested config into ``{"a.b.c": "value"}``.
 
@@ -146,6 +162,11 @@ class Tracker(abc.ABC):
     def unsent(self) -> tuple[MetricPoint, ...]:
         """The metrics logged but not yet stored (buffered): what a run keeps beside its steps,
         so a kill loses none of them."""
+
+    def unsent_with(self, metrics: Mapping[str, float], step: int) -> tuple[MetricPoint, ...]:
+        """The metrics not stored yet, then ``metrics`` about to be logged at ``step``: what a
+        saved resume point or checkpoint keeps, so a kill before they are stored loses none."""
+        return self.unsent() + tuple(MetricPoint(k, float(v), step) for k, v in metrics.items())
 
     @abc.abstractmethod
     def log_missing(self, points: Sequence[MetricPoint]) -> int:

@@ -8,11 +8,14 @@ canaries no audit can prove more than ε ≈ 2 (all 40 guesses right), so a corr
 from __future__ import annotations
 
 import json
+import stat
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from privzo.audit import AUDIT_FILE, VIOLATED_EXIT_CODE, AuditConfig, run_audit
+from privzo.audit import AUDIT_FILE, VIOLATED_EXIT_CODE, AuditConfig, pipeline, run_audit
+from privzo.audit.draw import DRAW_FILE
 from privzo.audit.pipeline import audit_scores
 from privzo.audit.scores import (
     WhiteBoxTrace,
@@ -25,6 +28,7 @@ from privzo.audit.scores import (
 from privzo.cli import main
 from privzo.cli.audit import report_audit
 from privzo.config import ConfigError
+from privzo.run import TrainingLoop
 from privzo.tracking import open_client, read_run
 from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.zo.estimators import PrivateEstimator
@@ -164,6 +168,80 @@ def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, 
             tmp_path / "b",
             cache_dir=cache_dir,
         )
+
+
+def _interrupt(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when) -> None:
+    """Ctrl+C (what it raises) from ``owner.name`` the first time ``when(args)`` holds."""
+    real = getattr(owner, name)
+
+    def stop(*args, **kwargs):
+        if when(args):
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, stop)
+
+
+def test_a_stopped_audit_goes_on_with_its_secret_draw(
+    tmp_path, tiny_run_config, cache_dir, monkeypatch
+):
+    """Stopped mid-run, the same call goes on from the run's trajectory into its MLflow run with
+    the same canaries and coins (kept 0600 in the audit's directory, not in MLflow); stopped
+    after the run finished, it is scored from that run, nothing trained again; --overwrite
+    draws anew and drops the earlier audit's record."""
+    config = tiny_run_config(*AUDIT_RUN)
+    audit = AuditConfig(canaries=20, ks=[5], scores=["black-box"])
+    output = tmp_path / "audit"
+    call = {"cache_dir": cache_dir, "progress": False}
+    _interrupt(monkeypatch, TrainingLoop, "step", lambda args: args[1] == 7)
+    with pytest.raises(KeyboardInterrupt):
+        run_audit(config, audit, output, **call)
+    secret = output / DRAW_FILE
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    drawn = json.loads(secret.read_text())
+    kept = pq.read_table(output / "run" / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in kept] == list(range(7))  # the steps taken before Ctrl+C
+    killed = json.loads((output / "run" / "resume.json").read_text())["tracking_run_id"]
+
+    secret.rename(tmp_path / "aside")
+    with pytest.raises(ConfigError, match=r"canaries\.secret\.json.*is missing.*7 released steps"):
+        run_audit(config, audit, output, **call)
+    (tmp_path / "aside").rename(secret)
+    with pytest.raises(ConfigError, match="drawn for another run config or audit settings"):
+        run_audit(config, AuditConfig(canaries=20, ks=[4], scores=["black-box"]), output, **call)
+
+    _interrupt(monkeypatch, pipeline, "guess_and_bound", lambda _args: True)
+    with pytest.raises(KeyboardInterrupt):  # after the run finished, before audit.json
+        run_audit(config, audit, output, **call)
+    rows = pq.read_table(output / "run" / "trajectory.parquet").to_pylist()
+    assert [row["step"] for row in rows] == list(range(12)) and rows[:7] == kept
+    assert len({row["seed"] for row in rows}) == 12  # each step drawn once
+    resumed = json.loads(secret.read_text())
+    same = [key for key in drawn if key != "tuned_losses"]  # canaries, coins, references
+    assert {key: resumed[key] for key in same} == {key: drawn[key] for key in same}
+    assert drawn["tuned_losses"] is None and len(resumed["tuned_losses"]) == 20
+    trained = (output / "run" / "trajectory.parquet").stat().st_mtime_ns
+
+    record = run_audit(config, audit, output, **call)
+    assert (output / "run" / "trajectory.parquet").stat().st_mtime_ns == trained
+    assert record.audited_run_id == killed and record.canaries_in == sum(drawn["included"])
+    uri = f"sqlite:///{output / 'mlflow.db'}"
+    assert read_run(uri, killed)["status"] == "FINISHED"
+    client = open_client(uri)
+    for run_id in (killed, record.tracking_run_id):
+        names = [a.path for a in client.list_artifacts(run_id)]
+        assert DRAW_FILE not in names and "included" not in json.dumps(
+            client.get_run(run_id).data.params
+        )
+    assert "included" not in (output / AUDIT_FILE).read_text()
+
+    _interrupt(monkeypatch, TrainingLoop, "step", lambda args: args[1] == 2)
+    with pytest.raises(KeyboardInterrupt):  # --overwrite: a new run, with a draw of its own
+        run_audit(config, audit, output, overwrite=True, **call)
+    assert not (output / AUDIT_FILE).exists()  # no longer the record of the directory's run
+    assert json.loads(secret.read_text())["canaries"] != drawn["canaries"]
+    assert pq.read_table(output / "run" / "trajectory.parquet").num_rows == 2
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,15 @@ def test_a_csv_record_that_is_not_one_row_is_refused_naming_the_line(tmp_path, t
         read_rows(path)
 
 
+def test_a_data_path_that_is_a_directory_is_named_as_one(tmp_path):
+    from privzo.tasks.data import read_rows
+
+    with pytest.raises(ConfigError, match=r"is a directory; give one data file .* task\.data_dir"):
+        read_rows(tmp_path)
+    with pytest.raises(ConfigError, match="dataset file does not exist"):
+        read_rows(tmp_path / "missing.csv")
+
+
 def test_a_quoted_field_with_a_line_break_in_its_text_is_read(tmp_path):
     from privzo.tasks.data import read_rows
 
