@@ -223,6 +223,37 @@ def test_a_run_killed_after_its_summary_has_its_tracking_run_ended(
     assert last is not None and last.to_dict() == summary.to_dict()
 
 
+def test_a_finished_run_whose_store_lost_its_tracking_run_ends_in_a_new_one(
+    tmp_path, tiny_run_config, cache_dir
+):
+    """A kill after summary.json, then the store gone: the same command (its store elsewhere)
+    records the finished run into a new FINISHED tracking run that says it continues from the
+    last step, with the final metrics and files, names it in summary.json, and trains nothing."""
+    from privzo.rundir import ResumePoint, write_resume_point
+
+    config = tiny_run_config("optimizer.steps=2")
+    output = tmp_path / "runs" / "dp"
+    summary = run(config, output, cache_dir=cache_dir, progress=False)
+    trajectory = (output / "trajectory.parquet").read_bytes()
+    write_resume_point(output, ResumePoint(summary["tracking_run_id"], None))
+
+    uri = f"sqlite:///{(tmp_path / 'elsewhere.db').resolve()}"
+    again = run(config, output, cache_dir=cache_dir, progress=False, tracking_uri=uri)
+    assert again["tracking_run_id"] not in (None, summary["tracking_run_id"])
+    record = read_run(uri, again["tracking_run_id"])
+    assert record["status"] == "FINISHED" and record["tags"][CONTINUES_FROM_STEP] == "2"
+    assert record["metrics"]["final_epsilon"] == summary["epsilon"]
+    assert record["params"]["optimizer.steps"] == "2"
+    assert {"summary.json", "trajectory.parquet", "model/MLmodel"} <= set(record["artifacts"])
+    written = json.loads((output / "summary.json").read_text())
+    assert written["tracking_run_id"] == again["tracking_run_id"]
+    assert {k: v for k, v in written.items() if k != "tracking_run_id"} == {
+        k: v for k, v in summary.to_dict().items() if k != "tracking_run_id"
+    }
+    assert (output / "trajectory.parquet").read_bytes() == trajectory  # nothing trained
+    assert not (output / "resume.json").exists()
+
+
 def _empty_store_after(step: int, store) -> RunHooks:
     def empty(_context, steps_done: int, _metrics) -> None:
         if steps_done == step:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from privzo.algorithms.registry import writes_trajectory
 from privzo.config.run import RunConfig
+from privzo.layouts.train import FINAL_METRICS_STEP
 from privzo.replay import MODEL_LOADER, write_model_data
 from privzo.run.training import Training
 from privzo.rundir import (
@@ -22,11 +23,18 @@ from privzo.rundir import (
     RunRecords,
     RunSummary,
     mark_tracked,
+    record_tracking_run,
     unfinished_steps,
     write_records,
 )
 from privzo.tracking import Tracker, TrackingRunLostError, connect_tracker, make_tracker
-from privzo.tracking.tags import CONTINUES_FROM_STEP, MODEL_URI, run_label
+from privzo.tracking.tags import (
+    CONTINUES_FROM_STEP,
+    MODEL_URI,
+    config_tags,
+    layout_tags,
+    run_label,
+)
 
 __all__ = ["connect_run_tracker", "end_tracking", "train_tracked"]
 
@@ -69,9 +77,7 @@ def train_tracked(
     new_run = resume is None or not _reattached(tracker, resume)
     with tracker:
         if new_run:
-            params = config.model_dump(mode="json")
-            params["tracking"].pop("uri")
-            tracker.log_params(params)
+            _log_config(tracker, config)
             training.log_inputs(tracker)
         if resume is not None:
             _continue_records(tracker, resume, new_run, config, output_dir)
@@ -115,15 +121,43 @@ def end_tracking(
 ) -> RunSummary:
     """End the tracking run of a run killed after its summary was written: its records and
     model logged (again, where they were), FINISHED; nothing trains. Its final metrics were
-    stored before the summary was written."""
+    stored before the summary was written. Where the store no longer holds that run, a new
+    one stands in with the config, the final metrics and the records (``_stand_in``)."""
     logger.warning("the run in %s is finished; ending its tracking run", output_dir)
     if summary.tracking_run_id is not None:
         tracker = connect_run_tracker(config, output_dir, *tracking, {}, run_name)
-        tracker.attach(summary.tracking_run_id)
+        lost = not _reattached(tracker, ResumePoint(summary.tracking_run_id, None))
         with tracker:
+            if lost:
+                summary = _stand_in(tracker, config, output_dir, summary)
             _log_records(tracker, config, output_dir, cache_dir, writes_trajectory(config))
     mark_tracked(output_dir)
     return summary
+
+
+def _stand_in(
+    tracker: Tracker, config: RunConfig, output_dir: Path, summary: RunSummary
+) -> RunSummary:
+    """A new tracking run for a finished run whose own the store lost: tagged as continuing
+    from its last step (no step of it trains again), and named in the rewritten summary."""
+    _log_config(tracker, config)
+    tracker.set_tags(
+        {
+            **config_tags(config, summary.private),
+            **layout_tags(config),
+            CONTINUES_FROM_STEP: str(summary.steps),
+        }
+    )
+    tracker.log_metrics(summary.final_metrics(), step=FINAL_METRICS_STEP)
+    tracker.flush()  # stored before the summary names this run
+    return record_tracking_run(output_dir, summary, tracker.run_id)
+
+
+def _log_config(tracker: Tracker, config: RunConfig) -> None:
+    """The resolved config as the run's parameters (its tracking URI left out)."""
+    params = config.model_dump(mode="json")
+    params["tracking"].pop("uri")
+    tracker.log_params(params)
 
 
 def _log_records(

@@ -6,6 +6,7 @@ studies, audits and the demo alike: does this directory already hold this config
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,14 @@ def write_records(output_dir: Path, records: RunRecords) -> None:
     if not (output_dir / RESUME_FILE).is_file():
         write_resume_point(output_dir, ResumePoint(records.summary.tracking_run_id, None))
     write_summary(output_dir / SUMMARY_FILE, records.summary)
+
+
+def record_tracking_run(output_dir: Path, summary: RunSummary, run_id: str | None) -> RunSummary:
+    """The finished run's summary, naming the tracking run that now holds its records (one
+    that stands in for a run the store lost), written over the earlier summary."""
+    summary = replace(summary, tracking_run_id=run_id)
+    write_summary(Path(output_dir) / SUMMARY_FILE, summary)
+    return summary
 
 
 def mark_tracked(output_dir: Path) -> None:
