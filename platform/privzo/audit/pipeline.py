@@ -27,6 +27,7 @@ from privzo.audit.config import (
     ScoreName,
 )
 from privzo.audit.power import UNBOUNDED_SCORES, AuditPower, audit_power
+from privzo.audit.probe import BaseModelProbe
 from privzo.audit.record import (
     ESTIMATOR_KINDS,
     VIOLATED,
@@ -42,6 +43,7 @@ from privzo.audit.scores import (
     correlation_scores,
     data_directions,
     directional_scores,
+    gradient_ratio,
     likelihood_scores,
     match_scores,
     replay_differences,
@@ -49,12 +51,20 @@ from privzo.audit.scores import (
 )
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
-from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
+from privzo.models.loading import (
+    load_model,
+    load_tokenizer,
+    peek_kind,
+    position_limit,
+    resolve_source,
+)
 from privzo.privacy.audit import BOUNDS, GuessResult, TprAtFpr, audit_guesses, tpr_at_fpr
 from privzo.run import RunContext, RunHooks, run
 from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
 from privzo.tasks import is_generation, resolve_task_config
+from privzo.tasks.build import build_task
+from privzo.tasks.classification import PromptClassificationTask
 from privzo.tracking.tags import AUDIT
 
 AUDIT_FILE = "audit.json"
@@ -174,7 +184,10 @@ def run_audit(
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
     started = time.perf_counter()
-    injection = CanaryInjection(audit.canaries, audit.canary_words, _alphabet(config, cache_dir))
+    probe = _probe(config, cache_dir) if audit.canary_design == "large-gradient" else None
+    injection = CanaryInjection(
+        audit.canaries, audit.canary_words, _alphabet(config, cache_dir), probe
+    )
     tuned = TunedLosses(injection, audit.score_batch_size)
     summary = run(
         config,
@@ -187,11 +200,11 @@ def run_audit(
         tags={**(tags or {}), AUDIT: "true"},
         hooks=RunHooks(training_rows=injection, final_scores=tuned),
     )
-    values = score_canaries(
+    values, ratio = score_canaries(
         config, audit, scores, summary, tuned, output_dir, cache_dir, public_noise
     )
     results = guess_and_bound(config, audit, values, injection)
-    record = audit_record(config, audit, summary, results, values, injection, note)
+    record = audit_record(config, audit, summary, results, values, injection, note, ratio)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
         record.audit_time_s = round(time.perf_counter() - started, 1)
     child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_TAG}
@@ -249,6 +262,19 @@ def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list
     return words
 
 
+def _probe(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], BaseModelProbe]:
+    """The base model's answers for the large-gradient canaries (loaded when the run asks)."""
+
+    def probe(task_config: TaskConfig) -> BaseModelProbe:
+        loaded = load_model(config.model, cache_dir, progress=False)
+        limit = position_limit(loaded.model.config, config.model)
+        task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
+        assert isinstance(task, PromptClassificationTask), "check_audit refuses generation"
+        return BaseModelProbe(loaded.model, task)
+
+    return probe
+
+
 def _audit_delta(config: RunConfig) -> float:
     """The δ the bound is computed at: the run's (a non-private run's config still names one)."""
     return config.privacy.delta
@@ -263,11 +289,13 @@ def score_canaries(
     output_dir: Path,
     cache_dir: Path,
     public_noise: PublicNoise | None = None,
-) -> dict[ScoreName, np.ndarray]:
-    """Every requested score of every canary (in canary order)."""
+) -> tuple[dict[ScoreName, np.ndarray], float | None]:
+    """Every requested score of every canary (in canary order), and the canaries' gradient
+    ratio ρ to the reference rows measured in the replay (None without one)."""
     base = load_model(config.model, cache_dir, progress=False)
     base_losses = canary_losses(tuned.task, base.model, tuned.encoded, audit.score_batch_size)
     values: dict[ScoreName, np.ndarray] = {"black-box": base_losses - tuned.losses}
+    ratio = None
     if any(name in WHITE_BOX_SCORES for name in scores):
         trace = replay_differences(
             config.model.name_or_path,
@@ -278,6 +306,7 @@ def score_canaries(
             batch_size=audit.score_batch_size,
             cache_dir=cache_dir,
         )
+        ratio = replay_gradient_ratio(trace, tuned)
         trace, data = split_references(trace, tuned)
         batch = config.optimizer.batch_size
         if public_noise is not None and summary.noise_multiplier is not None:
@@ -291,7 +320,18 @@ def score_canaries(
     return {
         name: values[name] if name in UNCENTRED_SCORES else centre_by_label(values[name], labels)
         for name in scores
-    }
+    }, ratio
+
+
+def replay_gradient_ratio(trace: WhiteBoxTrace, tuned: TunedLosses) -> float | None:
+    """ρ of the replayed canaries against the replayed reference rows (``gradient_ratio``)."""
+    count = len(tuned.injection.canaries)
+    return gradient_ratio(
+        trace.differences[:, :count],
+        tuned.injection.labels,
+        trace.differences[:, count:],
+        np.asarray(tuned.replayed.labels)[count:],
+    )
 
 
 def split_references(trace: WhiteBoxTrace, tuned: TunedLosses) -> tuple[WhiteBoxTrace, np.ndarray]:
@@ -320,6 +360,7 @@ def audit_record(
     values: dict[ScoreName, np.ndarray],
     injection: CanaryInjection,
     note: str | None,
+    ratio: float | None = None,
 ) -> AuditRecord:
     """audit.json: counts, bounds and score distributions; no canary and no coin."""
     name, best = max(
@@ -364,7 +405,7 @@ def audit_record(
         tightest=max(estimators, key=lambda row: row.epsilon).estimator,
         tpr_at_fpr=rates,
         run_dir=RUN_DIR,
-        power=power_at(config, audit, summary, injection, list(results)),
+        power=power_at(config, audit, summary, injection, list(results), ratio),
     )
 
 
@@ -374,6 +415,7 @@ def power_at(
     summary: RunSummary,
     injection: CanaryInjection,
     scores: list[ScoreName],
+    ratio: float | None = None,
 ) -> AuditPower | None:
     """The run's separation ceiling and the ε_lb expected there, when some score is bound by it."""
     if all(name in UNBOUNDED_SCORES for name in scores):
@@ -387,6 +429,7 @@ def power_at(
         ks=audit.k_values(),
         delta=_audit_delta(config),
         alpha=audit.alpha / len(scores),
+        gradient_ratio=ratio,
     )
 
 

@@ -50,6 +50,12 @@ def add_audit(commands: Commands) -> None:
         f"white-box-directional, or black-box without a trajectory): {SCORES}",
     )
     audit.add_argument(
+        "--canary-design",
+        choices=("random-words", "large-gradient"),
+        help="how the canaries are made, fixed before the run (default: random-words): random "
+        "vocabulary words and labels, or the base model's loudest words labelled against it",
+    )
+    audit.add_argument(
         "--output-dir", type=path_argument, required=True, help="the audit's directory (its run)"
     )
     audit.add_argument("--overwrite", action="store_true", help="replace a finished audit")
@@ -69,6 +75,8 @@ def _audit_command(args: argparse.Namespace) -> int:
         "ks": args.k or None,
         "scores": args.score or None,
     }
+    if args.canary_design is not None:
+        options["canary_design"] = args.canary_design
     audit = validate_section(AuditConfig, options, "privzo audit")
     use_process_cores()
     record = run_audit(
