@@ -66,6 +66,7 @@ def audit_record(
     values: dict[ScoreName, np.ndarray],
     injection: CanaryInjection,
     note: str | None,
+    ratio: float | None = None,
 ) -> AuditRecord:
     """audit.json: counts, bounds and score distributions; no canary and no coin."""
     name, best = max(
@@ -110,7 +111,7 @@ def audit_record(
         tightest=max(estimators, key=lambda row: row.epsilon).estimator,
         tpr_at_fpr=rates,
         run_dir=RUN_DIR,
-        power=power_at(config, audit, summary, injection, list(results)),
+        power=power_at(config, audit, summary, injection, list(results), ratio),
     )
 
 
@@ -120,6 +121,7 @@ def power_at(
     summary: RunSummary,
     injection: CanaryInjection,
     scores: list[ScoreName],
+    ratio: float | None = None,
 ) -> AuditPower | None:
     """The run's separation ceiling and the ε_lb expected there, when some score is bound by it."""
     if all(name in UNBOUNDED_SCORES for name in scores):
@@ -133,6 +135,7 @@ def power_at(
         ks=audit.k_values(),
         delta=audit_delta(config),
         alpha=audit.alpha / len(scores),
+        gradient_ratio=ratio,
     )
 
 

@@ -10,6 +10,15 @@ share far more: the demo's private task has 77 distinct words. The canaries and 
 from the operating system's entropy (``secrets``) and are never logged or released: only counts
 leave. They are kept, readable by their owner only, in the audit's directory
 (``privzo.audit.draw``), so a stopped audit goes on with them.
+
+Two designs (``privzo.audit.config.CanaryDesign``). ``random-words``: the words at random and the
+label at random. ``large-gradient``: made for the white-box scores of zeroth-order runs, whose
+signal grows with the canary's directional derivatives d_c(z) = ∇l_c·z against the data's. The
+base model (public) is asked, before the run, which of a random sample of the words make the
+largest loss gradient when a prompt repeats them under the label the model finds least likely;
+each canary is then drawn from the loudest quarter of those words and labelled against the base
+model's preference (a mislabelled record, by the model's own reading). Nothing of the private
+data or of the run's outcome enters the choice.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +38,18 @@ from privzo.tasks.data import Row
 # Private rows (not canaries) the white-box scores replay beside the canaries: their mean
 # derivative along z_t is the data's shared direction, which moves every g_t alike.
 REFERENCE_ROWS = 64
+# The large-gradient design: words whose gradient the base model is asked about, and the share
+# of the loudest kept as the canaries' alphabet.
+PROBED_WORDS = 256
+LOUD_SHARE = 0.25
+
+
+class CanaryProbe(Protocol):
+    """The base model's answers the large-gradient design needs (``privzo.audit.probe``)."""
+
+    def disfavoured_labels(self, rows: list[Row]) -> np.ndarray: ...
+
+    def gradient_sizes(self, rows: list[Row]) -> np.ndarray: ...
 
 
 def secret_generator() -> np.random.Generator:
@@ -85,6 +107,52 @@ def make_canaries(
     return canaries
 
 
+def label_against_model(rows: list[Row], task: TaskConfig, probe: CanaryProbe) -> list[Row]:
+    """``rows`` labelled with the label the base model finds least likely for each."""
+    label_field = task.label_field or "label"
+    labels = probe.disfavoured_labels(rows)
+    return [{**row, label_field: int(label)} for row, label in zip(rows, labels, strict=True)]
+
+
+def loud_words(
+    words: list[str],
+    task: TaskConfig,
+    words_per_field: int,
+    rng: np.random.Generator,
+    probe: CanaryProbe,
+    probed_words: int = PROBED_WORDS,
+) -> list[str]:
+    """The loudest ``LOUD_SHARE`` of up to ``probed_words`` random words: those whose prompt
+    (the word repeated ``words_per_field`` times, labelled against the base model) has the
+    largest loss gradient on the base model."""
+    assert task.template is not None
+    fields = template_fields(task.template)
+    sample = [str(word) for word in rng.permutation(words)[:probed_words]]
+    label_field = task.label_field or "label"
+    prompts: list[Row] = [  # label 0 until the base model's disfavoured one replaces it
+        {**{name: " ".join([word] * words_per_field) for name in fields}, label_field: 0}
+        for word in sample
+    ]
+    sizes = probe.gradient_sizes(label_against_model(prompts, task, probe))
+    keep = max(2, round(LOUD_SHARE * len(sample)))
+    return [sample[int(index)] for index in np.argsort(-sizes, kind="stable")[:keep]]
+
+
+def make_large_gradient_canaries(
+    words: list[str],
+    task: TaskConfig,
+    count: int,
+    words_per_field: int,
+    rng: np.random.Generator,
+    probe: CanaryProbe,
+    probed_words: int = PROBED_WORDS,
+) -> list[Row]:
+    """``count`` records of the base model's loudest words, labelled against its preference."""
+    alphabet = loud_words(words, task, words_per_field, rng, probe, probed_words)
+    drafts = make_canaries(alphabet, task, count, words_per_field, rng)
+    return label_against_model(drafts, task, probe)
+
+
 @dataclass
 class CanaryInjection:
     """The run's ``training_rows`` hook: checks the count against the training rows, makes the
@@ -95,6 +163,8 @@ class CanaryInjection:
     count: int
     words_per_field: int
     alphabet: Callable[[TaskConfig], list[str]]  # the words canaries are drawn from
+    # the base model's answers: given, the large-gradient design; None, random words
+    probe: Callable[[TaskConfig], CanaryProbe] | None = None
     saved: CanaryDraw | None = field(default=None, repr=False)
     keep: Callable[[CanaryDraw], None] | None = field(default=None, repr=False)
     draw: CanaryDraw | None = field(default=None, repr=False)
@@ -121,9 +191,13 @@ class CanaryInjection:
         ]
 
     def _new_draw(self, task: TaskConfig, rows: list[Row]) -> CanaryDraw:
-        canaries = make_canaries(
-            self.alphabet(task), task, self.count, self.words_per_field, secret_generator()
-        )
+        words, rng = self.alphabet(task), secret_generator()
+        if self.probe is None:
+            canaries = make_canaries(words, task, self.count, self.words_per_field, rng)
+        else:
+            canaries = make_large_gradient_canaries(
+                words, task, self.count, self.words_per_field, rng, self.probe(task)
+            )
         picked = secret_generator().permutation(len(rows))[:REFERENCE_ROWS]
         return CanaryDraw(canaries, draw_coins(self.count), [int(i) for i in picked], len(rows))
 

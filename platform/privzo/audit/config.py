@@ -22,6 +22,8 @@ WHITE_BOX_SCORES: tuple[ScoreName, ...] = (
     "white-box-match",
 )
 ALL_SCORES: tuple[ScoreName, ...] = ("black-box", *WHITE_BOX_SCORES)
+# How the canaries are made (``privzo.audit.canaries``), fixed before the run.
+CanaryDesign = Literal["random-words", "large-gradient"]
 # The score used when none is named, fixed before any run: the white-box one where the run writes
 # a trajectory of one scalar per step, else the only one the release allows.
 DEFAULT_WHITE_BOX_SCORE: ScoreName = "white-box-directional"
@@ -54,6 +56,13 @@ class AuditConfig(Section):
         lt=1,
         description="The false-positive rate at which the TPR estimate (with Clopper–Pearson "
         "intervals) is read.",
+    )
+    canary_design: CanaryDesign = Field(
+        "random-words",
+        description="random-words: random vocabulary words, random labels; large-gradient: "
+        "the words whose prompts have the largest loss gradient on the base model, labelled "
+        "against the base model's preference (larger directional derivatives for the "
+        "white-box scores).",
     )
     canary_words: int = Field(
         12, ge=1, le=256, description="Words in each canary's random text field(s)."

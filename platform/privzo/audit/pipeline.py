@@ -28,6 +28,7 @@ from privzo.audit.config import (
     ScoreName,
 )
 from privzo.audit.draw import DRAW_FILE, CanaryDraw, draw_digest, load_draw, save_draw
+from privzo.audit.probe import BaseModelProbe
 from privzo.audit.record import RUN_DIR, AuditRecord
 from privzo.audit.report import plot_scores, record_child_run
 from privzo.audit.scores import (
@@ -37,6 +38,7 @@ from privzo.audit.scores import (
     correlation_scores,
     data_directions,
     directional_scores,
+    gradient_ratio,
     likelihood_scores,
     match_scores,
     replay_differences,
@@ -44,7 +46,13 @@ from privzo.audit.scores import (
 )
 from privzo.config.run import RunConfig
 from privzo.config.tasks import TaskConfig
-from privzo.models.loading import load_model, load_tokenizer, peek_kind, resolve_source
+from privzo.models.loading import (
+    load_model,
+    load_tokenizer,
+    peek_kind,
+    position_limit,
+    resolve_source,
+)
 from privzo.run import (
     RunContext,
     RunHooks,
@@ -59,6 +67,8 @@ from privzo.run import (
 from privzo.rundir import TRAJECTORY_FILE, RunSummary, write_json_atomically
 from privzo.section import ConfigError
 from privzo.tasks import is_generation, resolve_task_config
+from privzo.tasks.build import build_task
+from privzo.tasks.classification import PromptClassificationTask
 from privzo.tracking.tags import AUDIT
 
 AUDIT_FILE = "audit.json"
@@ -190,7 +200,10 @@ def run_audit(
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
     started = time.perf_counter()
-    injection = CanaryInjection(audit.canaries, audit.canary_words, _alphabet(config, cache_dir))
+    probe = _probe(config, cache_dir) if audit.canary_design == "large-gradient" else None
+    injection = CanaryInjection(
+        audit.canaries, audit.canary_words, _alphabet(config, cache_dir), probe
+    )
     tuned = TunedLosses(injection, audit.score_batch_size)
     summary = train_audited(
         config,
@@ -203,11 +216,11 @@ def run_audit(
         tracking_uri=tracking_uri,
         tags={**(tags or {}), AUDIT: "true"},
     )
-    values = score_canaries(
+    values, ratio = score_canaries(
         config, audit, scores, summary, tuned, output_dir, cache_dir, public_noise
     )
     results = guess_and_bound(config, audit, values, injection)
-    record = audit_record(config, audit, summary, results, values, injection, note)
+    record = audit_record(config, audit, summary, results, values, injection, note, ratio)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
         record.audit_time_s = round(time.perf_counter() - started, 1)
     child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_TAG}
@@ -343,6 +356,19 @@ def _alphabet(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], list
     return words
 
 
+def _probe(config: RunConfig, cache_dir: Path) -> Callable[[TaskConfig], BaseModelProbe]:
+    """The base model's answers for the large-gradient canaries (loaded when the run asks)."""
+
+    def probe(task_config: TaskConfig) -> BaseModelProbe:
+        loaded = load_model(config.model, cache_dir, progress=False)
+        limit = position_limit(loaded.model.config, config.model)
+        task = build_task(task_config, loaded.tokenizer, loaded.kind, limit)
+        assert isinstance(task, PromptClassificationTask), "check_audit refuses generation"
+        return BaseModelProbe(loaded.model, task)
+
+    return probe
+
+
 def score_canaries(
     config: RunConfig,
     audit: AuditConfig,
@@ -352,11 +378,13 @@ def score_canaries(
     output_dir: Path,
     cache_dir: Path,
     public_noise: PublicNoise | None = None,
-) -> dict[ScoreName, np.ndarray]:
-    """Every requested score of every canary (in canary order)."""
+) -> tuple[dict[ScoreName, np.ndarray], float | None]:
+    """Every requested score of every canary (in canary order), and the canaries' gradient
+    ratio ρ to the reference rows measured in the replay (None without one)."""
     base = load_model(config.model, cache_dir, progress=False)
     base_losses = canary_losses(tuned.task, base.model, tuned.encoded, audit.score_batch_size)
     values: dict[ScoreName, np.ndarray] = {"black-box": base_losses - tuned.losses}
+    ratio = None
     if any(name in WHITE_BOX_SCORES for name in scores):
         trace = replay_differences(
             config.model.name_or_path,
@@ -367,6 +395,7 @@ def score_canaries(
             batch_size=audit.score_batch_size,
             cache_dir=cache_dir,
         )
+        ratio = replay_gradient_ratio(trace, tuned)
         trace, data = split_references(trace, tuned)
         batch = config.optimizer.batch_size
         if public_noise is not None and summary.noise_multiplier is not None:
@@ -380,7 +409,18 @@ def score_canaries(
     return {
         name: values[name] if name in UNCENTRED_SCORES else centre_by_label(values[name], labels)
         for name in scores
-    }
+    }, ratio
+
+
+def replay_gradient_ratio(trace: WhiteBoxTrace, tuned: TunedLosses) -> float | None:
+    """ρ of the replayed canaries against the replayed reference rows (``gradient_ratio``)."""
+    count = len(tuned.injection.canaries)
+    return gradient_ratio(
+        trace.differences[:, :count],
+        tuned.injection.labels,
+        trace.differences[:, count:],
+        np.asarray(tuned.replayed.labels)[count:],
+    )
 
 
 def split_references(trace: WhiteBoxTrace, tuned: TunedLosses) -> tuple[WhiteBoxTrace, np.ndarray]:

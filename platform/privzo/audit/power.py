@@ -9,6 +9,17 @@ the black-box loss difference, which is that sum to first order) then separates 
 out-canaries by at most √(T·B / (N·n_in)) standard deviations: larger canary gradients only
 approach the ceiling, and noise only lowers it. The ε lower bound that scores separated that far
 can be expected to reach follows from the guesses they would make.
+
+Below the ceiling the canaries' size matters. With ρ the canaries' mean squared directional
+derivative over the data's (each less its label's shared part, as the directional score sees
+them), the sampled steps add T·|∇l_c|²/N to an in-canary's score, and every step adds the
+products of d_c with the batch's other derivatives, of variance |∇l_c|²·B·(N − n_in + n_in·ρ)/N
+times the data's |∇l|² over B², so the expected separation is
+
+    √(T·B/N) · √ρ / √(N − n_in + n_in·ρ),
+
+√(T·B)/N for canaries of the data's size and the ceiling as ρ grows: large-gradient canaries
+(``privzo.audit.canaries``) move a score towards the ceiling, never past it.
 """
 
 from __future__ import annotations
@@ -32,6 +43,11 @@ class AuditPower:
 
     separation_ceiling: float  # √(T·B / (N·n_in)), in standard deviations of the scores
     epsilon_at_ceiling: float  # the one-run ε_lb of Gaussian scores separated that far
+    # ρ as the replay measured it (None without a white-box replay beside reference rows), the
+    # separation expected at it and the ε_lb expected there
+    gradient_ratio: float | None = None
+    expected_separation: float | None = None
+    epsilon_expected: float | None = None
 
 
 def separation_ceiling(
@@ -41,6 +57,17 @@ def separation_ceiling(
     if canaries_in < 1:
         return 0.0
     return math.sqrt(steps * batch_size / ((training_rows + canaries_in) * canaries_in))
+
+
+def expected_separation(
+    steps: int, batch_size: float, training_rows: int, canaries_in: int, ratio: float
+) -> float:
+    """√(T·B/N) · √ρ / √(N − n_in + n_in·ρ) (see the module docstring), N = rows + n_in."""
+    if canaries_in < 1 or ratio <= 0:
+        return 0.0
+    rows = training_rows + canaries_in
+    spread = training_rows + canaries_in * ratio
+    return math.sqrt(steps * batch_size / rows) * math.sqrt(ratio / spread)
 
 
 def expected_correct(separation: float, canaries: int, k: int) -> int:
@@ -81,8 +108,15 @@ def audit_power(
     ks: Sequence[int],
     delta: float,
     alpha: float,
+    gradient_ratio: float | None = None,
 ) -> AuditPower:
-    """The run's ceiling and the ε_lb expected there (``alpha`` already divided by the
-    number of scores, as the audit's tests are)."""
+    """The run's ceiling and the ε_lb expected there, and, given the canaries' measured
+    ``gradient_ratio`` ρ, the separation and ε_lb expected at it (``alpha`` already divided by
+    the number of scores, as the audit's tests are)."""
     ceiling = separation_ceiling(steps, batch_size, training_rows, canaries_in)
-    return AuditPower(ceiling, expected_epsilon(ceiling, canaries, ks, delta=delta, alpha=alpha))
+    at_ceiling = expected_epsilon(ceiling, canaries, ks, delta=delta, alpha=alpha)
+    if gradient_ratio is None:
+        return AuditPower(ceiling, at_ceiling)
+    separation = expected_separation(steps, batch_size, training_rows, canaries_in, gradient_ratio)
+    epsilon = expected_epsilon(separation, canaries, ks, delta=delta, alpha=alpha)
+    return AuditPower(ceiling, at_ceiling, gradient_ratio, separation, epsilon)

@@ -6,6 +6,7 @@ record can be published beside the run it audits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -130,7 +131,8 @@ class AuditRecord(RecordKeys):
         if self.child_recorded:
             record["tracking_run_id"] = self.tracking_run_id
         if self.power is not None:
-            record["power"] = asdict(self.power)
+            power = asdict(self.power)  # the measured ratio's fields only where measured
+            record["power"] = {key: value for key, value in power.items() if value is not None}
         return record
 
     @classmethod
@@ -189,19 +191,29 @@ class AuditRecord(RecordKeys):
         elif self.tightness is not None:
             lines.append(f"tightness            ε_lb / ε = {self.tightness:.3f}")
         if self.power is not None:
-            lines.append(self.power_line())
+            lines.extend(self.power_lines())
         if self.note:
             lines.append(f"note: {self.note}")
         return lines
 
-    def power_line(self) -> str:
-        """What the aligning scores could show at the run's settings, however good the canaries."""
-        assert self.power is not None
-        return (
+    def power_lines(self) -> list[str]:
+        """What the aligning scores could show at the run's settings, however good the
+        canaries, and what they could be expected to show with these canaries' size."""
+        power = self.power
+        assert power is not None
+        lines = [
             f"power                at this run's T, B, N and n_in aligning scores separate by "
-            f"at most {self.power.separation_ceiling:.2f} standard deviations "
-            f"(√(T·B / (N·n_in))), where ε_lb ≈ {self.power.epsilon_at_ceiling:.3f} is expected"
-        )
+            f"at most {power.separation_ceiling:.2f} standard deviations "
+            f"(√(T·B / (N·n_in))), where ε_lb ≈ {power.epsilon_at_ceiling:.3f} is expected"
+        ]
+        if power.gradient_ratio is not None and power.expected_separation is not None:
+            lines.append(
+                f"                     the canaries' unshared directional derivatives are "
+                f"{math.sqrt(power.gradient_ratio):.2f} times the data's (rms, in the replay): "
+                f"separation {power.expected_separation:.2f} expected, where ε_lb ≈ "
+                f"{power.epsilon_expected:.3f}"
+            )
+        return lines
 
     def estimator_lines(self) -> list[str]:
         """Each estimator's ε with what it assumes and where it came from, and the tightest."""

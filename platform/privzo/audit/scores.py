@@ -157,6 +157,33 @@ def data_directions(differences: np.ndarray, labels: np.ndarray) -> np.ndarray:
     )
 
 
+def unshared(differences: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """[steps, rows]: each row's d less its label's mean d at the same step."""
+    result = np.empty_like(differences, dtype=np.float64)
+    for label in np.unique(labels):
+        members = labels == label
+        result[:, members] = differences[:, members] - differences[:, members].mean(
+            1, keepdims=True
+        )
+    return result
+
+
+def gradient_ratio(
+    canaries: np.ndarray,
+    canary_labels: np.ndarray,
+    references: np.ndarray,
+    reference_labels: np.ndarray,
+) -> float | None:
+    """ρ: the canaries' mean squared d over the reference rows', each less its label's shared
+    part (what the directional score sees); None when the rows' part is zero or unmeasured."""
+    if references.shape[1] == 0 or canaries.shape[1] == 0:
+        return None
+    rows = float(np.mean(unshared(references, reference_labels) ** 2))
+    if rows <= 0:
+        return None
+    return float(np.mean(unshared(canaries, canary_labels) ** 2)) / rows
+
+
 def directional_scores(
     trace: WhiteBoxTrace, labels: np.ndarray, data: np.ndarray | None = None
 ) -> np.ndarray:

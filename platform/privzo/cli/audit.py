@@ -50,6 +50,12 @@ def add_audit(commands: Commands) -> None:
         help="a score to guess from, fixed before the run (repeat; default: "
         f"white-box-directional, or black-box without a trajectory): {SCORES}",
     )
+    audit.add_argument(
+        "--canary-design",
+        choices=("random-words", "large-gradient"),
+        help="how the canaries are made, fixed before the run (default: random-words): random "
+        "vocabulary words and labels, or the base model's loudest words labelled against it",
+    )
     add_output_dir(audit, "the audit's directory (its run)", overwrite="replace a finished audit")
     add_json(audit, '{"privzo_audit": {...}}')
     finish_command(audit, _audit_command, quiet="no progress bar")
@@ -67,6 +73,8 @@ def _audit_command(args: argparse.Namespace) -> int:
         "ks": args.k or None,
         "scores": args.score or None,
     }
+    if args.canary_design is not None:
+        options["canary_design"] = args.canary_design
     audit = validate_section(AuditConfig, options, "privzo audit")
     use_process_cores()
     record = run_audit(

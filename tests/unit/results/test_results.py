@@ -73,8 +73,18 @@ def test_an_audit_records_power_reads_back_and_prints_and_older_records_have_non
     assert list(written)[-1] == "power"
     assert written["power"] == {"separation_ceiling": 0.2, "epsilon_at_ceiling": 0.013}
     assert AuditRecord.from_dict(json.loads(json.dumps(written))) == record
-    assert "0.20 standard deviations" in record.power_line() in record.lines()
+    assert "0.20 standard deviations" in record.power_lines()[0] in record.lines()
     assert AuditRecord.from_dict(_audit().to_dict()).power is None
+
+
+def test_an_audit_records_power_at_its_canaries_size_reads_back_and_prints():
+    power = AuditPower(0.2, 0.013, gradient_ratio=4.0, expected_separation=0.15, epsilon_expected=0)
+    record = _audit(power=power)
+    assert record.to_dict()["power"]["gradient_ratio"] == 4.0
+    assert AuditRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    line = record.power_lines()[1]
+    assert "2.00 times the data's" in line and "separation 0.15 expected" in line
+    assert line in record.lines()
 
 
 def test_an_audit_record_prints_its_verdict_and_a_violation():
