@@ -142,10 +142,12 @@ LMO_PARAMETERS = {
 }
 
 
-def adapter_against_replay(tracking_uri: str, adapter_uri: str, trajectory: Path, cache_dir: Path):
+def adapter_against_replay(
+    tracking_uri: str, adapter_uri: str, trajectory: Path, cache_dir: Path, base: str = "tiny-opt"
+):
     """Load a run's logged adapter (MLflow's transformers flavor) and replay its trajectory on
-    tiny-opt; returns (the loaded components, their logits, the replay's logits, steps replayed)
-    on two short texts, for the caller to compare."""
+    ``base`` (the run's model); returns (the loaded components, their logits, the replay's
+    logits, steps replayed) on two short texts, for the caller to compare."""
     import mlflow
     import mlflow.transformers
     import torch
@@ -157,7 +159,7 @@ def adapter_against_replay(tracking_uri: str, adapter_uri: str, trajectory: Path
         parts = mlflow.transformers.load_model(adapter_uri, return_type="components")
     finally:
         mlflow.set_tracking_uri(None)
-    _base, replayed, steps = replay("tiny-opt", trajectory, cache_dir=cache_dir, progress=False)
+    _base, replayed, steps = replay(base, trajectory, cache_dir=cache_dir, progress=False)
     tokens = parts["tokenizer"](["a nice film", "a bad film"], return_tensors="pt", padding=True)
     with torch.no_grad():
         loaded = parts["model"].eval()(**tokens).logits

@@ -222,12 +222,15 @@ def test_zero3_in_half_precision_is_the_single_device_run(layout_runs, cache_dir
 
 @dataclass(frozen=True)
 class PrivateLoraRuns:
-    """One private (DPZero) LoRA run on one process and the same on two replica workers,
-    tracked in MLflow: what the budget and adapter tests read."""
+    """One private (DPZero) LoRA run of tiny-opt on one process and one of a tiny Qwen2 on two
+    replica workers, tracked in MLflow: what the budget and adapter tests read. The budget
+    depends on the data, the schedule and (ε, δ), not on the model, so the two runs of one
+    config but different families spend the same."""
 
     root: Path
     single: Any
     replica: Any
+    replica_base: str  # the replica run's model, as replay takes it
     tracking_uri: str
 
 
@@ -236,10 +239,17 @@ def private_lora_runs(ray_session, tmp_path_factory, cache_dir) -> PrivateLoraRu
     root = tmp_path_factory.mktemp("private-lora")
     lora = ("model.trainable=lora", "model.peft.lora_rank=2")
     single = _run(_config(TINY_DPZERO, *lora, "tracking.backend=none"), root / "one", cache_dir)
-    replica_config = _config(TINY_DPZERO, *_layout("replica", 2), *lora, "tracking.backend=mlflow")
+    qwen2 = str(save_tiny_family("qwen2", root / "qwen2"))  # LoRA on its q_proj and v_proj
+    replica_config = _config(
+        TINY_DPZERO,
+        *_layout("replica", 2),
+        *lora,
+        f"model.name_or_path={qwen2}",
+        "tracking.backend=mlflow",
+    )
     replica = _run(replica_config, root / "runs" / "two", cache_dir)
     uri = f"sqlite:///{(root / 'runs' / 'mlflow.db').resolve()}"
-    return PrivateLoraRuns(root, single, replica, uri)
+    return PrivateLoraRuns(root, single, replica, qwen2, uri)
 
 
 @pytest.mark.ray
@@ -421,10 +431,14 @@ def _kill(process) -> None:
 def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_dir):
     """No failures allowed: a killed worker fails the run, which keeps the trajectory of its
     latest checkpoint (like a failed single-process run) and writes no summary; the same
-    config again resumes from that trajectory where Ray's checkpoints are gone."""
+    config again resumes from that trajectory where Ray's checkpoints are gone. On a tiny
+    Llama; tiny-opt's replica run is killed and resumed as a search trial in
+    tests/integration/test_faults.py."""
+    llama = save_tiny_family("llama", tmp_path / "llama")
     config = _config(
         TINY_MEZO,
         *_layout("replica", 2),
+        f"model.name_or_path={llama}",
         "optimizer.steps=80",
         "tracking.log_every=5",
         "tracking.backend=none",
@@ -463,15 +477,20 @@ def test_failed_run_keeps_its_checkpointed_steps(ray_session, tmp_path, cache_di
 @pytest.mark.ray
 @pytest.mark.slow
 def test_rank_0_logs_the_lora_adapter_as_a_transformers_model(private_lora_runs, cache_dir):
-    """A LoRA run on 2 replica workers (zero3 refuses adapters): rank 0 logs the adapter in
-    MLflow's transformers flavor; loaded back, it computes what the trajectory replays to."""
+    """A LoRA run of a tiny Qwen2 on 2 replica workers (zero3 refuses adapters): rank 0 logs
+    the adapter in MLflow's transformers flavor, with the family's byte-level tokenizer; loaded
+    back, it computes what the trajectory replays to. (The reporting process logs it through
+    the same function in every layout: tiny-opt's single-process adapters are logged and
+    loaded back in tests/unit/tracking/test_mlflow_model.py.)"""
     uri, summary = private_lora_runs.tracking_uri, private_lora_runs.replica
     record = read_run(uri, summary["tracking_run_id"])
     adapter_uri = record["tags"]["privzo.adapter_uri"]
     assert "adapter/peft/adapter_model.safetensors" in record["artifacts"]
 
     trajectory = private_lora_runs.root / "runs" / "two" / "trajectory.parquet"
-    parts, loaded, expected, steps = adapter_against_replay(uri, adapter_uri, trajectory, cache_dir)
+    parts, loaded, expected, steps = adapter_against_replay(
+        uri, adapter_uri, trajectory, cache_dir, base=private_lora_runs.replica_base
+    )
     assert steps == 12
     torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
     trained_b = [p for name, p in parts["model"].named_parameters() if "lora_B" in name]

@@ -4,6 +4,12 @@ trajectory and resume point are written, while MLflow is logging); the same comm
 A distributed run's worker, then its driver, and a search trial are each SIGKILLed at a random
 step boundary, then resumed (the second part of this module).
 
+The runs train tiny decoders of the families beside OPT (Qwen2, Mistral, Llama), and tiny-opt
+where a test has a second run for it (the search trial's replica layout): what a fault tests is
+the layouts' and the run directory's, and each resumed attempt loads its family's model and
+replays the kept steps onto it. tiny-opt's single run is SIGKILLed and resumed in
+tests/integration/test_killed_cli_run.py.
+
 Checked at the end of the single run: every step in the trajectory exactly once and in order,
 the rows each killed attempt had written kept unchanged (nothing lost, nothing redrawn), ε the
 accountant's value for T steps (each step booked once), one MLflow run in the experiment,
@@ -34,6 +40,7 @@ from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.privacy import compute_epsilon
 from privzo.search.tuner import tune_dir
 from privzo.tracking import find_runs, read_run
+from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
@@ -56,11 +63,11 @@ def _rows(output: Path) -> list[dict]:
         return []
 
 
-def _start(config: Path, output: Path, cache_dir: Path, train: Path, test: Path):
+def _start(config: Path, output: Path, cache_dir: Path, model: Path, train: Path, test: Path):
     command = [
         *(sys.executable, "-m", "privzo.cli", "run", str(config), "--quiet"),
         *("--cache-dir", str(cache_dir), "--output-dir", str(output)),
-        "model.name_or_path=tiny-opt",
+        f"model.name_or_path={model}",
         f"task.train_path={train}",
         f"task.test_path={test}",
         f"optimizer.steps={STEPS}",
@@ -78,9 +85,11 @@ def _start(config: Path, output: Path, cache_dir: Path, train: Path, test: Path)
 def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
     tmp_path, sentiment_files, cache_dir
 ):
+    """On a tiny Qwen2 (byte-level BPE, tied embeddings)."""
     seed = _fault_seed()
     rng = random.Random(seed)  # the kill points; the seed is in every failure message
     print(f"seed {seed}: {KILLS} kills of {STEPS} steps")
+    model = save_tiny_family("qwen2", tmp_path / "qwen2")
     config = tmp_path / "run.yaml"
     config.write_text("seed: 0\n")
     output = tmp_path / "runs" / "dp"
@@ -90,7 +99,7 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
         # a step in the kill's quarter of the run, past what the last attempt wrote
         span = STEPS // (KILLS + 1)
         target = max(low, rng.randrange(kill * span + 1, (kill + 1) * span))
-        process = _start(config, output, cache_dir, *sentiment_files)
+        process = _start(config, output, cache_dir, model, *sentiment_files)
         deadline = time.monotonic() + WAIT_S
         while len(_rows(output)) < target:
             assert process.poll() is None, f"seed {seed}: ended early\n{process.stderr.read()}"
@@ -104,7 +113,7 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
         assert len(kept[-1]) >= target and not (output / "summary.json").exists()
         low = len(kept[-1]) + 1
 
-    process = _start(config, output, cache_dir, *sentiment_files)
+    process = _start(config, output, cache_dir, model, *sentiment_files)
     _out, err = process.communicate(timeout=WAIT_S)
     assert process.returncode == 0, f"seed {seed}: {err}"
 
@@ -290,13 +299,13 @@ def _released_checkpoint(storage: Path, step: int) -> list[dict]:
     raise AssertionError(f"no checkpoint for step {step} in {storage}")
 
 
-def _check_replays_to_the_saved_model(output: Path, cache_dir: Path, seed: int) -> None:
+def _check_replays_to_the_saved_model(output: Path, base: str, cache_dir: Path, seed: int) -> None:
     """The restarted ranks rebuilt θ by replaying the kept steps: the saved weights are the
-    whole trajectory's, replayed from the base model."""
+    whole trajectory's, replayed from the base model ``base``."""
     from privzo.replay import replay
 
     loaded, _model, replayed_steps = replay(
-        "tiny-opt", output / "trajectory.parquet", cache_dir=cache_dir, progress=False
+        base, output / "trajectory.parquet", cache_dir=cache_dir, progress=False
     )
     assert replayed_steps == RAY_STEPS, f"seed {seed}"
     replayed = loaded.model.state_dict()
@@ -377,6 +386,7 @@ class KilledTwice:
     resume_point: dict
     ray_run: Path
     output: Path
+    base: str  # the model the run starts from, as replay takes it
     uri: str
     summary: dict
     rows: list[dict]
@@ -389,7 +399,8 @@ def killed_twice(tmp_path_factory, cache_dir) -> KilledTwice:
     workers, which rebuild θ by replaying the kept steps. While the new rank 0 waits at a later
     drawn step, the driver is SIGKILLed (nothing of it runs after the kill). Then the same command
     again. One run serves the worker's and the driver's tests (a second would start Ray, a worker
-    group and the model again for the same 12 steps)."""
+    group and the model again for the same 12 steps). It trains a tiny Mistral; tiny-opt's
+    replica run is a trial killed and resumed below."""
     from privzo.distributed.resume import committed
 
     seed = _fault_seed()
@@ -400,10 +411,11 @@ def killed_twice(tmp_path_factory, cache_dir) -> KilledTwice:
     root = tmp_path_factory.mktemp("killed-twice")
     output, pids = root / "runs" / "replica", root / "pids"
     pids.mkdir()
+    base = str(save_tiny_family("mistral", root / "mistral"))
     command = [
         *(sys.executable, "-c", PAUSING_CLI, "run", str(TINY_DPZERO), "--quiet"),
         *("--cache-dir", str(cache_dir), "--output-dir", str(output)),
-        *("model.name_or_path=tiny-opt", "task.examples_per_class=32", "task.test_size=16"),
+        *(f"model.name_or_path={base}", "task.examples_per_class=32", "task.test_size=16"),
         *(f"optimizer.steps={RAY_STEPS}", "optimizer.batch_size=8", "tracking.log_every=1"),
         *("parallel.strategy=replica", "parallel.workers=2", "parallel.max_failures=1"),
         *("tracking.experiment=driver", "save_model=true"),
@@ -455,6 +467,7 @@ def killed_twice(tmp_path_factory, cache_dir) -> KilledTwice:
         resume_point=point,
         ray_run=ray_run,
         output=output,
+        base=base,
         uri=f"sqlite:///{(root / 'runs' / 'mlflow.db').resolve()}",
         summary=json.loads((output / "summary.json").read_text()),
         rows=pq.read_table(output / "trajectory.parquet").to_pylist(),
@@ -476,7 +489,7 @@ def test_a_distributed_worker_killed_at_a_random_step_loses_nothing(killed_twice
         read_run(run.uri, run.summary["tracking_run_id"])["metrics"]["final_epsilon"]
         == (run.summary["epsilon"])
     )
-    _check_replays_to_the_saved_model(run.output, cache_dir, seed)
+    _check_replays_to_the_saved_model(run.output, run.base, cache_dir, seed)
 
 
 @pytest.mark.ray
@@ -549,15 +562,16 @@ def _tune_reports(output: Path) -> list[dict]:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.parametrize("strategy", ["single", "replica"])
+@pytest.mark.parametrize(("strategy", "family"), [("single", "llama"), ("replica", "opt")])
 def test_a_search_trial_killed_at_a_random_step_loses_nothing(
-    ray_with, tmp_path, make_search, cache_dir, strategy
+    ray_with, tmp_path, make_search, cache_dir, strategy, family
 ):
     """A one-trial private search with ASHA scores every 5 steps: the trial's process (a
     single run, or the driver of a two-worker replica run) SIGKILLed while the run waits at a
     drawn step (after that window's report); the trial ends in error, and the same search run
     again resumes the trial from its last window (a distributed one from the newest checkpoint
-    its Ray Train run committed)."""
+    its Ray Train run committed). The single trial trains a tiny Llama, the replica one
+    tiny-opt."""
     from privzo.dirlock import LOCK_FILE, read_holder
     from privzo.search import load_search_config, run_search
     from privzo.search.privacy import TrialEvent, composition_epsilon, rdp_curve
@@ -568,10 +582,15 @@ def test_a_search_trial_killed_at_a_random_step_loses_nothing(
     print(f"seed {seed}: kill the {strategy} trial at step {step} of {RAY_STEPS}")
     every = 5
     layout = {} if strategy == "single" else {"parallel.strategy": strategy, "parallel.workers": 2}
+    model = (
+        {}
+        if family == "opt"
+        else {"model.name_or_path": str(save_tiny_family(family, tmp_path / family))}
+    )
     search = load_search_config(
         make_search(
             space={"privacy.clip": [0.5], "optimizer.steps": [RAY_STEPS]},
-            overrides={"tracking.log_every": 1, **layout},
+            overrides={"tracking.log_every": 1, **layout, **model},
             scheduler={"type": "asha", "evaluate_every": every},
         )
     )

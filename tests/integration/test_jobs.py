@@ -1,4 +1,5 @@
 """`ray job submit` end to end: a local head node on 127.0.0.1, a tiny replica job, its output.
+The job trains a tiny Qwen2 (tiny-opt's replica MeZO runs in tests/integration/test_distributed.py).
 
 The head runs in its own temp dir with token authentication disabled (no token written to the
 home directory); only the processes of that head are stopped afterwards (`ray stop` would stop
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, stop_ray_under
+from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +76,7 @@ def head_node():
 def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
     address, env = head_node
     output = tmp_path / "job-output"
+    qwen2 = save_tiny_family("qwen2", tmp_path / "qwen2")
     # "/runs": the top-level run folder only ("runs" alone would also drop configs/runs)
     runtime_env = {"excludes": ["/.git", "/runs", "/mlruns", "*.db", "__pycache__"]}
     started = time.monotonic()
@@ -82,7 +85,7 @@ def test_ray_job_submit_runs_a_replica_job(head_node, tmp_path, cache_dir):
         f"--runtime-env-json={json.dumps(runtime_env)}", "--",
         "python", "jobs/run.py", "--config", "configs/runs/tiny-mezo.yaml",
         "--output-dir", str(output), "--cache-dir", str(cache_dir),
-        "model.name_or_path=tiny-opt", "task.examples_per_class=16", "task.test_size=8",
+        f"model.name_or_path={qwen2}", "task.examples_per_class=16", "task.test_size=8",
         "optimizer.steps=6", "optimizer.batch_size=4", "tracking.log_every=3",
         "tracking.backend=none", "parallel.strategy=replica", "parallel.workers=2",
     ]  # fmt: skip

@@ -1,5 +1,6 @@
 """A CLI run stopped by SIGTERM or SIGKILL resumes with the same command: the steps written
-before the kill kept as they were, every step once, the same MLflow run finished."""
+before the kill kept as they were, every step once, the same MLflow run finished. The SIGTERMed
+run trains a tiny Mistral (SentencePiece-style tokenizer with BOS), the SIGKILLed one tiny-opt."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from privzo.tracking import read_run
+from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +29,13 @@ def _cli(args: list[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(command, env=environment, text=True, **kwargs)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_files, cache_dir, stop):
+@pytest.mark.parametrize(("stop", "family"), [(signal.SIGTERM, "mistral"), (signal.SIGKILL, "opt")])
+def test_a_killed_cli_run_resumes_with_the_same_command(
+    tmp_path, sentiment_files, cache_dir, stop, family
+):
     train, test = sentiment_files
     output = tmp_path / "runs" / "dp"
+    model = "tiny-opt" if family == "opt" else save_tiny_family(family, tmp_path / family)
     command = [
         "run",
         "--quiet",
@@ -38,7 +43,7 @@ def test_a_killed_cli_run_resumes_with_the_same_command(tmp_path, sentiment_file
         str(cache_dir),
         "--output-dir",
         str(output),
-        "model.name_or_path=tiny-opt",
+        f"model.name_or_path={model}",
         f"task.train_path={train}",
         f"task.test_path={test}",
         f"optimizer.steps={STEPS}",

@@ -22,6 +22,7 @@ from privzo.config import load_config
 from privzo.run import run
 from privzo.tracking import read_run
 from privzo.tracking.clock import PUBLIC_TIME_MS, PUBLIC_UTC_TIME_CREATED
+from tiny_families import save_tiny_family
 
 TINY_DPZERO = REPO / "configs" / "runs" / "tiny-dpzero.yaml"
 # tiny-dpzero.yaml shrunk to seconds (tiny-opt, 64 examples), with a LoRA view so that both the
@@ -83,10 +84,15 @@ def _clock_text(path: Path, started: float, ended: float) -> list[str]:
 
 @pytest.mark.slow
 def test_private_runs_of_different_lengths_release_the_same_times(tmp_path, cache_dir):
+    """The 2-step run trains tiny-opt, the 6-step one a tiny Llama: the logged adapter, its
+    tokenizer and its base's reference are the family's own."""
     started = time.time()
+    llama = save_tiny_family("llama", tmp_path / "llama")
+    bases = {2: "tiny-opt", 6: str(llama)}
     runs = {}
     for steps in (2, 6):
-        config = load_config(TINY_DPZERO, [*SMALL, f"optimizer.steps={steps}"])
+        overrides = [f"optimizer.steps={steps}", f"model.name_or_path={bases[steps]}"]
+        config = load_config(TINY_DPZERO, [*SMALL, *overrides])
         output = tmp_path / "runs" / f"steps-{steps}"
         summary = run(config, output, cache_dir=cache_dir, progress=False)
         assert summary["steps"] == steps and summary["private"] is True
