@@ -148,6 +148,28 @@ def test_the_accountants_refusal_names_the_option_written(capsys):
     assert "privzo: error: --noise-multiplier 0.0 is out of range" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0"], "privzo: error: --gpus must be >= 1, got 0"),
+        (["--gpus", "1", "--batch-size", "0"], "privzo: error: --batch-size must be >= 1"),
+        (["--gpus", "1", "--gpu-memory-gb", "nan"], "--gpu-memory-gb must be a finite number"),
+    ],
+)
+def test_the_planners_refusal_names_the_option_written(capsys, args, message):
+    assert main(["plan", "--model", "opt-125m", "--gpu-memory-gb", "80", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_audits_refusal_names_the_options_written(capsys, tmp_path):
+    args = ["audit", "configs/runs/tiny-mezo.yaml", "--output-dir", str(tmp_path / "a")]
+    assert main([*args, "--canaries", "0", "--k", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "\n  --canaries: Input should be greater than or equal to 2 (got 0)" in err
+    assert "\n  --k: " in err and "\n  canaries:" not in err and "\n  ks:" not in err
+    assert not (tmp_path / "a").exists()
+
+
 def test_words_that_are_not_overrides_are_named_alone(capsys, tmp_path):
     args = ["run", "configs/runs/tiny-dpzero.yaml", "--output-dir", str(tmp_path / "r")]
     with pytest.raises(SystemExit) as stopped:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -194,6 +195,23 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
 def all_overrides(items: list[str]) -> bool:
     """Whether the words argparse left over are overrides that followed the options."""
     return all("=" in item and not item.startswith("-") for item in items)
+
+
+@contextmanager
+def options_named(options: Mapping[str, str]) -> Iterator[None]:
+    """A library's refusal of a value, naming the option the user wrote rather than the
+    argument it set (``gpus must be >= 1`` → ``--gpus must be >= 1``, ``delta=0 ...`` →
+    ``--delta 0 ...``)."""
+    try:
+        yield
+    except ValueError as error:
+        text = str(error)
+        for name, option in options.items():
+            if text.startswith(f"{name}="):
+                raise ValueError(f"{option} {text.removeprefix(f'{name}=')}") from None
+            if text.startswith(f"{name} "):
+                raise ValueError(f"{option}{text.removeprefix(name)}") from None
+        raise
 
 
 def unrecognized(extra: list[str], takes_overrides: bool) -> str:

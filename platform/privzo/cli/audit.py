@@ -61,6 +61,16 @@ def add_audit(commands: Commands) -> None:
     finish_command(audit, _audit_command, quiet="no progress bar")
 
 
+# the audit settings' fields → the options that set them (what a refusal names)
+AUDIT_OPTIONS = {
+    "canaries": "--canaries",
+    "alpha": "--alpha",
+    "ks": "--k",
+    "scores": "--score",
+    "canary_design": "--canary-design",
+}
+
+
 def _audit_command(args: argparse.Namespace) -> int:
     from privzo.audit import AuditConfig, run_audit
     from privzo.config.loading import validate_section
@@ -75,7 +85,7 @@ def _audit_command(args: argparse.Namespace) -> int:
     }
     if args.canary_design is not None:
         options["canary_design"] = args.canary_design
-    audit = validate_section(AuditConfig, options, "privzo audit")
+    audit = validate_section(AuditConfig, options, "privzo audit", AUDIT_OPTIONS)
     use_process_cores()
     record = run_audit(
         config, audit, args.output_dir, overwrite=args.overwrite, **work_options(args)

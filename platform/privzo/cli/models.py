@@ -16,6 +16,7 @@ from privzo.cli.arguments import (
     add_subcommands,
     dtype_name,
     finish_command,
+    options_named,
 )
 from privzo.cli.process import quiet_libraries
 
@@ -62,25 +63,36 @@ def add_plan(commands: Commands) -> None:
     planner.set_defaults(handler=_plan_command)
 
 
+# the planner's argument names (its refusals start with them) → the options that set them
+PLAN_OPTIONS = {
+    "gpus": "--gpus",
+    "gpu_memory_gb": "--gpu-memory-gb",
+    "batch_size": "--batch-size",
+    "seq_len": "--seq-len",
+    "host_memory_gb": "--host-memory-gb",
+}
+
+
 def _plan_command(args: argparse.Namespace) -> int:
     from privzo.models.shapes import FAMILY_SHAPES, OPT_SHAPES
     from privzo.planner import plan
 
     names = [*OPT_SHAPES, *FAMILY_SHAPES] if args.model == "all" else [args.model]
     dtype = dtype_name(args.dtype)
-    plans = [
-        plan(
-            name,
-            gpus=args.gpus,
-            gpu_memory_gb=args.gpu_memory_gb,
-            dtype=dtype,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            offload=args.offload,
-            host_memory_gb=args.host_memory_gb,
-        )
-        for name in names
-    ]
+    with options_named(PLAN_OPTIONS):
+        plans = [
+            plan(
+                name,
+                gpus=args.gpus,
+                gpu_memory_gb=args.gpu_memory_gb,
+                dtype=dtype,
+                batch_size=args.batch_size,
+                seq_len=args.seq_len,
+                offload=args.offload,
+                host_memory_gb=args.host_memory_gb,
+            )
+            for name in names
+        ]
     if args.json:
         records = [item.to_json() for item in plans]
         print(json.dumps(records[0] if len(records) == 1 else records))

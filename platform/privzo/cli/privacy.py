@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from privzo.cli.arguments import Commands, add_command, add_json, add_subcommands
+from privzo.cli.arguments import (
+    Commands,
+    add_command,
+    add_json,
+    add_subcommands,
+    options_named,
+)
 
 if TYPE_CHECKING:
     from privzo.privacy import AccountingQuery
@@ -143,23 +147,10 @@ OPTIONS = {
 }
 
 
-@contextmanager
-def _named_by_option() -> Iterator[None]:
-    """An accountant's refusal of a value, naming the option the user wrote, not its
-    argument (``noise_multiplier=0.0 ...`` → ``--noise-multiplier 0.0 ...``)."""
-    try:
-        yield
-    except ValueError as error:
-        name, _, rest = str(error).partition("=")
-        if name not in OPTIONS or not rest:
-            raise
-        raise ValueError(f"{OPTIONS[name]} {rest}") from None
-
-
 def _calibrate_command(args: argparse.Namespace) -> int:
     from privzo.privacy import calibrate, epsilon_of
 
-    with _named_by_option():
+    with options_named(OPTIONS):
         query = _accounting(args)
         noise_multiplier = calibrate(query, args.epsilon)
         epsilon = epsilon_of(query, noise_multiplier)
@@ -169,7 +160,7 @@ def _calibrate_command(args: argparse.Namespace) -> int:
 def _epsilon_command(args: argparse.Namespace) -> int:
     from privzo.privacy import epsilon_of
 
-    with _named_by_option():
+    with options_named(OPTIONS):
         epsilon = epsilon_of(_accounting(args), args.noise_multiplier)
     return _privacy_report(args, args.noise_multiplier, epsilon)
 

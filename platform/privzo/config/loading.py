@@ -8,6 +8,7 @@ functions, so every config file fails the same way.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,10 +83,15 @@ def _override_target(
     return node, keys[-1]
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
+def format_validation_error(
+    error: ValidationError, source: str, names: Mapping[str, str] | None = None
+) -> str:
+    """One line per fault, naming the field (as ``names`` calls it where given: a command's
+    option rather than the section's key), the fault and what was given."""
     lines = [f"invalid config ({source}):"]
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"])
+        field = (names or {}).get(field, field)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
@@ -258,13 +264,15 @@ def dump_config(config: RunConfig) -> str:
 _SectionT = TypeVar("_SectionT", bound=BaseModel)
 
 
-def validate_section(section: type[_SectionT], data: Any, source: str) -> _SectionT:
+def validate_section(
+    section: type[_SectionT], data: Any, source: str, names: Mapping[str, str] | None = None
+) -> _SectionT:
     """``section.model_validate(data)``, with a validation error as a ConfigError that names
-    the field, the value and what is allowed."""
+    the field (or its option in ``names``), the value and what is allowed."""
     try:
         return section.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from None
+        raise ConfigError(format_validation_error(error, source, names)) from None
 
 
 def dotted_items(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
