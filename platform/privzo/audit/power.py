@@ -9,6 +9,11 @@ the black-box loss difference, which is that sum to first order) then separates 
 out-canaries by at most √(T·B / (N·n_in)) standard deviations: larger canary gradients only
 approach the ceiling, and noise only lowers it. The ε lower bound that scores separated that far
 can be expected to reach follows from the guesses they would make.
+
+A step with K directions (``optimizer.directions_per_step``) releases K scalars along independent
+directions from the same batch: each adds its own d_c / B on the steps that sample c and its own
+independent sum of the other examples' alignments, so the K coordinates count as T·K steps and
+the ceiling is √(T·K·B / (N·n_in)).
 """
 
 from __future__ import annotations
@@ -30,17 +35,19 @@ UNBOUNDED_SCORES = ("white-box-match",)
 class AuditPower:
     """The separation ceiling of the aligning scores and the one-run ε_lb expected at it."""
 
-    separation_ceiling: float  # √(T·B / (N·n_in)), in standard deviations of the scores
+    separation_ceiling: float  # √(T·K·B / (N·n_in)), in standard deviations of the scores
     epsilon_at_ceiling: float  # the one-run ε_lb of Gaussian scores separated that far
 
 
 def separation_ceiling(
-    steps: int, batch_size: float, training_rows: int, canaries_in: int
+    steps: int, batch_size: float, training_rows: int, canaries_in: int, directions: int = 1
 ) -> float:
-    """√(T·B / (N·n_in)), N the rows trained on (the private rows and the in-canaries)."""
+    """√(T·K·B / (N·n_in)), N the rows trained on (the private rows and the in-canaries) and
+    K the directions per step."""
     if canaries_in < 1:
         return 0.0
-    return math.sqrt(steps * batch_size / ((training_rows + canaries_in) * canaries_in))
+    released = steps * directions
+    return math.sqrt(released * batch_size / ((training_rows + canaries_in) * canaries_in))
 
 
 def expected_correct(separation: float, canaries: int, k: int) -> int:
@@ -74,6 +81,7 @@ def expected_epsilon(
 def audit_power(
     *,
     steps: int,
+    directions: int = 1,
     batch_size: float,
     training_rows: int,
     canaries_in: int,
@@ -84,5 +92,5 @@ def audit_power(
 ) -> AuditPower:
     """The run's ceiling and the ε_lb expected there (``alpha`` already divided by the
     number of scores, as the audit's tests are)."""
-    ceiling = separation_ceiling(steps, batch_size, training_rows, canaries_in)
+    ceiling = separation_ceiling(steps, batch_size, training_rows, canaries_in, directions)
     return AuditPower(ceiling, expected_epsilon(ceiling, canaries, ks, delta=delta, alpha=alpha))
