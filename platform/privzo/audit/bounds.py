@@ -128,6 +128,7 @@ def power_at(
         return None
     return audit_power(
         steps=summary.steps,
+        directions=config.optimizer.directions_per_step,
         batch_size=config.optimizer.batch_size,
         training_rows=injection.training_rows,
         canaries_in=int(injection.included.sum()),

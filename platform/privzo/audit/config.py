@@ -25,7 +25,7 @@ ALL_SCORES: tuple[ScoreName, ...] = ("black-box", *WHITE_BOX_SCORES)
 # How the canaries are made (``privzo.audit.canaries``), fixed before the run.
 CanaryDesign = Literal["random-words", "large-gradient"]
 # The score used when none is named, fixed before any run: the white-box one where the run writes
-# a trajectory of one scalar per step, else the only one the release allows.
+# a trajectory (one scalar per step, or K with K directions), else the only one the release allows.
 DEFAULT_WHITE_BOX_SCORE: ScoreName = "white-box-directional"
 DEFAULT_SCORE: ScoreName = "black-box"
 # Default sweep of k (guesses per side) as fractions of the canaries: few confident guesses
@@ -47,8 +47,9 @@ class AuditConfig(Section):
     scores: list[ScoreName] | None = Field(
         None,
         description="Scores to guess from, fixed before the run; null = the default score: "
-        "white-box-directional where the algorithm writes a trajectory of one scalar per step, "
-        "else black-box. Every (score, k) pair is one test of the correction.",
+        "white-box-directional where the algorithm writes a trajectory (of any "
+        "optimizer.directions_per_step), else black-box. Every (score, k) pair is one test of "
+        "the correction.",
     )
     fpr: float = Field(
         0.01,

@@ -77,7 +77,8 @@ VIOLATED_EXIT_CODE = 4
 # the two labels' exact matches with the other label's near misses.
 UNCENTRED_SCORES = ("white-box-match",)
 PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not the caller's
-# (steps, noise scale σC) → the noise each step of a broken run added, regenerated from its seed
+# (draws, noise scale σC) → the noise a broken run added, regenerated from its seed: one draw per
+# released value (K a step with K directions), in the order drawn
 PublicNoise = Callable[[int, float], np.ndarray]
 
 
@@ -85,7 +86,6 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
     """The scores to use, and a note when the algorithm allows only the black-box one."""
     algorithm = get_algorithm(config.optimizer.algorithm)
     white_box = algorithm.writes_trajectory  # a trajectory of seeds and scalars to replay
-    directions = config.optimizer.directions_per_step
     if audit.scores is not None:
         wanted = [name for name in audit.scores if name in WHITE_BOX_SCORES]
         if wanted and not white_box:
@@ -93,22 +93,9 @@ def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName]
                 f"scores={wanted}: optimizer.algorithm={config.optimizer.algorithm!r} writes no "
                 "trajectory to replay; audit it with the black-box score"
             )
-        if wanted and directions > 1:
-            raise ConfigError(
-                f"scores={wanted} with optimizer.directions_per_step={directions}: the "
-                "white-box scores compare a canary's one clipped difference with each step's "
-                "one released scalar, not a K-vector clipped in L2; audit it with the "
-                "black-box score or directions_per_step=1"
-            )
         return list(dict.fromkeys(audit.scores)), None
-    if white_box and directions == 1:
-        return [DEFAULT_WHITE_BOX_SCORE], None
     if white_box:
-        note = (
-            f"optimizer.directions_per_step={directions}: the white-box scores read one "
-            "released scalar per step, so it is audited black-box only"
-        )
-        return [DEFAULT_SCORE], note
+        return [DEFAULT_WHITE_BOX_SCORE], None
     kind = "first-order" if algorithm.family == "first-order" else "vector"
     note = (
         f"{config.optimizer.algorithm} is a {kind} algorithm: no trajectory of seeds and "
@@ -192,10 +179,10 @@ def run_audit(
     and coins (``privzo.audit.draw``), or, where the run had finished, scored from it;
     ``overwrite`` starts it over with a new draw.
 
-    ``public_noise`` is for auditing a deliberately broken run only (tests): given the steps and
-    the noise scale σC it regenerates the noise each step added, as anyone can when noise is drawn
-    from a public seed, and the white-box scores read g_t without it. No config or command
-    reaches it."""
+    ``public_noise`` is for auditing a deliberately broken run only (tests): given the number of
+    draws and the noise scale σC it regenerates the noise each released value got, as anyone
+    can when noise is drawn from a public seed, and the white-box scores read g without it. No
+    config or command reaches it."""
     output_dir = Path(output_dir).resolve()
     check_audit(config, audit, output_dir, overwrite)
     scores, note = audit_scores(config, audit)
@@ -400,7 +387,8 @@ def score_canaries(
         batch = config.optimizer.batch_size
         if public_noise is not None and summary.noise_multiplier is not None:
             scale = summary.noise_multiplier * config.privacy.clip
-            trace = without_noise(trace, public_noise(summary.steps, scale), batch)
+            draws = public_noise(summary.steps * trace.directions, scale)
+            trace = without_noise(trace, draws, batch)
         values["white-box-directional"] = directional_scores(trace, tuned.injection.labels, data)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
@@ -427,7 +415,7 @@ def split_references(trace: WhiteBoxTrace, tuned: TunedLosses) -> tuple[WhiteBox
     """The canaries' trace and the data's shared directions from the reference rows' columns."""
     count = len(tuned.injection.canaries)
     references = trace.differences[:, count:]
-    canaries = WhiteBoxTrace(trace.differences[:, :count], trace.projected_gradients)
+    canaries = replace(trace, differences=trace.differences[:, :count])
     if references.shape[1] == 0:
         return canaries, np.zeros((references.shape[0], 0))
     labels = np.asarray(tuned.replayed.labels)[count:]

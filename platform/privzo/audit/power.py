@@ -10,6 +10,11 @@ out-canaries by at most √(T·B / (N·n_in)) standard deviations: larger canary
 approach the ceiling, and noise only lowers it. The ε lower bound that scores separated that far
 can be expected to reach follows from the guesses they would make.
 
+A step with K directions (``optimizer.directions_per_step``) releases K scalars along independent
+directions from the same batch: each adds its own d_c / B on the steps that sample c and its own
+independent sum of the other examples' alignments, so the K coordinates count as T·K steps and
+the ceiling is √(T·K·B / (N·n_in)).
+
 Below the ceiling the canaries' size matters. With ρ the canaries' mean squared directional
 derivative over the data's (each less its label's shared part, as the directional score sees
 them), the sampled steps add T·|∇l_c|²/N to an in-canary's score, and every step adds the
@@ -17,6 +22,8 @@ products of d_c with the batch's other derivatives, of variance |∇l_c|²·B·(
 times the data's |∇l|² over B², so the expected separation is
 
     √(T·B/N) · √ρ / √(N − n_in + n_in·ρ),
+
+with T·K in place of T for K directions a step.
 
 √(T·B)/N for canaries of the data's size and the ceiling as ρ grows: large-gradient canaries
 (``privzo.audit.canaries``) move a score towards the ceiling, never past it.
@@ -41,7 +48,7 @@ UNBOUNDED_SCORES = ("white-box-match",)
 class AuditPower:
     """The separation ceiling of the aligning scores and the one-run ε_lb expected at it."""
 
-    separation_ceiling: float  # √(T·B / (N·n_in)), in standard deviations of the scores
+    separation_ceiling: float  # √(T·K·B / (N·n_in)), in standard deviations of the scores
     epsilon_at_ceiling: float  # the one-run ε_lb of Gaussian scores separated that far
     # ρ as the replay measured it (None without a white-box replay beside reference rows), the
     # separation expected at it and the ε_lb expected there
@@ -51,12 +58,14 @@ class AuditPower:
 
 
 def separation_ceiling(
-    steps: int, batch_size: float, training_rows: int, canaries_in: int
+    steps: int, batch_size: float, training_rows: int, canaries_in: int, directions: int = 1
 ) -> float:
-    """√(T·B / (N·n_in)), N the rows trained on (the private rows and the in-canaries)."""
+    """√(T·K·B / (N·n_in)), N the rows trained on (the private rows and the in-canaries) and
+    K the directions per step."""
     if canaries_in < 1:
         return 0.0
-    return math.sqrt(steps * batch_size / ((training_rows + canaries_in) * canaries_in))
+    released = steps * directions
+    return math.sqrt(released * batch_size / ((training_rows + canaries_in) * canaries_in))
 
 
 def expected_separation(
@@ -101,6 +110,7 @@ def expected_epsilon(
 def audit_power(
     *,
     steps: int,
+    directions: int = 1,
     batch_size: float,
     training_rows: int,
     canaries_in: int,
@@ -113,10 +123,12 @@ def audit_power(
     """The run's ceiling and the ε_lb expected there, and, given the canaries' measured
     ``gradient_ratio`` ρ, the separation and ε_lb expected at it (``alpha`` already divided by
     the number of scores, as the audit's tests are)."""
-    ceiling = separation_ceiling(steps, batch_size, training_rows, canaries_in)
+    ceiling = separation_ceiling(steps, batch_size, training_rows, canaries_in, directions)
     at_ceiling = expected_epsilon(ceiling, canaries, ks, delta=delta, alpha=alpha)
     if gradient_ratio is None:
         return AuditPower(ceiling, at_ceiling)
-    separation = expected_separation(steps, batch_size, training_rows, canaries_in, gradient_ratio)
+    separation = expected_separation(
+        steps * directions, batch_size, training_rows, canaries_in, gradient_ratio
+    )
     epsilon = expected_epsilon(separation, canaries, ks, delta=delta, alpha=alpha)
     return AuditPower(ceiling, at_ceiling, gradient_ratio, separation, epsilon)

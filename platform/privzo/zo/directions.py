@@ -117,19 +117,29 @@ class DirectionSampler:
         """How a Philox word becomes an element: 'normal' or 'sign'."""
         return _PHILOX_TRANSFORMS[self.distribution]
 
-    def block(self, seed: int, name: str, block: int, length: int) -> torch.Tensor:
+    def block(
+        self,
+        seed: int,
+        name: str,
+        block: int,
+        length: int,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Block ``block`` of parameter ``name``, whose canonical length is ``length``.
 
         The length must be the block's full length in the parameter (``BLOCK_SIZE`` except for
         the last block): generators do not promise that a shorter draw is a prefix of a longer
-        one, so drawing any other length would change the values.
+        one, so drawing any other length would change the values. ``generator``: a torch
+        generator on the sampler's device to draw torch-blocks with instead of the sampler's
+        own (a thread's; the values are the same, each block is seeded afresh).
         """
         assert 0 < length <= BLOCK_SIZE
         if self.generator == "philox":
             start = block * BLOCK_SIZE
             return self.counter_slice(seed, name, start, start + length)
-        self._generator.manual_seed(block_seed(seed, name, block))
-        return self._draw(length, self._generator, self.device)
+        drawing = self._generator if generator is None else generator
+        drawing.manual_seed(block_seed(seed, name, block))
+        return self._draw(length, drawing, self.device)
 
     def slice(self, seed: int, name: str, size: int, start: int, stop: int) -> torch.Tensor:
         """Elements ``[start, stop)`` of the direction of parameter ``name`` (``size`` elements)."""

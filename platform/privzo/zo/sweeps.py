@@ -4,11 +4,20 @@ A zeroth-order step makes three sweeps (+εz, −2εz, then restore and update f
 +(ε − ηg)z) instead of the four of a naive implementation: one fewer pass of direction
 generation and one fewer read-modify-write of every weight. Replay performs exactly the same
 sweeps with the same coefficients, which is what makes it bit-identical.
+
+On CPU the torch-blocks sweep is mostly drawing z (mt19937, one thread per draw), so with
+several intra-op threads the blocks are split among as many threads, each drawing with its own
+generator and adding its blocks in pieces of at most ``ADD_PIECE`` elements (an add that short
+runs in its own thread, no parallel region). Every element still gets the same z and the same
+one fp32 add, so θ comes out with the same bits (``tests/unit/zo/test_sweeps.py``).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +53,10 @@ def full_shards(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> list[Pa
     return shards
 
 
+# torch's grain size: an elementwise op on this many elements or fewer runs in the calling thread
+ADD_PIECE = 32768
+
+
 @torch.no_grad()
 def sweep(
     shards: list[ParameterShard],
@@ -52,15 +65,79 @@ def sweep(
     coefficient: float,
 ) -> None:
     """θ += coefficient · z(seed) on every shard: fused, the small shards of a dtype in one
-    launch, or (unfused) one direction block at a time."""
+    launch, or (unfused) one direction block at a time, on CPU split among the intra-op
+    threads (see the module docstring)."""
     if coefficient == 0.0:
         return
     if sampler.fused:
         kernels.add_directions_(segments(shards, seed), coefficient, sampler.philox_transform)
         return
+    threads = sweep_threads(sampler)
+    if threads > 1:
+        _threaded_sweep(shards, sampler, seed, coefficient, threads)
+        return
     for shard in shards:
         for local, direction in iter_direction_blocks(shard, sampler, seed):
             shard.tensor[local].add_(direction, alpha=coefficient)
+
+
+def sweep_threads(sampler: DirectionSampler) -> int:
+    """Threads an unfused sweep draws its blocks with: torch's intra-op threads for CPU
+    torch-blocks (its draws are one thread each), else one."""
+    if sampler.device.type != "cpu" or sampler.generator != "torch-blocks":
+        return 1
+    return torch.get_num_threads()
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_LOCAL = threading.local()  # each sweep thread's own generator
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool per process and size (a forked child makes its own: threads do not fork)."""
+    key = (os.getpid(), threads)
+    if key not in _POOLS:
+        _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="privzo-sweep")
+    return _POOLS[key]
+
+
+def _threaded_sweep(
+    shards: list[ParameterShard],
+    sampler: DirectionSampler,
+    seed: int,
+    coefficient: float,
+    threads: int,
+) -> None:
+    """The blocks dealt round-robin to ``threads`` threads, each drawing and adding its own."""
+    blocks = [
+        (shard, block, length, lo, hi)
+        for shard in shards
+        if shard.tensor.numel()
+        for block, length, lo, hi in block_overlaps(
+            shard.size, shard.offset, shard.offset + shard.tensor.numel()
+        )
+    ]
+
+    def add_share(share: int) -> None:
+        with torch.no_grad():
+            generator = _thread_generator()
+            for shard, block, length, lo, hi in blocks[share::threads]:
+                direction = sampler.block(seed, shard.name, block, length, generator)[lo:hi]
+                at = block * BLOCK_SIZE + lo - shard.offset
+                for start in range(0, hi - lo, ADD_PIECE):
+                    stop = min(start + ADD_PIECE, hi - lo)
+                    piece = shard.tensor[at + start : at + stop]
+                    piece.add_(direction[start:stop], alpha=coefficient)
+
+    for done in [_pool(threads).submit(add_share, share) for share in range(threads)]:
+        done.result()
+
+
+def _thread_generator() -> torch.Generator:
+    generator = getattr(_LOCAL, "generator", None)
+    if generator is None:
+        generator = _LOCAL.generator = torch.Generator()
+    return generator
 
 
 @torch.no_grad()

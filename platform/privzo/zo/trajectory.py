@@ -283,8 +283,9 @@ def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
         yield {name: values[index] for name, values in columns.items()}
 
 
-# Called during replay with (step row, +1 or −1) while the weights sit at θ_t + r·z or θ_t − r·z.
-PerturbedProbe = Callable[[dict[str, Any], int], None]
+# Called during replay with (step row, direction index k, +1 or −1) while the weights sit at
+# θ_t + r·z_k or θ_t − r·z_k: for each step, k = 0..K − 1 in order, +1 before −1.
+PerturbedProbe = Callable[[dict[str, Any], int, int], None]
 
 
 def replay_steps(
@@ -323,11 +324,6 @@ def replay_steps(
             f"trajectory was trained with {meta.perturbation} perturbation but the replay "
             f"model's weights use {perturber.mode}; load the base model in the training dtype"
         )
-    if at_perturbed is not None and meta.directions > 1:
-        raise ValueError(
-            f"the trajectory has {meta.directions} directions per step; probing it at θ ± εz "
-            "is done for one direction per step only"
-        )
     steps = 0
     for row in iter_rows(table):
         seeds = direction_seeds(row["seed"], meta.directions)
@@ -353,9 +349,9 @@ def _evaluation_moves(
         radius = meta.perturbation_scale * scale
         perturber.perturb(seed, radius)
         if at_perturbed is not None:
-            at_perturbed(row, 1)
+            at_perturbed(row, index, 1)
         perturber.perturb(seed, -radius)
         if at_perturbed is not None:
-            at_perturbed(row, -1)
+            at_perturbed(row, index, -1)
         if index < len(seeds) - 1:
             perturber.update(seed, 0.0)

@@ -13,17 +13,21 @@ import stat
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from conftest import write_sentiment_jsonl
 from privzo.audit import AUDIT_FILE, VIOLATED_EXIT_CODE, AuditConfig, pipeline, run_audit
 from privzo.audit.draw import DRAW_FILE
 from privzo.audit.pipeline import audit_scores
 from privzo.audit.scores import (
     WhiteBoxTrace,
     centre_by_label,
+    clip_as_trained,
     correlation_scores,
     directional_scores,
     likelihood_scores,
     match_scores,
+    unshared_gradients,
 )
 from privzo.cli import main
 from privzo.cli.audit import report_audit
@@ -34,6 +38,7 @@ from privzo.tracking.clock import PUBLIC_TIME_MS
 from privzo.zo.estimators import PrivateEstimator
 
 AUDIT_RUN = ("tracking.log_every=6", "tracking.experiment=audit-test", "eval_before=false")
+K_AUDIT = (*AUDIT_RUN, "tracking.backend=none", "optimizer.directions_per_step=2")
 
 
 def test_private_audit_writes_its_record_and_an_mlflow_child(tmp_path, tiny_run_config, cache_dir):
@@ -135,19 +140,31 @@ def test_a_run_whose_noise_comes_from_a_public_seed_is_flagged_violated(
     assert "PRIVACY VIOLATED" in capsys.readouterr().err
 
 
-def test_a_non_private_run_reports_its_leakage(tmp_path, tiny_run_config, cache_dir, capsys):
-    config = tiny_run_config(*AUDIT_RUN, "optimizer.algorithm=mezo", "privacy.sampler=shuffle")
-    record = run_audit(
-        config,
-        AuditConfig(canaries=20, ks=[5]),
-        tmp_path / "a",
-        cache_dir=cache_dir,
-        progress=False,
+def test_a_non_private_k_direction_run_reports_its_leakage_white_box(
+    tmp_path, tiny_run_config, cache_dir
+):
+    """MeZO with two directions a step and batches of one over 16 rows and 16 canaries, every
+    row sampled once: a step that sampled an in-canary released its K-vector of differences
+    exactly, which the match score (chosen before the run) finds; no out-canary's is released."""
+    train = write_sentiment_jsonl(tmp_path / "train16.jsonl", 16, seed=1)
+    config = tiny_run_config(
+        *K_AUDIT,
+        f"task.train_path={train}",
+        "optimizer.algorithm=mezo",
+        "privacy.sampler=shuffle",
+        "optimizer.batch_size=1",
+        "optimizer.steps=32",  # one epoch of the 16 rows and at most 16 in-canaries
     )
+    audit = AuditConfig(canaries=16, ks=[1], scores=["white-box-match"])
+    record = run_audit(config, audit, tmp_path / "a", cache_dir=cache_dir, progress=False)
     assert record.verdict == "not private"
     assert record.epsilon_claimed is None and record.tightness is None
     assert record.epsilon_lower_bound >= 0
     assert record.audit_time_s > 0  # a non-private run's time is released
+    assert record.white_box is True and record.note is None
+    distribution = record.score_distributions["white-box-match"]
+    assert distribution["in"]["q05"] > distribution["out"]["q95"] + 5  # exact against near
+    assert record.results["white-box-match"][0].correct == 2  # the 'in' and the 'out' guess
 
 
 def test_a_first_order_run_is_audited_black_box_only(tmp_path, tiny_run_config, cache_dir):
@@ -251,11 +268,6 @@ def test_a_stopped_audit_goes_on_with_its_secret_draw(
         (("parallel.strategy=replica", "parallel.workers=2"), {}, "parallel.strategy='replica'"),
         (("task.name=squad",), {}, "generates answers"),
         ((), {"canaries": 20, "ks": [11]}, r"2k ≤ canaries=20"),
-        (
-            ("optimizer.directions_per_step=2", "privacy.noise_grid=null"),
-            {"scores": ["white-box-match"]},
-            "directions_per_step=2: the white-box scores",
-        ),
     ],
 )
 def test_bad_input_is_refused_before_training(
@@ -267,12 +279,12 @@ def test_bad_input_is_refused_before_training(
     assert not (tmp_path / "a" / "run").exists()  # nothing trained, nothing written
 
 
-def test_several_directions_per_step_are_audited_black_box_only(tiny_run_config):
+def test_several_directions_per_step_are_audited_white_box(tiny_run_config):
     config = tiny_run_config("optimizer.directions_per_step=2", "privacy.noise_grid=null")
-    scores, note = audit_scores(config, AuditConfig())
-    assert scores == ["black-box"]
-    assert note is not None and "directions_per_step=2" in note
-    assert audit_scores(tiny_run_config(), AuditConfig())[0] == ["white-box-directional"]
+    assert audit_scores(config, AuditConfig()) == (["white-box-directional"], None)
+    assert audit_scores(tiny_run_config(), AuditConfig()) == (["white-box-directional"], None)
+    chosen = AuditConfig(scores=["white-box-match", "black-box"])
+    assert audit_scores(config, chosen) == (["white-box-match", "black-box"], None)
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "1.5", "-0.1"])
@@ -344,3 +356,81 @@ def test_directional_score_of_a_release_without_canaries_is_standard_normal():
     trace, labels, _ = synthetic_release(1, in_release=False)
     scores = centre_by_label(directional_scores(trace, labels), labels)
     assert abs(scores.mean()) < 0.35 and 0.7 < scores.std() < 1.3
+
+
+def test_one_direction_scores_are_the_scalar_formulas_exactly():
+    """K = 1: each score is its one-scalar-per-step formula, to the last bit."""
+    rng = np.random.default_rng(3)
+    differences, gradients = rng.normal(size=(50, 6)), rng.normal(size=50)
+    labels = np.arange(6) % 2
+    trace = WhiteBoxTrace(differences, gradients)
+    assert np.array_equal(correlation_scores(trace), gradients @ differences)
+    totals = gradients * 4
+    gaps = np.abs(totals[:, None] - differences).min(axis=0) / float(np.std(totals))
+    assert np.array_equal(match_scores(trace, 4), -np.log(gaps + 1e-12))
+    center, variance = float(np.mean(totals)), float(np.var(totals))
+    shift = ((totals - center)[:, None] * differences - differences**2 / 2) / variance
+    mixture = np.logaddexp(np.log1p(-0.1), np.log(0.1) + shift).sum(axis=0)
+    assert np.array_equal(likelihood_scores(trace, 4, 0.1), mixture)
+    products = unshared_gradients(trace, labels) * differences
+    spread = np.sqrt((products**2).sum(axis=0))
+    assert np.array_equal(directional_scores(trace, labels), products.sum(axis=0) / spread)
+
+
+def k_direction_release(seed: int, directions: int = 3):
+    """Canary 0 was in the noise-free sum at every third step: G_t = its clipped K-vector plus
+    the others' (rows: a step's K directions together)."""
+    rng = np.random.default_rng(seed)
+    steps, canaries = 300, 8
+    differences = rng.normal(size=(steps * directions, canaries))
+    others = rng.normal(scale=3.0, size=steps * directions)
+    sampled = np.repeat(np.arange(steps) % 3 == 0, directions)
+    return differences, others, sampled
+
+
+def test_k_direction_scores_rank_a_planted_canary_first():
+    differences, others, sampled = k_direction_release(0)
+    trace = WhiteBoxTrace(differences, (others + sampled * differences[:, 0]) / 4, directions=3)
+    labels = np.arange(8) % 2
+    assert np.argmax(correlation_scores(trace)) == 0
+    assert np.argmax(directional_scores(trace, labels)) == 0
+    assert np.argmax(likelihood_scores(trace, batch_size=4, sample_rate=1 / 3)) == 0
+    exact = WhiteBoxTrace(differences, np.where(sampled, differences[:, 0], others) / 4, 3)
+    scores = match_scores(exact, batch_size=4)
+    assert scores[0] > 20 and np.all(scores[1:] < 10)
+    # one coordinate of the step off: the K-vector no longer matches exactly
+    shifted = np.where(sampled, differences[:, 0], others)
+    shifted[np.flatnonzero(sampled)[1::3]] += 1.0
+    assert match_scores(WhiteBoxTrace(differences, shifted / 4, 3), batch_size=4)[0] < 10
+
+
+def test_a_trace_of_broken_steps_is_refused():
+    with pytest.raises(ValueError, match="whole steps of 3 directions"):
+        WhiteBoxTrace(np.zeros((10, 2)), np.zeros(10), directions=3)
+
+
+def test_the_replay_clips_each_canarys_k_vector_as_training_clips_each_examples():
+    rng = np.random.default_rng(1)
+    steps = rng.normal(scale=2.0, size=(40, 3, 5))  # [steps, K, canaries]
+    steps[0, :, 0] = 0.0  # a zero vector stays zero
+    rows = steps.reshape(120, 5)
+    clipped = clip_as_trained(rows, 1.5, 3).reshape(40, 3, 5)
+    estimator = PrivateEstimator("gaussian", 1.5, 1.0, 4.0)
+    for canary in range(5):
+        trained = estimator.clip_each(torch.from_numpy(steps[:, :, canary])).numpy()
+        np.testing.assert_allclose(clipped[:, :, canary], trained, rtol=1e-13, atol=0)
+    assert np.linalg.norm(clipped, axis=1).max() <= 1.5 * (1 + 1e-12)
+    assert np.array_equal(
+        clip_as_trained(rows[:, :1].copy(), 1.5, 1), np.clip(rows[:, :1], -1.5, 1.5)
+    )
+
+
+def test_a_private_k_direction_run_is_audited_white_box_and_consistent(
+    tmp_path, tiny_run_config, cache_dir
+):
+    config = tiny_run_config(*K_AUDIT, "privacy.noise_grid=null", "privacy.accountant=rdp")
+    record = run_audit(config, AuditConfig(canaries=40), tmp_path / "a", cache_dir=cache_dir)
+    assert list(record.results) == ["white-box-directional"] and record.white_box is True
+    assert record.verdict == "consistent"
+    assert record.epsilon_claimed == pytest.approx(3.0, rel=0.01)
+    assert 0 <= record.epsilon_lower_bound < 2.5

@@ -22,6 +22,9 @@ def test_the_ceiling_is_the_closed_form_and_zero_without_in_canaries():
     # the shipped MeZO config: 800 steps of 64 over 2000 rows and about 500 in-canaries
     assert separation_ceiling(800, 64, 2000, 500) == pytest.approx(math.sqrt(51200 / 1_250_000))
     assert separation_ceiling(800, 64, 2000, 0) == 0.0
+    # K directions a step release K coordinates: 200 steps of 4 count as 800 steps of one
+    four = separation_ceiling(200, 64, 2000, 500, directions=4)
+    assert four == separation_ceiling(800, 64, 2000, 500)
 
 
 @pytest.mark.parametrize("k", [10, 250, 500])

@@ -157,8 +157,35 @@ def test_k_direction_run_replays_bit_for_bit(tmp_path):
     shards = full_shards([("theta", replayed)])
     assert replay_steps(InPlacePerturber(shards, DirectionSampler("gaussian")), table, meta) == 12
     assert torch.equal(replayed, theta) and not torch.equal(replayed, base)
-    with pytest.raises(ValueError, match="4 directions per step"):
-        replay_steps(perturber, table, meta, at_perturbed=lambda row, sign: None)
+
+
+def test_replay_probes_each_direction_at_the_points_training_evaluated():
+    """MeZO with three directions: the probe's losses at θ_t ± r·z_k give back each released g_k
+    (the batch mean of the differences), in the probe's order k = 0, 1, 2 with + before −."""
+    theta, perturber, losses = _setup()
+    base = theta.detach().clone()
+    recorder = TrajectoryRecorder(_meta(3), release_batch_size=True)
+    released = [_step(perturber, losses, MeanEstimator(), step=t, directions=3) for t in range(4)]
+    for record in released:
+        recorder.append(record)
+    replayed = torch.nn.Parameter(base.clone(), requires_grad=False)
+    weights = torch.linspace(0.5, 2.0, EXAMPLES).unsqueeze(1)
+    probed: list[tuple[int, int, int, torch.Tensor]] = []
+
+    def probe(row, direction, sign):  # the same loss as _setup's, on the replayed weights
+        value = (weights * (torch.sin(replayed) + 0.5 * replayed**2)).sum(dim=1).float()
+        probed.append((row["step"], direction, sign, value))
+
+    shards = full_shards([("theta", replayed)])
+    perturber = InPlacePerturber(shards, DirectionSampler("gaussian"))
+    replay_steps(perturber, recorder.to_table(), _meta(3), at_perturbed=probe)
+    order = [(step, k, sign) for step in range(4) for k in range(3) for sign in (1, -1)]
+    assert [entry[:3] for entry in probed] == order
+    for index, record in enumerate(released):
+        for k, gradient in enumerate(record.projected_gradients):
+            plus, minus = probed[index * 6 + 2 * k][3], probed[index * 6 + 2 * k + 1][3]
+            difference = (plus - minus) / (2.0 * 1e-3)
+            assert float(difference.double().mean()) == pytest.approx(gradient, rel=1e-9)
 
 
 def test_replay_refuses_rows_with_the_wrong_number_of_directions(tmp_path):
