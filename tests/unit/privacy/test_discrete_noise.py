@@ -247,7 +247,7 @@ def test_the_privacy_command_calibrates_for_the_discrete_mechanism(capsys):
     assert (
         main(["privacy", "epsilon", "--noise-multiplier", "1", *common, "--noise-grid", "8"]) == 2
     )
-    assert "grid=8" in capsys.readouterr().err
+    assert "--noise-grid 8 must be an integer ≥ 16" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("mechanism", "accountant"), [("gaussian", "pld"), ("laplace", "pure")])
