@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from privzo.cli.run import interrupted_line
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.replay import replay
@@ -146,6 +147,8 @@ def test_a_run_stopped_inside_its_first_window_resumes(
     monkeypatch.undo()
     first = pq.read_table(output / "trajectory.parquet").to_pylist()
     assert len(first) == 2 and can_resume(config, output)
+    said = interrupted_line(config, output)  # what the CLI's Ctrl+C line promises
+    assert "keeps its 2 released steps: the same command resumes from there" in said, said
     summary = run(config, output, cache_dir=cache_dir, progress=False)
     rows = pq.read_table(output / "trajectory.parquet").to_pylist()
     assert summary["steps"] == STEPS and rows[:2] == first and len(rows) == STEPS
@@ -174,6 +177,9 @@ def test_a_run_that_kept_no_step_starts_again_under_the_same_command(
         run(config, output, cache_dir=cache_dir, progress=False, hooks=hooks)
     monkeypatch.undo()
     assert not can_resume(config, output)
+    said = interrupted_line(config, output)  # the Ctrl+C line promises what the rerun does
+    assert "kept no step yet" in said and "starts the run again from step 0" in said, said
+    assert "resume" not in said
     with caplog.at_level("WARNING", logger="privzo.run.pipeline"):
         summary = run(config, output, cache_dir=cache_dir, progress=False)
     assert "stopped before it kept any step" in caplog.text
@@ -211,6 +217,8 @@ def test_a_run_killed_after_its_summary_has_its_tracking_run_ended(
     shutil.rmtree(urlparse(done["artifact_uri"]).path)
     stopped = untracked(output, config)
     assert stopped is not None and stopped.to_dict() == summary.to_dict()
+    said = interrupted_line(config, output)  # a Ctrl+C while the records are logged
+    assert "holds the finished run: the same command ends its MLflow run" in said, said
 
     again = finished_run(config, output, cache_dir=cache_dir)
     assert again is not None and again.to_dict() == summary.to_dict()

@@ -31,6 +31,7 @@ from privzo.cli.process import (
 from privzo.section import ConfigError
 
 if TYPE_CHECKING:
+    from privzo.config.run import RunConfig
     from privzo.preflight import Preflight
 
 RUN_EPILOG = (
@@ -86,7 +87,7 @@ def _run_command(args: argparse.Namespace) -> int:
                 **work_options(args),
             )
     except KeyboardInterrupt as stop:  # one line, not the loop's traceback; tracker: KILLED
-        print(interrupted_line(args.output_dir), file=sys.stderr)
+        print(interrupted_line(config, args.output_dir), file=sys.stderr)
         # what a shell reports: 128 + SIGTERM (a job scheduler's stop) or SIGINT (Ctrl+C)
         return 143 if isinstance(stop, Terminated) else 130
     if args.json:  # one line a job's log can be parsed from
@@ -102,11 +103,34 @@ def print_data_lines(checked: Preflight) -> None:
     print("\n".join(checked.data_lines()), file=sys.stderr, flush=True)
 
 
-def interrupted_line(output_dir: Path) -> str:
+def interrupted_line(config: RunConfig, output_dir: Path) -> str:
+    """What an interrupted ``privzo run`` says: what the same command will do with what
+    ``output_dir`` holds (its steps resumed, the run started again where it kept none, as a
+    first-order run, which keeps no trajectory, always does, or a finished run's MLflow run
+    ended)."""
+    head = "privzo: interrupted; its MLflow run (if started) is marked KILLED"
+    try:
+        return f"{head}; {output_dir} {_what_the_same_command_does(config, output_dir)}"
+    except Exception:  # the interrupt is the news; the rerun's checks name a damaged record
+        return (
+            f"{head} and {output_dir} keeps what the run made: the same command resumes it, or "
+            "starts it again where it kept no step; --overwrite starts over"
+        )
+
+
+def _what_the_same_command_does(config: RunConfig, output_dir: Path) -> str:
+    from privzo.rundir import unfinished_steps, untracked
+
+    if untracked(output_dir, config) is not None:
+        return "holds the finished run: the same command ends its MLflow run, training nothing"
+    kept = unfinished_steps(config, output_dir)
+    if kept == 0:
+        return (
+            "kept no step yet (a first-order run keeps none before it ends): the same command "
+            "starts the run again from step 0"
+        )
     return (
-        f"privzo: interrupted; its MLflow run (if started) is marked KILLED and {output_dir} "
-        "keeps the steps made so far: the same command resumes a zeroth-order run from there "
-        "and starts a run that kept none (a first-order run keeps none) again; --overwrite "
+        f"keeps its {kept} released steps: the same command resumes from there; --overwrite "
         "starts over"
     )
 

@@ -195,7 +195,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
         result = trainer.fit()
     except TrainingFailedError as error:
         _keep_checkpointed_steps(run_path, output_dir)
-        raise _training_failed(error, parallel.max_failures, output_dir) from None
+        raise training_failed(error, parallel.max_failures, output_dir) from None
     except Exception:
         _keep_checkpointed_steps(run_path, output_dir)
         raise
@@ -207,7 +207,7 @@ def fit(config: RunConfig, settings: dict[str, Any], output_dir: Path, ray_run: 
     return records
 
 
-def _training_failed(error: Exception, max_failures: int, output_dir: Path) -> RayFailedError:
+def training_failed(error: Exception, max_failures: int, output_dir: Path) -> RayFailedError:
     """Ray Train's failure (a worker lost or raising, beyond ``max_failures`` restarts) as one
     line: what failed first and how the run goes on."""
     failures = getattr(error, "worker_failures", None) or {}

@@ -9,6 +9,7 @@ fine-tuned weights are saved. ``parallel.strategy`` names the layout (``get_layo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,30 @@ class Layout:
         """Save the fine-tuned weights (and tokenizer) to ``directory``; every rank calls it."""
         if self.reports(rank):
             save_weights(context.model, context.loaded.tokenizer, directory)
+
+    def save_whole_model(self, context: RunContext, rank: int, directory: Path) -> None:
+        """``save_model`` into a sibling folder renamed to ``directory`` once complete: a save
+        that fails (a full disk) leaves no part of the model, so the same command starts the
+        run again or resumes it, and it ends in one line naming the folder (safetensors raises
+        its own error type for an I/O error)."""
+        partial = directory.with_name(f"{directory.name}.partial")
+        writes = self.reports(rank)
+        if writes:
+            shutil.rmtree(partial, ignore_errors=True)  # a killed attempt's
+        try:
+            self.save_model(context, rank, partial)
+        except Exception as error:
+            if writes:
+                shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(error, OSError) or type(error).__name__ == "SafetensorError":
+                raise OSError(
+                    f"cannot save the model to {directory} ({error}); no part of it is kept: "
+                    "free space or fix the directory, then run the same command again"
+                ) from error
+            raise
+        if writes:
+            shutil.rmtree(directory, ignore_errors=True)  # an earlier attempt's, replaced
+            partial.rename(directory)
 
 
 class ReplicaLayout(Layout):

@@ -115,7 +115,7 @@ def train_and_evaluate(
     validation = _validation(context, loop) if evaluates else {}
     layout_figures = figures(loop) if figures is not None else {}
     if config.save_model or not loop.records_trajectory:  # no trajectory: save the weights
-        layout.save_model(context, rank, model_dir)
+        layout.save_whole_model(context, rank, model_dir)
     loop.peak_mb = max(loop.peak_mb, memory.peak_mb())
     summary = None
     if layout.reports(rank):  # its figures (wall time) end before the caller's final scores

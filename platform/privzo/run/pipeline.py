@@ -67,9 +67,12 @@ def run(
     keep_blank_stores_in(cache_dir)  # a new output directory's MLflow store, without migrations
     stopped = None if overwrite else untracked(output_dir, config)
     if stopped is not None:  # trained and recorded: only its tracking run is left to end
-        return end_tracking(
-            config, output_dir, stopped, cache_dir, (tracking_root, tracking_uri), run_name
-        )
+        try:
+            return end_tracking(
+                config, output_dir, stopped, cache_dir, (tracking_root, tracking_uri), run_name
+            )
+        except TrackingStoreError as error:
+            raise _store_stopped(error, output_dir) from error
     resume = None if overwrite else resume_point(config, output_dir)
     overwrite = overwrite or (resume is None and _starts_again(config, output_dir))
     checked = preflight(  # everything that can refuse the run, before any weights load
@@ -106,14 +109,20 @@ def run(
     try:
         records = train_tracked(tracker, training, config, output_dir, cache_dir, resume)
     except TrackingStoreError as error:
-        raise TrackingStoreError(
-            f"{error}. The run in {output_dir} keeps its steps: once the store takes writes "
-            "again (free its disk, fix its permissions, or, where the config sets no "
-            "tracking.uri, point MLFLOW_TRACKING_URI at another store), the same command goes "
-            "on from them"
-        ) from error
+        raise _store_stopped(error, output_dir) from error
     mark_tracked(output_dir)
     return records.summary
+
+
+def _store_stopped(error: TrackingStoreError, output_dir: Path) -> TrackingStoreError:
+    """A store's failure (its metrics, its artifacts) as the line that says what to do: the
+    run directory keeps what the store did not take, and the same command goes on."""
+    return TrackingStoreError(
+        f"{error}. The run in {output_dir} keeps its steps: once the store takes writes "
+        "again (free its disk, fix its permissions, or, where the config sets no "
+        "tracking.uri, point MLFLOW_TRACKING_URI at another store), the same command goes "
+        "on from them"
+    )
 
 
 def _starts_again(config: RunConfig, output_dir: Path) -> bool:

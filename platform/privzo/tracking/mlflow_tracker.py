@@ -33,6 +33,7 @@ from privzo.tracking.clock import PUBLIC_TIME_MS, stamp_mlmodel
 from privzo.tracking.mlflow_models import save_adapter_model, save_pyfunc_model
 from privzo.tracking.store import (
     PARAM_KEY_LIMIT,
+    artifact_failures,
     check_server_reachable,
     check_store_writable,
     default_artifact_location,
@@ -256,12 +257,13 @@ class MlflowTracker(Tracker):
         ``artifact_path or <dir name>``."""
         client, run_id = self._require_active()
         path = Path(path)
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path=artifact_path or path.name)
-        elif path.is_file():
-            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
-        else:
+        if not (path.is_dir() or path.is_file()):
             raise FileNotFoundError(path)
+        with artifact_failures(self._artifact_uri):  # a full disk: one line, not shutil's
+            if path.is_dir():
+                client.log_artifacts(run_id, str(path), artifact_path=artifact_path or path.name)
+            else:
+                client.log_artifact(run_id, str(path), artifact_path=artifact_path)
         self._stamp_artifacts()
 
     def log_model(self, data_dir: Path, loader_module: str, name: str = "model") -> str | None:
@@ -289,7 +291,8 @@ class MlflowTracker(Tracker):
                 return None
             if not self.release_timing:
                 stamp_mlmodel(local)
-            client.log_artifacts(run_id, str(local), artifact_path=name)
+            with artifact_failures(self._artifact_uri):
+                client.log_artifacts(run_id, str(local), artifact_path=name)
         self._stamp_artifacts()
         return f"runs:/{run_id}/{name}"
 

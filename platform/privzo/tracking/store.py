@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PARAM_KEY_LIMIT",
+    "artifact_failures",
     "check_server_reachable",
     "check_store_writable",
     "default_artifact_location",
@@ -127,6 +128,22 @@ def store_failures(uri: str) -> Iterator[None]:
         raise TrackingStoreError(
             f"{store_label(uri)} failed: {_innermost_reason(error)}"
         ) from error
+
+
+@contextlib.contextmanager
+def artifact_failures(destination: str | None) -> Iterator[None]:
+    """A run's artifacts that cannot be copied into its artifact store (a full disk, a folder
+    made unwritable) as one line naming the reason and where it was writing: the file where
+    the error names it (not the scratch copy it came from), else ``destination``."""
+    try:
+        yield
+    except TrackingStoreError:
+        raise
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        target = error.filename2 or error.filename or destination
+        where = f" ({target})" if target else ""
+        raise TrackingStoreError(f"the MLflow artifact store failed: {reason}{where}") from error
 
 
 def _innermost_reason(error: BaseException) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -488,3 +490,29 @@ def test_a_store_emptied_mid_run_fails_in_one_line_keeping_the_metrics(tmp_path:
     with pytest.raises(TrackingStoreError, match="no such table"):  # the same, not MLflow's
         tracker.finish()
     assert not tracker.active
+
+
+def test_an_artifact_the_store_cannot_take_fails_in_one_line(root: Path, tmp_path: Path) -> None:
+    """A file size limit fails the copy into the artifact store as a full disk does (an
+    OSError from shutil): the store's one line names the reason and where it was writing, not
+    the source, and the run stays open for the caller to end."""
+    tracker = _tracker(root, "full")
+    record = tmp_path / "trajectory.parquet"
+    record.write_bytes(b"x" * 1_000_000)
+    tracker.start()
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limits[1]))
+        with pytest.raises(TrackingStoreError) as failed:
+            tracker.log_artifact(record)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    message = str(failed.value)
+    assert message.startswith("the MLflow artifact store failed: File too large"), message
+    assert str(root / "mlartifacts" / tracker.run_id) in message  # where, not the source
+    assert "\n" not in message
+    assert tracker.active
+    tracker.finish("FAILED")
+    assert read_run(tracker.uri, tracker.run_id)["status"] == "FAILED"
