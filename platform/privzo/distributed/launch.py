@@ -211,9 +211,12 @@ def training_failed(error: Exception, max_failures: int, output_dir: Path) -> Ra
     """Ray Train's failure (a worker lost or raising, beyond ``max_failures`` restarts) as one
     line: what failed first and how the run goes on."""
     failures = getattr(error, "worker_failures", None) or {}
+    controller = getattr(error, "controller_failure", None)  # Ray's own first line says nothing
     if failures:
         rank, cause = min(failures.items())
         what = f"worker {rank}: {error_line(cause)}"
+    elif isinstance(controller, BaseException):
+        what = f"Ray Train's controller: {error_line(controller)}"
     else:
         what = error_line(error)
     return RayFailedError(

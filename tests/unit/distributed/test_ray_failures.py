@@ -32,10 +32,11 @@ def test_a_lost_worker_ends_in_one_line_naming_it_and_the_way_on():
     assert "the same command resumes" in line and "parallel.max_failures" in line
 
 
-def test_a_failure_without_workers_stays_one_line():
+def test_a_controller_failure_ends_in_one_line_naming_its_cause():
     from ray.train.v2.api.exceptions import ControllerError
 
     stopped = ControllerError(RuntimeError(f"the controller stopped\n{RAY_TRACEBACK}"))
     line = refusal_line(training_failed(stopped, 2, Path("/runs/replica")))
     assert line is not None and "\n" not in line
-    assert "after 2 worker restarts (ControllerError: " in line
+    # Ray's own first line ("Training failed due to controller error:") names no cause
+    assert "after 2 worker restarts (Ray Train's controller: RuntimeError: the controller " in line
