@@ -17,7 +17,7 @@ from privzo.privacy import compute_epsilon
 from privzo.replay import replay
 from privzo.run import RunHooks, TrainingLoop, can_resume, run
 from privzo.tracking import TrackingStoreError, read_run
-from privzo.tracking.tags import CONTINUES_FROM_STEP
+from privzo.tracking.tags import CONTINUES_FROM_STEP, METRIC, MODEL_PARAMETERS, STRATEGY
 
 STEPS = 12
 
@@ -246,10 +246,15 @@ def test_a_finished_run_whose_store_lost_its_tracking_run_ends_in_a_new_one(
     write_resume_point(output, ResumePoint(summary["tracking_run_id"], None))
 
     uri = f"sqlite:///{(tmp_path / 'elsewhere.db').resolve()}"
-    again = run(config, output, cache_dir=cache_dir, progress=False, tracking_uri=uri)
+    caller = {"privzo.study": "lost-store"}  # a caller's tags (a study's) go on the new run
+    again = run(config, output, cache_dir=cache_dir, progress=False, tracking_uri=uri, tags=caller)
     assert again["tracking_run_id"] not in (None, summary["tracking_run_id"])
     record = read_run(uri, again["tracking_run_id"])
     assert record["status"] == "FINISHED" and record["tags"][CONTINUES_FROM_STEP] == "2"
+    # what the analysis reads: the run's sizes and metric, as the lost run had them
+    assert record["tags"][MODEL_PARAMETERS] == str(summary["model_parameters"])
+    assert record["tags"][METRIC] == summary["metric"]
+    assert record["tags"]["privzo.study"] == "lost-store" and STRATEGY not in record["tags"]
     assert record["metrics"]["final_epsilon"] == summary["epsilon"]
     assert record["params"]["optimizer.steps"] == "2"
     assert {"summary.json", "trajectory.parquet", "model/MLmodel"} <= set(record["artifacts"])

@@ -69,7 +69,13 @@ def run(
     if stopped is not None:  # trained and recorded: only its tracking run is left to end
         try:
             return end_tracking(
-                config, output_dir, stopped, cache_dir, (tracking_root, tracking_uri), run_name
+                config,
+                output_dir,
+                stopped,
+                cache_dir,
+                (tracking_root, tracking_uri),
+                run_name,
+                tags,
             )
         except TrackingStoreError as error:
             raise _store_stopped(error, output_dir) from error

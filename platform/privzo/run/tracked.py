@@ -33,6 +33,7 @@ from privzo.tracking.tags import (
     MODEL_URI,
     config_tags,
     layout_tags,
+    model_tags,
     run_label,
 )
 
@@ -118,14 +119,16 @@ def end_tracking(
     cache_dir: Path,
     tracking: tuple[Path | None, str | None],
     run_name: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> RunSummary:
     """End the tracking run of a run killed after its summary was written: its records and
     model logged (again, where they were), FINISHED; nothing trains. Its final metrics were
     stored before the summary was written. Where the store no longer holds that run, a new
-    one stands in with the config, the final metrics and the records (``_stand_in``)."""
+    one stands in (``_stand_in``), tagged as the run was, with the caller's ``tags``."""
     logger.warning("the run in %s is finished; ending its tracking run", output_dir)
     if summary.tracking_run_id is not None:
-        tracker = connect_run_tracker(config, output_dir, *tracking, {}, run_name)
+        run_tags = {**_finished_run_tags(config, summary), **(tags or {})}  # a new run's only
+        tracker = connect_run_tracker(config, output_dir, *tracking, run_tags, run_name)
         lost = not _reattached(tracker, ResumePoint(summary.tracking_run_id, None))
         with tracker:
             if lost:
@@ -135,19 +138,30 @@ def end_tracking(
     return summary
 
 
+def _finished_run_tags(config: RunConfig, summary: RunSummary) -> dict[str, str]:
+    """The tags a finished run had (``privzo.tracking.tags``), from its config and summary: the
+    sizes and metric the analysis reads, the layout's where it ran on workers."""
+    tags = {
+        **config_tags(config, summary.private),
+        **model_tags(
+            summary.metric,
+            summary.model_parameters,
+            summary.trainable_parameters,
+            device=summary.device,
+        ),
+    }
+    if config.parallel.strategy != "single":
+        tags.update(layout_tags(config))
+    return tags
+
+
 def _stand_in(
     tracker: Tracker, config: RunConfig, output_dir: Path, summary: RunSummary
 ) -> RunSummary:
     """A new tracking run for a finished run whose own the store lost: tagged as continuing
     from its last step (no step of it trains again), and named in the rewritten summary."""
     _log_config(tracker, config)
-    tracker.set_tags(
-        {
-            **config_tags(config, summary.private),
-            **layout_tags(config),
-            CONTINUES_FROM_STEP: str(summary.steps),
-        }
-    )
+    tracker.set_tags({CONTINUES_FROM_STEP: str(summary.steps)})
     tracker.log_metrics(summary.final_metrics(), step=FINAL_METRICS_STEP)
     tracker.flush()  # stored before the summary names this run
     return record_tracking_run(output_dir, summary, tracker.run_id)
