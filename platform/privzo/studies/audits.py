@@ -18,8 +18,8 @@ from privzo.audit import AUDIT_FILE, AuditRecord, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
 from privzo.audit.draw import draw_digest, load_draw
-from privzo.audit.pipeline import check_audit_resumes
 from privzo.audit.record import RUN_DIR
+from privzo.audit.training import check_audit_resumes
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.models.loading import check_model
