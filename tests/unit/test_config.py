@@ -325,6 +325,15 @@ def test_step_size_and_perturbation_scale_have_a_stated_range(override, allowed)
     assert load_config(None, [f"{key}=1e-2"]).optimizer.model_dump()[key.split(".")[1]] == 1e-2
 
 
+@pytest.mark.parametrize("text", ["", "# the run, to be written\n\n"], ids=["empty", "comments"])
+def test_an_empty_config_file_is_named_as_empty(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (f"config file '{path}' is empty: it sets no keys")
+
+
 def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
     fifo = tmp_path / "run.yaml"
     os.mkfifo(fifo)  # opening it for reading would block until a writer comes
