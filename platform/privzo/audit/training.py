@@ -56,19 +56,29 @@ class TunedLosses:
         return {}  # nothing about the canaries goes into the run's summary
 
     def encode(self, context: RunContext) -> Any:
-        """The canaries and reference rows in the run's task; the canaries' encoding."""
+        """The canaries and reference rows in the run's task, encoded once; the canaries'
+        encoding (the first rows)."""
         self.task = context.task
-        self.encoded = context.task.encode(self.injection.canaries)
         self.replayed = context.task.encode([*self.injection.canaries, *self.injection.references])
+        self.encoded = self.replayed.head(len(self.injection.canaries))
         return self.encoded
+
+
+@dataclass(frozen=True)
+class SavedAudit:
+    """The saved draw an unfinished audit goes on with, and whether its run finished (then it
+    is scored from that run, nothing trained)."""
+
+    draw: CanaryDraw
+    finished: bool
 
 
 def check_audit_resumes(
     config: RunConfig, audit: AuditConfig, output_dir: Path, overwrite: bool = False
-) -> CanaryDraw | None:
-    """The saved draw an unfinished audit in ``output_dir`` goes on with (None: it starts, or
-    starts over); refused before anything loads where its run kept steps or finished but the
-    draw is missing or another config's."""
+) -> SavedAudit | None:
+    """What an unfinished audit in ``output_dir`` goes on with (None: it starts, or starts
+    over); refused before anything loads where its run kept steps or finished but the draw is
+    missing or another config's."""
     run_dir = Path(output_dir) / RUN_DIR
     if overwrite:
         return None
@@ -80,11 +90,11 @@ def check_audit_resumes(
                 f"model, though the run in {str(run_dir)!r} finished: privzo did not leave it "
                 "this way; audit again with --overwrite (a new run)"
             )
-        return draw
+        return SavedAudit(draw, finished=True)
     if can_resume(config, run_dir):
         steps = unfinished_steps(config, run_dir)
         why = f"going on with the audited run's {steps} released steps"
-        return load_draw(output_dir, draw_digest(config, audit), why)
+        return SavedAudit(load_draw(output_dir, draw_digest(config, audit), why), finished=False)
     return None
 
 
@@ -105,8 +115,9 @@ def train_audited(
     open) with its draw read back."""
     injection, tuned = hooks
     run_dir, digest = output_dir / RUN_DIR, draw_digest(config, audit)
-    injection.saved = check_audit_resumes(config, audit, output_dir, overwrite)
-    if injection.saved is not None and finished(run_dir, config) is not None:
+    saved = check_audit_resumes(config, audit, output_dir, overwrite)
+    injection.saved = None if saved is None else saved.draw
+    if saved is not None and saved.finished:
         return _finished_audited(config, output_dir, hooks, cache_dir, tracking_uri)
 
     def keep_draw(draw: CanaryDraw) -> None:
