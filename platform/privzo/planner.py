@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from privzo.forward_memory import dtype_bytes, estimate_activation_bytes
+from privzo.layouts.config import MAX_MEMORY_GB
 from privzo.models.architecture import DecoderArch, count_parameters, layer_parameters
 from privzo.models.shapes import resolve_shape
 
@@ -110,13 +111,20 @@ def _check_resources(
     """Refuse what no machine or run has, before an answer is computed from it."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
-    if not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:
-        raise ValueError(f"gpu_memory_gb must be a finite number > 0 (GiB), got {gpu_memory_gb}")
-    if host_memory_gb is not None and (not math.isfinite(host_memory_gb) or host_memory_gb <= 0):
-        raise ValueError(f"host_memory_gb must be a finite number > 0 (GiB), got {host_memory_gb}")
+    _check_memory("gpu_memory_gb", gpu_memory_gb)
+    if host_memory_gb is not None:
+        _check_memory("host_memory_gb", host_memory_gb)
     for name, value in zip(("batch_size", "seq_len"), shape, strict=True):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_memory(name: str, gib: float) -> None:
+    if not (math.isfinite(gib) and 0 < gib <= MAX_MEMORY_GB):
+        raise ValueError(
+            f"{name} must be a finite number > 0 and ≤ {MAX_MEMORY_GB} (GiB; no machine has "
+            f"more), got {gib}"
+        )
 
 
 def plan(

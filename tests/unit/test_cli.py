@@ -154,6 +154,12 @@ def test_the_accountants_refusal_names_the_option_written(capsys):
         (["--gpus", "0"], "privzo: error: --gpus must be >= 1, got 0"),
         (["--gpus", "1", "--batch-size", "0"], "privzo: error: --batch-size must be >= 1"),
         (["--gpus", "1", "--gpu-memory-gb", "nan"], "--gpu-memory-gb must be a finite number"),
+        (["--gpus", "1", "--gpu-memory-gb", "1e30"], "--gpu-memory-gb must be a finite number "),
+        (
+            ["--gpus", "1", "--offload", "cpu", "--host-memory-gb", "1e30"],
+            "privzo: error: --host-memory-gb must be a finite number > 0 and ≤ 1000000 (GiB; no "
+            "machine has more), got 1e+30",
+        ),
     ],
 )
 def test_the_planners_refusal_names_the_option_written(capsys, args, message):

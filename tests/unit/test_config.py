@@ -24,6 +24,7 @@ from privzo.config import (
     read_yaml,
     with_values,
 )
+from privzo.layouts.config import MAX_MEMORY_GB
 from privzo.models.shapes import resolve_named_shape
 from privzo.planner import plan
 from privzo.search.config import SearchConfig, base_run_config, load_search_config
@@ -325,11 +326,29 @@ def test_step_size_and_perturbation_scale_have_a_stated_range(override, allowed)
     assert load_config(None, [f"{key}=1e-2"]).optimizer.model_dump()[key.split(".")[1]] == 1e-2
 
 
+@pytest.mark.parametrize("text", ["", "# the run, to be written\n\n"], ids=["empty", "comments"])
+def test_an_empty_config_file_is_named_as_empty(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (f"config file '{path}' is empty: it sets no keys")
+
+
 def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
     fifo = tmp_path / "run.yaml"
     os.mkfifo(fifo)  # opening it for reading would block until a writer comes
     with pytest.raises(ConfigError, match=r"run\.yaml' is not a regular file"):
         load_config(fifo)
+
+
+@pytest.mark.parametrize("key", ["parallel.gpu_memory_gb", "parallel.host_memory_gb"])
+def test_a_memory_no_machine_has_is_refused(key):
+    assert load_config(None, [f"{key}={MAX_MEMORY_GB}"]).parallel.model_dump()[key[9:]] == (
+        MAX_MEMORY_GB
+    )
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: .*less than or equal to 1000000"):
+        load_config(None, [f"{key}=1e30"])
 
 
 def test_clip_and_steps_are_bounded_with_the_allowed_range():

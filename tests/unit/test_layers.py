@@ -77,13 +77,16 @@ LAYERS = {
     "privzo.bench": 5,  # zo-step, memory, distributed and the kernels' check
 }
 
-# Inside privzo.privacy.accountants, from the bottom: the memo of ε evaluations and the query
-# (what ε and calibration are asked about), the one calibration search (which knows no
-# accountant: they hand it ε(σ) curves), the run's dp_accounting event and what every accountant
-# shares, the accountants, and the registry, the only module that knows them all.
+# Inside privzo.privacy.accountants, from the bottom: the memo of ε evaluations, the query
+# (what ε and calibration are asked about), the shared settings and their checks, and the
+# refusal of noise an accountant cannot bound; the one calibration search (which knows no
+# accountant: they hand it ε(σ) curves), the run's dp_accounting event and the base class every
+# accountant shares, the accountants, and the registry, the only module that knows them all.
 ACCOUNTANT_LAYERS = {
     "privzo.privacy.accountants.memo": 0,
     "privzo.privacy.accountants.query": 0,
+    "privzo.privacy.accountants.settings": 0,
+    "privzo.privacy.accountants.refusal": 0,
     "privzo.privacy.accountants.calibration": 1,
     "privzo.privacy.accountants.events": 2,
     "privzo.privacy.accountants.base": 2,

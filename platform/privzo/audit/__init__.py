@@ -2,8 +2,8 @@
 (Steinke, Nasr and Jagielski 2023); the statistics live in ``privzo.privacy.audit``."""
 
 from privzo.audit.config import AuditConfig
-from privzo.audit.pipeline import AUDIT_FILE, VIOLATED_EXIT_CODE, check_audit, run_audit
-from privzo.audit.record import AuditBrief, AuditRecord
+from privzo.audit.pipeline import VIOLATED_EXIT_CODE, check_audit, run_audit
+from privzo.audit.record import AUDIT_FILE, AuditBrief, AuditRecord
 
 __all__ = [
     "AUDIT_FILE",

@@ -17,6 +17,7 @@ from privzo.results import RecordKeys
 # a score's distribution: "in" and "out" canaries → count, mean, std and quantiles
 ScoreDistribution = dict[str, dict[str, float]]
 RUN_DIR = "run"  # the audited run's directory inside the audit's (``AuditRecord.run_dir``)
+AUDIT_FILE = "audit.json"  # the record, in the audit's directory
 
 
 @dataclass(frozen=True)

@@ -176,12 +176,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
         loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as error:
         raise ConfigError(_yaml_error_message(path, text, error)) from None
-    if loaded is not None and not isinstance(loaded, dict):
+    if loaded is None:  # else refused later as a run config without a task data source
+        raise ConfigError(f"config file {str(path)!r} is empty: it sets no keys")
+    if not isinstance(loaded, dict):
         raise ConfigError(
             f"config file {str(path)!r} must hold a mapping at the top level (section: keys), "
             f"not a {type(loaded).__name__}; is it a run config?"
         )
-    return loaded or {}
+    return loaded
 
 
 def _read_text(path: Path) -> str:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from privzo.config.loading import load_config
 from privzo.config.run import RunConfig
-from privzo.run import finished_run, holds_other_run, run, starts_over
+from privzo.run import finished_run, refuse_other_run, run, starts_over
 from privzo.rundir import RunSummary
-from privzo.section import ConfigError
 from privzo.threads import threads_per_process, use_threads
 from privzo.tracking.store import default_tracking_uri, ui_lines
 
@@ -115,13 +114,12 @@ def _run_arms(output_dir: Path, cache_dir: Path, config_dir: Path, quick: bool) 
 def _check_arm_dirs(output_dir: Path, configs: dict[str, RunConfig]) -> None:
     """Exactly this config is reused or resumed (a --quick arm is not, for the full demo): an
     arm whose directory holds another config's run is refused, its released steps kept."""
+    advice = (
+        "(the demo's with or without --quick, say); choose another --output-dir, or delete "
+        "that directory to run the arm again"
+    )
     for arm, config in configs.items():
-        if holds_other_run(output_dir / arm, config):
-            raise ConfigError(
-                f"demo arm {arm}: {output_dir / arm} holds a run of another config (the "
-                "demo's with or without --quick, say); choose another --output-dir, or delete "
-                "that directory to run the arm again"
-            )
+        refuse_other_run(output_dir / arm, config, f"demo arm {arm}: ", advice)
 
 
 def _run_search(

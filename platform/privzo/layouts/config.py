@@ -8,13 +8,16 @@ from pydantic import Field, model_validator
 
 from privzo.section import Section
 
-__all__ = ["LayoutName", "OffloadDevice", "ParallelConfig"]
+__all__ = ["MAX_MEMORY_GB", "LayoutName", "OffloadDevice", "ParallelConfig"]
 
 # The layouts a config may choose; tests/unit/algorithms/test_registry.py ties it to the
 # registry's layouts.
 LayoutName = Literal["single", "replica", "zero3"]
 # Where ZeRO-3 keeps each rank's partitions between forwards (DeepSpeed's offload_param)
 OffloadDevice = Literal["none", "cpu", "nvme"]
+# The most GiB of one GPU or host the planner takes: a million GiB (about a pebibyte) is far
+# beyond any machine, so a larger figure is a typo (an exponent, a unit) and is refused.
+MAX_MEMORY_GB = 1_000_000
 
 
 class ParallelConfig(Section):
@@ -25,7 +28,10 @@ class ParallelConfig(Section):
     use_gpu: bool = False
     max_failures: int = Field(0, ge=0, description="Worker failures Ray Train recovers from.")
     gpu_memory_gb: float = Field(
-        80.0, gt=0, description="Memory of one GPU (GiB), for the planner's fit check."
+        80.0,
+        gt=0,
+        le=MAX_MEMORY_GB,
+        description="Memory of one GPU (GiB), for the planner's fit check.",
     )
     offload: OffloadDevice = Field(
         "none",
@@ -40,6 +46,7 @@ class ParallelConfig(Section):
     host_memory_gb: float | None = Field(
         None,
         gt=0,
+        le=MAX_MEMORY_GB,
         description="Host memory (GiB) of the node the workers share, for the planner's "
         "offload check; null = this machine's.",
     )

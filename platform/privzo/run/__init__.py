@@ -25,6 +25,7 @@ from privzo.rundir import (
     finished,
     holds_other_run,
     prepare_output_dir,
+    refuse_other_run,
     starts_over,
     unfinished_steps,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "model_parameters",
     "plan_privacy",
     "prepare_output_dir",
+    "refuse_other_run",
     "run",
     "starts_over",
     "unfinished_steps",

@@ -36,6 +36,7 @@ from privzo.rundir.resume import (
 )
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
 from privzo.rundir.trajectory import write_trajectory
+from privzo.section import ConfigError
 
 
 def write_config(output_dir: Path, config: RunConfig) -> None:
@@ -99,6 +100,14 @@ def holds_other_run(output_dir: Path, config: RunConfig) -> bool:
     if not holds_run(directory):
         return False
     return not holds_configs(directory, {CONFIG_FILE: dump_config(config)})
+
+
+def refuse_other_run(directory: Path, config: RunConfig, named: str, advice: str) -> None:
+    """Refuse ``directory`` where it holds another config's run (``holds_other_run``), before
+    anything trains. ``named`` prefixes the message with what the directory is to the caller;
+    ``advice`` says why the config may differ and how to go on."""
+    if holds_other_run(directory, config):
+        raise ConfigError(f"{named}{directory} holds a run of another config {advice}")
 
 
 def released_nothing(output_dir: Path, config: RunConfig) -> bool:

@@ -18,19 +18,18 @@ from privzo.audit import AUDIT_FILE, AuditRecord, check_audit, run_audit
 from privzo.audit.canaries import check_canary_count
 from privzo.audit.config import AuditConfig
 from privzo.audit.draw import draw_digest, load_draw
-from privzo.audit.pipeline import check_audit_resumes
 from privzo.audit.record import RUN_DIR
+from privzo.audit.training import check_audit_resumes
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.models.loading import check_model
-from privzo.run import holds_other_run
+from privzo.run import refuse_other_run
 from privzo.rundir import (
     CONFIG_FILE,
     finished_record,
     read_json_object,
     write_text_atomically,
 )
-from privzo.section import ConfigError
 from privzo.studies.config import ScalingStudyConfig
 from privzo.tasks import load_splits, resolve_task_config
 
@@ -55,12 +54,11 @@ def check_audit_cell(config: RunConfig, audit: AuditConfig, cell_dir: Path) -> N
     """What ``privzo audit`` refuses before training: the layout, the task, k against M, M
     against the cell's private training rows, and a stopped attempt without its draw."""
     check_audit(config, audit, cell_dir, overwrite=True)  # an audit.json: see run_audit_cell
-    if holds_other_run(cell_dir / RUN_DIR, config):
-        raise ConfigError(
-            f"{cell_dir / RUN_DIR} holds a run of another config (the study's base, overrides or "
-            "experiment changed since it ran); delete that audit cell's directory to audit the "
-            "cell with this config, or choose another --output-dir"
-        )
+    advice = (
+        "(the study's base, overrides or experiment changed since it ran); delete that audit "
+        "cell's directory to audit the cell with this config, or choose another --output-dir"
+    )
+    refuse_other_run(cell_dir / RUN_DIR, config, "", advice)
     check_audit_resumes(config, audit, cell_dir)
     task = resolve_task_config(config.task, check_model(config.model))
     check_canary_count(audit.canaries, load_splits(task).train)

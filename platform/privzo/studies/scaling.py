@@ -18,7 +18,7 @@ from typing import Any
 from privzo.audit import AuditRecord
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
-from privzo.run import finished_run, holds_other_run, run, starts_over
+from privzo.run import finished_run, refuse_other_run, run, starts_over
 from privzo.rundir import (
     SUMMARY_FILE,
     RunSummary,
@@ -182,14 +182,13 @@ def _check_cell_dirs(cells: list[Cell], configs: dict[str, RunConfig], output_di
     """A cell whose directory holds another config's run (the study's base, overrides or
     experiment changed since it ran) is refused before any cell trains: its released steps are
     not written over."""
+    advice = (
+        "(the study's base, overrides or experiment changed since it ran); delete that "
+        "directory to run the cell with this config, or choose another --output-dir"
+    )
     for index, cell in enumerate(cells, start=1):
-        cell_dir = output_dir / CELLS_DIR / cell.name
-        if holds_other_run(cell_dir, configs[cell.name]):
-            raise ConfigError(
-                f"study cell {index}/{len(cells)} {cell.name}: {cell_dir} holds a run of another "
-                "config (the study's base, overrides or experiment changed since it ran); delete "
-                "that directory to run the cell with this config, or choose another --output-dir"
-            )
+        named = f"study cell {index}/{len(cells)} {cell.name}: "
+        refuse_other_run(output_dir / CELLS_DIR / cell.name, configs[cell.name], named, advice)
 
 
 def _check_audit_cells(

@@ -40,6 +40,16 @@ class EncodedExamples:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def head(self, count: int) -> EncodedExamples:
+        """The first ``count`` examples: each row is encoded alone, so this is their encoding
+        without encoding them again."""
+        return EncodedExamples(
+            self.input_ids[:count],
+            self.positions[:count],
+            self.labels[:count],
+            self.cut_tokens[:count],
+        )
+
 
 @dataclass
 class Batch:

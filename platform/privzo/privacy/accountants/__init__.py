@@ -22,8 +22,9 @@ Accountants (``ACCOUNTANTS``, listed in ``registry``; one module each):
 ``query`` states what ε and calibration are asked about (``AccountingQuery``), ``calibration``
 holds the one search for the smallest σ meeting an ε target, ``memo`` the memo
 of ε evaluations (for the process, and in a cache directory for later processes), ``events``
-the run's dp_accounting event, ``base`` what the accountants share (validation, the
-``Accountant`` class, which states what each bounds), and ``registry`` the accountants by name.
+the run's dp_accounting event, ``settings`` the settings every accountant shares and their
+checks, ``refusal`` an accountant's refusal of noise it cannot bound, ``base`` the
+``Accountant`` class (which states what each bounds), and ``registry`` the accountants by name.
 
 Discrete noise (``noise_parameters={"grid": K}``, see ``privzo.privacy.mechanisms``): the noise
 is γ·k with γ = σC/K, k ~ N_Z(0, K²) or discrete Laplace of scale K, and the clipped sum is
@@ -36,14 +37,7 @@ of J ≥ 2 directions on the grid (``{"grid": K, "directions": J}``) rounds a J-
 discrete Gaussian step only ``rdp`` bounds (at integer orders, ``docs/privacy/vector-grid.md``).
 """
 
-from privzo.privacy.accountants.base import (
-    MECHANISM_NAMES,
-    PLD_VALUE_DISCRETIZATION,
-    Accountant,
-    UnsupportedNoiseError,
-    check_delta,
-    check_positive,
-)
+from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import (
     CALIBRATION_RTOL,
     MAX_NOISE_MULTIPLIER,
@@ -56,6 +50,7 @@ from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
 from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.accountants.rdp import RdpAccountant
+from privzo.privacy.accountants.refusal import UnsupportedNoiseError
 from privzo.privacy.accountants.registry import (
     ACCOUNTANTS,
     accountant_from_state,
@@ -66,6 +61,12 @@ from privzo.privacy.accountants.registry import (
     epsilon_of,
     get_accountant,
     make_accountant,
+)
+from privzo.privacy.accountants.settings import (
+    MECHANISM_NAMES,
+    PLD_VALUE_DISCRETIZATION,
+    check_delta,
+    check_positive,
 )
 
 __all__ = [

@@ -1,146 +1,29 @@
-"""What every accountant shares: validation, the mechanism names and the ``Accountant`` base
-class, which states what each accountant bounds and holds the code they all run (the grid, the
-saved state, calibration)."""
+"""The ``Accountant`` base class, which states what each accountant bounds and holds the code
+they all run (the grid, the saved state, calibration); the settings it checks are in
+``settings``, its refusal of noise it cannot bound in ``refusal``."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import Any, ClassVar
-
-import numpy as np
 
 from privzo.privacy.accountants.calibration import COARSE_FACTOR, Curve, search_sigma
 from privzo.privacy.accountants.query import AccountingQuery
+from privzo.privacy.accountants.refusal import UnsupportedNoiseError
+from privzo.privacy.accountants.settings import (
+    PLD_VALUE_DISCRETIZATION,
+    check_delta,
+    check_mechanism_name,
+    check_positive,
+    directions_of,
+)
 from privzo.privacy.checks import check_count, check_sample_rate
 from privzo.privacy.discrete import check_grid
 
-__all__ = [
-    "MECHANISM_NAMES",
-    "PLD_VALUE_DISCRETIZATION",
-    "Accountant",
-    "UnsupportedNoiseError",
-    "check_delta",
-    "check_mechanism_name",
-    "check_positive",
-    "directions_of",
-]
+__all__ = ["Accountant"]
 
-MECHANISM_NAMES: tuple[str, ...] = ("gaussian", "laplace", "lmo")
-# The ε-grid spacing of the PLD accountants (pld, numeric) unless a caller sets its own.
-PLD_VALUE_DISCRETIZATION = 1e-4
 _EPSILON_CACHE_SIZE = 256
-
-
-# --- validation -------------------------------------------------------------------------------
-
-
-def check_positive(name: str, value: float) -> float:
-    """A finite number > 0 (ε budgets, noise multipliers)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r} is out of range; allowed: finite and > 0")
-    return float(value)
-
-
-def check_delta(delta: float, *, allow_zero: bool = False) -> float:
-    """δ in (0, 1), or [0, 1) where pure ε-DP makes δ = 0 meaningful."""
-    allowed = "[0, 1)" if allow_zero else "(0, 1)"
-    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.integer, np.floating)):
-        raise ValueError(f"delta={delta!r} must be a number in {allowed}")
-    low_ok = delta >= 0 if allow_zero else delta > 0
-    if not (math.isfinite(delta) and low_ok and delta < 1):
-        why = "" if allow_zero else " (δ = 0 needs a pure-DP accountant: 'pure', Laplace only)"
-        raise ValueError(f"delta={delta!r} is out of range; allowed: {allowed}{why}")
-    return float(delta)
-
-
-def check_mechanism_name(mechanism: str) -> str:
-    """One of ``MECHANISM_NAMES``, whichever accountant bounds it."""
-    if mechanism not in MECHANISM_NAMES:
-        raise ValueError(f"mechanism={mechanism!r} is unknown; allowed: {list(MECHANISM_NAMES)}")
-    return mechanism
-
-
-class UnsupportedNoiseError(ValueError):
-    """An accountant's refusal of noise it cannot bound (a mechanism, or discrete noise).
-
-    The full message also names the accountants that *can* bound the noise. Only the registry
-    knows them, and it imports every accountant, each of which imports this module; so the
-    accountant raises this with what it knows, and the registry, around each accountant it
-    builds or calibrates, re-raises it completed by ``naming``. (Handing the registry to the
-    accountants instead would reach them only on some paths, or reorder their validation.) An
-    accountant built directly, not through the registry, refuses without the list. The fields
-    are plain data, so the error pickles (a Ray worker may raise it).
-    """
-
-    reason: str = ""
-    noise: str = ""  # what is refused, as the message names it
-    mechanism: str | None = None  # the refused mechanism; None: any mechanism on a grid
-    grid: bool = False  # the refused noise is discrete (on a grid)
-    directions: int = 1  # the refused noise is a gridded vector of this many directions
-    advice: str = ""
-
-    @classmethod
-    def refusing(
-        cls,
-        reason: str,
-        noise: str,
-        mechanism: str | None,
-        advice: str = "",
-        able: list[str] | None = None,
-        *,
-        grid: bool = False,
-        directions: int = 1,
-    ) -> UnsupportedNoiseError:
-        """The refusal, listing ``able`` (the accountants that can) where given."""
-        listed = "" if able is None else f"; accountants for {noise}: {able}"
-        error = cls(f"{reason}{listed}{advice}")
-        error.reason, error.noise, error.mechanism = reason, noise, mechanism
-        error.grid, error.advice = grid or mechanism is None, advice
-        error.directions = directions
-        return error
-
-    def can_bound(self, accountant: type[Accountant]) -> bool:
-        """Whether ``accountant`` bounds the refused noise."""
-        if self.mechanism is None:
-            return bool(accountant.grid_mechanisms)
-        return accountant.bounds(self.mechanism, grid=self.grid, directions=self.directions)
-
-    def naming(self, accountants: Mapping[str, type[Accountant]]) -> UnsupportedNoiseError:
-        """The same refusal, naming the accountants in ``accountants`` that can bound it."""
-        able = [name for name, accountant in accountants.items() if self.can_bound(accountant)]
-        return self.refusing(
-            self.reason,
-            self.noise,
-            self.mechanism,
-            self.advice,
-            able,
-            grid=self.grid,
-            directions=self.directions,
-        )
-
-
-def directions_of(noise_parameters: Mapping[str, Any] | None) -> int:
-    """The J of a gridded J-vector in ``noise_parameters`` (1 when absent): an integer ≥ 2
-    that comes with a grid, since only discrete noise makes the privacy depend on it."""
-    parameters = noise_parameters or {}
-    if "directions" not in parameters:
-        return 1
-    directions = parameters["directions"]
-    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 2:
-        raise ValueError(f"directions={directions!r} must be an integer ≥ 2 (absent for 1)")
-    if parameters.get("grid") is None:
-        raise ValueError(
-            f"directions={directions} without a grid: continuous Gaussian noise costs the "
-            "same for any number of directions; drop it"
-        )
-    return directions
-
-
-# --- the base class ----------------------------------------------------------------------------
 
 
 class Accountant(ABC):

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from privzo.privacy.accountants.base import PLD_VALUE_DISCRETIZATION, Accountant
+from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.calibration import COARSE_FACTOR, MIN_NOISE_MULTIPLIER, Curve
 from privzo.privacy.accountants.events import event_curve
 from privzo.privacy.accountants.memo import EPSILONS
 from privzo.privacy.accountants.query import AccountingQuery
+from privzo.privacy.accountants.settings import PLD_VALUE_DISCRETIZATION
 from privzo.privacy.discrete import grid_sensitivity
 
 if TYPE_CHECKING:

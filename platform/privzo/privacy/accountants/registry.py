@@ -9,12 +9,13 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from privzo.privacy.accountants.base import Accountant, UnsupportedNoiseError
+from privzo.privacy.accountants.base import Accountant
 from privzo.privacy.accountants.numeric import NumericAccountant
 from privzo.privacy.accountants.pld import PldAccountant
 from privzo.privacy.accountants.pure import PureLaplaceAccountant
 from privzo.privacy.accountants.query import AccountingQuery
 from privzo.privacy.accountants.rdp import RdpAccountant
+from privzo.privacy.accountants.refusal import UnsupportedNoiseError
 from privzo.privacy.checks import check_count
 
 __all__ = [
