@@ -79,7 +79,8 @@ class OffloadReport:
     threads: int
     repeats: int
     offload: str
-    partitions_on: str  # where DeepSpeed keeps the partitions between forwards
+    partitions_on: str  # the device of the partitions (ds_tensor) between forwards
+    offload_param: str  # where the engine says it offloads them (DeepSpeed's offload_param)
     seconds: dict[str, float]  # median of the timed rounds, per case
     device_peak_mb: dict[str, float] | None  # the largest of the timed rounds, per case
     host_peak_mb: dict[str, float]
@@ -185,9 +186,12 @@ def offload_benchmark(bench: OffloadBench) -> OffloadReport:
         perturber = loader.perturber(model, shards, sampler)
         steps = _Steps(setup, model, perturber)
         measured = _measure(steps, setup.device, bench.repeats, bench.progress)
-        partitions_on = str(shards[0].tensor.device)
+        offloaded = alive[1].zero_offload_param()  # the engine's configuration, None without
+        device = None if offloaded is None else offloaded.device  # a str or a str enum
+        engine_says = "none" if device is None else getattr(device, "value", device)
+        where = (str(shards[0].tensor.device), str(engine_says))
         del alive, perturber, steps, shards, model
-    return _report(bench, setup, verdict, measured, partitions_on)
+    return _report(bench, setup, verdict, measured, where)
 
 
 class _Steps:
@@ -281,7 +285,7 @@ def _report(
     setup: BenchSetup,
     verdict: Plan,
     measured: _Measured,
-    partitions_on: str,
+    where: tuple[str, str],
 ) -> OffloadReport:
     seconds = {name: statistics.median(times) for name, times in measured.seconds.items()}
     host_peak = {name: max(peaks) for name, peaks in measured.host_peaks.items()}
@@ -319,7 +323,8 @@ def _report(
         threads=torch.get_num_threads(),
         repeats=bench.repeats,
         offload=bench.offload,
-        partitions_on=partitions_on,
+        partitions_on=where[0],
+        offload_param=where[1],
         seconds=seconds,
         device_peak_mb=device_peak,
         host_peak_mb=host_peak,
