@@ -21,6 +21,8 @@ if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
     pytest.skip("these check the suite where no GPU is visible", allow_module_level=True)
 
 ABSENT_ON_GPU_NODES = ("ray", "mlflow", "deepspeed", "opacus")
+# what DeepSpeed needs that GPU images have (docs/gpu.md lists what the suite expects there)
+IN_GPU_IMAGES = {"numpy", "torch", "tqdm"}
 
 
 def _gpu_check_module():
@@ -111,6 +113,38 @@ def test_the_wheel_list_is_pinned_and_meets_privzos_requirements():
         assert wanted[name].specifier.contains(version), (name, version)
     assert {"pytest", "pydantic-core", "dm-tree"} <= pins.keys()
     assert not pins.keys() & set(ABSENT_ON_GPU_NODES)
+
+
+def test_deepspeed_is_built_at_the_version_tested_with_what_it_needs_carried():
+    """The offloaded ZeRO-3 step needs DeepSpeed, built from its source release (PyPI has no
+    wheel) at the version the tests run, with every requirement a GPU image lacks."""
+    from importlib.metadata import requires, version
+
+    lines = (REPO / "tools" / "gpu-sdists.txt").read_text().splitlines()
+    built = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    assert [(r.name, str(r.specifier)) for r in built] == [
+        ("deepspeed", f"=={version('deepspeed')}")
+    ]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(spec) for spec in project["dependencies"]]
+    assert next(r for r in wanted if r.name == "deepspeed").specifier.contains(version("deepspeed"))
+    lines = (REPO / "tools" / "gpu-wheels.txt").read_text().splitlines()
+    pins = {Requirement(line).name for line in lines if line.strip() and not line.startswith("#")}
+    needed = {r.name for r in map(Requirement, requires("deepspeed") or []) if not r.marker}
+    assert needed - pins == IN_GPU_IMAGES & needed
+
+
+def test_the_offload_part_is_listed_and_rendered():
+    gpu_check = _gpu_check_module()
+    assert "offload" in gpu_check.PARTS
+    assert gpu_check.FIRST_OFFLOAD.name == "opt-1.3b float16 16x128 offload cpu"
+    lines = gpu_check._offload_lines(
+        [{"case": gpu_check.FIRST_OFFLOAD.name, "status": "not run (budget spent)"}]
+    )
+    assert lines[0].startswith("## ZeRO-3 with its weights in host memory")
+    assert "| GPU peak MiB | planner GPU MiB | GPU peak/planner |" in lines[2]
+    assert lines[-1].startswith("| opt-1.3b float16 16x128 offload cpu | not run (budget spent) |")
+    assert lines[-1].count("|") == len(gpu_check.OFFLOAD_COLUMNS) + 1
 
 
 BLOCKED_CLI = (

@@ -84,6 +84,8 @@ class OffloadReport:
     seconds: dict[str, float]  # median of the timed rounds, per case
     device_peak_mb: dict[str, float] | None  # the largest of the timed rounds, per case
     host_peak_mb: dict[str, float]
+    # where /proc/self/clear_refs cannot be written, a host peak is the process's since its start
+    host_peak_since_start: bool
     plan: dict[str, Any]  # privzo.planner.plan(...).to_json()
     ratios: dict[str, float | None]
     projected_gradients: dict[str, list[float]]  # every step's, warm-up first
@@ -114,7 +116,8 @@ class OffloadReport:
             f"{self.plan['offload_bytes_per_step'] / mib:,.0f} MiB moved per step",
             f"measured / planner: device peak {_shown(self.ratios['device_peak_over_planner'])}"
             f"{' (' + device_peak + ' MiB)' if device_peak else ' (the device is the host)'}, "
-            f"host peak {_shown(self.ratios['host_peak_over_planner'])}",
+            f"host peak {_shown(self.ratios['host_peak_over_planner'])}"
+            f"{' (host peaks since the process started)' if self.host_peak_since_start else ''}",
             f"dpzero step / 2 forwards {self.ratios['dpzero_step_over_two_forwards']:.2f}, "
             f"mezo {self.ratios['mezo_step_over_two_forwards']:.2f}; planner's bytes of one "
             f"forward / its time: {_shown(self.ratios['moved_gb_per_s'])} GB/s",
@@ -153,13 +156,17 @@ def _check_plan(setup: BenchSetup, verdict: Plan) -> None:
     if verdict.fits:
         return
     where = f"{verdict.bytes_per_gpu / _GIB:.1f} GiB on the {setup.device.type} device"
-    if verdict.offload != "none":
+    has = f"the device has {verdict.gpu_memory_bytes / _GIB:.1f} GiB"
+    advice = "choose a smaller shape or batch"
+    if verdict.offload == "none":
+        advice += ", or --offload cpu"
+    else:
         where += f" and {verdict.host_bytes / _GIB:.1f} GiB of host memory"
+        has += f", the host {(verdict.host_memory_bytes or 0) / _GIB:.1f} GiB"
     raise ValueError(
         f"shape {setup.shape} ({setup.dtype}, batch {setup.batch_size} x {setup.seq_len}, "
-        f"offload {verdict.offload}) needs about {where} (planner); the device has "
-        f"{verdict.gpu_memory_bytes / _GIB:.1f} GiB less a 10% margin; choose a smaller shape "
-        "or batch, or --offload cpu"
+        f"offload {verdict.offload}) needs about {where} (planner); {has}, each less a 10% "
+        f"margin; {advice}"
     )
 
 
@@ -240,6 +247,7 @@ class _Measured:
     seconds: dict[str, list[float]]
     device_peaks: dict[str, list[float]] | None
     host_peaks: dict[str, list[float]]
+    host_peak_since_start: bool
     parameters: int
     projected: dict[str, list[float]]
 
@@ -270,8 +278,10 @@ def _measure(steps: _Steps, device: torch.device, repeats: int, progress: bool) 
                 host_peaks[name].append(host.peak_mb())
                 if gpu is not None:
                     gpu_peaks[name].append(gpu.peak_mb())
+    device_peaks = gpu_peaks if on_cuda else None
+    since_start = not host.resettable
     return _Measured(
-        seconds, gpu_peaks if on_cuda else None, host_peaks, steps.parameters, steps.projected
+        seconds, device_peaks, host_peaks, since_start, steps.parameters, steps.projected
     )
 
 
@@ -328,6 +338,7 @@ def _report(
         seconds=seconds,
         device_peak_mb=device_peak,
         host_peak_mb=host_peak,
+        host_peak_since_start=measured.host_peak_since_start,
         plan=verdict.to_json(),
         ratios=ratios,
         projected_gradients=measured.projected,
