@@ -335,27 +335,35 @@ def run_offload(check: Check, case: Offload, limit: float = 300) -> dict[str, An
     return entry
 
 
-def run_larger_offload(check: Check, first: dict[str, Any]) -> None:
+def larger_offload(first: dict[str, Any], remaining: float) -> tuple[str, float, bool]:
     """The largest of ``LARGER_OFFLOADS`` whose time, the first case's scaled by the parameters
-    (a step sweeps every weight on the host and copies every weight in twice), fits the budget
-    left; none where none does, said in the record as skipped."""
+    (a step sweeps every weight on the host and copies every weight in twice), fits in
+    ``remaining`` seconds (at most a part's 300, with a fifth to spare): (shape, its estimated
+    seconds, True); else the smallest of them, its estimate and False."""
     from privzo.models.architecture import count_parameters
     from privzo.models.shapes import resolve_shape
 
     scale = first["seconds"] / first["result"]["parameters"]
     for shape in LARGER_OFFLOADS:
         estimate = scale * count_parameters(resolve_shape(shape)[1])
-        if estimate < min(check.remaining(), 300) * 0.8:
-            run_offload(check, Offload(shape), limit=300)
-            return
-    largest = LARGER_OFFLOADS[-1]
+        if estimate < min(remaining, 300) * 0.8:
+            return shape, estimate, True
+    return shape, estimate, False
+
+
+def run_larger_offload(check: Check, first: dict[str, Any]) -> None:
+    """``larger_offload``'s shape measured, or the record saying why none was."""
+    shape, estimate, fits = larger_offload(first, check.remaining())
+    if fits:
+        run_offload(check, Offload(shape), limit=300)
+        return
     check.parts.append(
         {
-            "part": f"offload {Offload(largest).name}",
+            "part": f"offload {Offload(shape).name}",
             "status": "skipped",
             "seconds": 0.0,
-            "reason": f"about {scale * count_parameters(resolve_shape(largest)[1]):.0f} s "
-            f"needed, {max(0.0, check.remaining()):.0f} s of the budget left",
+            "reason": f"about {estimate:.0f} s needed, "
+            f"{max(0.0, check.remaining()):.0f} s of the budget left",
         }
     )
     check.write()

@@ -171,3 +171,16 @@ def test_the_gpu_path_runs_without_ray_mlflow_deepspeed_or_opacus(tmp_path):
         done = subprocess.run([*cli, *command], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "replay" / "model.safetensors").exists()
+
+
+def test_the_larger_offloaded_shape_is_the_largest_whose_estimated_time_fits():
+    """The first case's seconds per parameter scaled to each larger shape's parameters
+    (OPT-6.7B: 6.66e9, OPT-2.7B: 2.65e9), with a fifth of the time left to spare."""
+    gpu_check = _gpu_check_module()
+    first = {"seconds": 100.0, "result": {"parameters": 1_300_000_000}}
+    shape, estimate, fits = gpu_check.larger_offload(first, remaining=1000.0)
+    assert (shape, fits) == ("opt-2.7b", True)  # OPT-6.7B's 512 s exceed a part's 300 s
+    assert estimate == pytest.approx(204, abs=1)
+    assert gpu_check.larger_offload(first, remaining=200.0)[1:] == (estimate, False)
+    small = {"seconds": 20.0, "result": {"parameters": 1_300_000_000}}
+    assert gpu_check.larger_offload(small, remaining=400.0)[::2] == ("opt-6.7b", True)
