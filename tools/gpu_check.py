@@ -1,5 +1,6 @@
-"""The GPU suite in one call: tests/gpu and the zo-step benchmarks, one JSON file and one table.
-Its runs and benchmarks cover OPT and one Llama-family model each.
+"""The GPU suite in one call: tests/gpu, the zo-step benchmarks and a ZeRO-3 step with its weights
+offloaded to host memory, one JSON file and one table. Its runs and benchmarks cover OPT and one
+Llama-family model each.
 
 Run through ``tools/gpu-check.sh`` (which installs the carried wheels first). Each part is a
 separate process with its own time limit, in priority order, so a crash, an out-of-memory or
@@ -52,9 +53,32 @@ LATER_BENCHES = (
     Bench("opt-13b", "float16", 512),
 )
 LARGEST_CANDIDATES = ("opt-66b", "opt-30b")  # the first whose fit check passes is measured
-# What --parts selects: the kernel tests, the benchmarks, the runs replayed on CPU, the largest
-# shape; they run interleaved in priority order (kernels, the first benchmarks, runs, the rest).
-PARTS = ("kernels", "bench", "runs", "largest")
+
+
+@dataclass(frozen=True)
+class Offload:
+    """One ``privzo bench offload`` case (batch 16, partitions in host memory, one process): one
+    timed round after the warm-up, as each offloaded step sweeps every weight on the host."""
+
+    shape: str
+    dtype: str = "float16"
+    seq_len: int = 128
+    device: str = "cuda"
+    repeats: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape} {self.dtype} 16x{self.seq_len} offload cpu"
+
+
+FIRST_OFFLOAD = Offload("opt-1.3b")
+# Measured last, the first of these whose time (the first case's, scaled by the parameters)
+# fits what is left of the budget.
+LARGER_OFFLOADS = ("opt-6.7b", "opt-2.7b")
+# What --parts selects: the kernel tests, the benchmarks, the runs replayed on CPU, the offloaded
+# ZeRO-3 step, the largest shape; they run interleaved in priority order (kernels, the first
+# benchmarks, runs, the first offload case, the later benchmarks, the largest, a larger offload).
+PARTS = ("kernels", "bench", "runs", "offload", "largest")
 
 
 @dataclass
@@ -66,6 +90,7 @@ class Check:
     environment: dict[str, Any] = field(default_factory=dict)
     parts: list[dict[str, Any]] = field(default_factory=list)
     benchmarks: list[dict[str, Any]] = field(default_factory=list)
+    offload: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def records_path(self) -> Path:
@@ -86,6 +111,7 @@ class Check:
             "parts": self.parts,
             "records": self.records(),
             "benchmarks": self.benchmarks,
+            "offload": self.offload,
             "passed": all(part["status"] in ("passed", "skipped") for part in self.parts),
         }
 
@@ -125,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         run_bench(check, bench, args.repeats)
     if "runs" in parts:
         run_tests(check, "tests/gpu/test_run_replay.py", limit=420)
+    first_offload = run_offload(check, FIRST_OFFLOAD) if "offload" in parts else None
     for bench in LATER_BENCHES if "bench" in parts else ():
         run_bench(check, bench, args.repeats)
     if "largest" in parts:
         run_largest(check, args.repeats)
+    if first_offload is not None and first_offload["status"] == "passed":
+        run_larger_offload(check, first_offload)
     check.write()
     print(render_table(check.to_json()))
     return 0 if check.to_json()["passed"] else 1
@@ -282,6 +311,64 @@ def run_largest(check: Check, repeats: int) -> None:
         check.parts.pop()
 
 
+def _offload_command(case: Offload) -> list[str]:
+    command = [sys.executable, "-m", "privzo", "bench", "offload", "--device", case.device]
+    command += ["--shape", case.shape, "--dtype", case.dtype, "--seq-len", str(case.seq_len)]
+    return [*command, "--batch-size", "16", "--repeats", str(case.repeats), "--json"]
+
+
+def run_offload(check: Check, case: Offload, limit: float = 300) -> dict[str, Any]:
+    """One offloaded ZeRO-3 case; its record (the planner's figures beside the measured ones)."""
+    status, stdout, stderr, seconds = _run(check, case.name, _offload_command(case), limit)
+    entry: dict[str, Any] = {"case": case.name, "status": status, "seconds": round(seconds, 1)}
+    if status == "passed":
+        result = json.loads(stdout)
+        result.pop("table", None)
+        entry["result"] = result
+    else:
+        entry["error"] = (stdout + stderr)[-2000:]
+    check.offload.append(entry)
+    check.parts.append(
+        {"part": f"offload {case.name}", "status": status, "seconds": entry["seconds"]}
+    )
+    check.write()
+    return entry
+
+
+def larger_offload(first: dict[str, Any], remaining: float) -> tuple[str, float, bool]:
+    """The largest of ``LARGER_OFFLOADS`` whose time, the first case's scaled by the parameters
+    (a step sweeps every weight on the host and copies every weight in twice), fits in
+    ``remaining`` seconds (at most a part's 300, with a fifth to spare): (shape, its estimated
+    seconds, True); else the smallest of them, its estimate and False."""
+    from privzo.models.architecture import count_parameters
+    from privzo.models.shapes import resolve_shape
+
+    scale = first["seconds"] / first["result"]["parameters"]
+    for shape in LARGER_OFFLOADS:
+        estimate = scale * count_parameters(resolve_shape(shape)[1])
+        if estimate < min(remaining, 300) * 0.8:
+            return shape, estimate, True
+    return shape, estimate, False
+
+
+def run_larger_offload(check: Check, first: dict[str, Any]) -> None:
+    """``larger_offload``'s shape measured, or the record saying why none was."""
+    shape, estimate, fits = larger_offload(first, check.remaining())
+    if fits:
+        run_offload(check, Offload(shape), limit=300)
+        return
+    check.parts.append(
+        {
+            "part": f"offload {Offload(shape).name}",
+            "status": "skipped",
+            "seconds": 0.0,
+            "reason": f"about {estimate:.0f} s needed, "
+            f"{max(0.0, check.remaining()):.0f} s of the budget left",
+        }
+    )
+    check.write()
+
+
 RATIO_COLUMNS = (
     ("dpzero_step_over_two_forwards", "step/2fwd", 1.5),
     ("dpzero_over_mezo_reference_time", "step/MeZO ref", 0.55),
@@ -312,6 +399,8 @@ def render_table(record: dict[str, Any]) -> str:
     if replays:
         lines += ["", *_replay_lines(replays)]
     lines += ["", *_bench_lines(record["benchmarks"])]
+    if record.get("offload"):
+        lines += ["", *_offload_lines(record["offload"])]
     return "\n".join(lines)
 
 
@@ -381,6 +470,68 @@ def _bench_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
         shown += [f"{ratios[key]:.3f}" if key in ratios else "-" for key, _l, _b in RATIO_COLUMNS]
         lines.append(f"| {entry['case']} | " + " | ".join(shown) + " |")
     return lines
+
+
+OFFLOAD_COLUMNS = (
+    "case",
+    "forward s",
+    "DPZero step s",
+    "MeZO step s",
+    "step/2fwd",
+    "GPU peak MiB",
+    "planner GPU MiB",
+    "GPU peak/planner",
+    "host peak MiB",
+    "planner host MiB",
+    "host peak/planner",
+    "planner moved GiB/step",
+    "GB/s in a forward",
+)
+
+
+def _offload_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The offloaded cases: measured beside the planner (``privzo.planner.plan``, same plan)."""
+    lines = [
+        "## ZeRO-3 with its weights in host memory (`privzo bench offload`, one process, "
+        "batch 16; the step's peaks, the planner's figures for the same plan)",
+        "",
+        "| " + " | ".join(OFFLOAD_COLUMNS) + " |",
+        "|" + "---|" * len(OFFLOAD_COLUMNS),
+    ]
+    for entry in entries:
+        if "result" not in entry:
+            lines.append(
+                f"| {entry['case']} | {entry['status']} |" + " |" * (len(OFFLOAD_COLUMNS) - 2)
+            )
+            continue
+        lines.append(f"| {entry['case']} | " + " | ".join(_offload_cells(entry["result"])) + " |")
+    return lines
+
+
+def _offload_cells(result: dict[str, Any]) -> list[str]:
+    seconds, ratios, plan = result["seconds"], result["ratios"], result["plan"]
+    mib = 2**20
+    device = result["device_peak_mb"]  # None on CPU, where the device is the host
+    gpu_peak = None if device is None else max(device["dpzero"], device["mezo"])
+    host_peak = max(result["host_peak_mb"][name] for name in ("dpzero", "mezo"))
+    return [
+        f"{seconds['forward']:.3f}",
+        f"{seconds['dpzero']:.3f}",
+        f"{seconds['mezo']:.3f}",
+        f"{ratios['dpzero_step_over_two_forwards']:.2f}",
+        "-" if gpu_peak is None else f"{gpu_peak:,.0f}",
+        f"{plan['bytes_per_gpu'] / mib:,.0f}",
+        _ratio(ratios["device_peak_over_planner"]),
+        f"{host_peak:,.0f}",
+        f"{plan['host_bytes'] / mib:,.0f}",
+        _ratio(ratios["host_peak_over_planner"]),
+        f"{plan['offload_bytes_per_step'] / 2**30:.2f}",
+        _ratio(ratios["moved_gb_per_s"]),
+    ]
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
     pytest.skip("these check the suite where no GPU is visible", allow_module_level=True)
 
 ABSENT_ON_GPU_NODES = ("ray", "mlflow", "deepspeed", "opacus")
+# what DeepSpeed needs that GPU images have (docs/gpu.md lists what the suite expects there)
+IN_GPU_IMAGES = {"numpy", "torch", "tqdm"}
 
 
 def _gpu_check_module():
@@ -113,6 +115,38 @@ def test_the_wheel_list_is_pinned_and_meets_privzos_requirements():
     assert not pins.keys() & set(ABSENT_ON_GPU_NODES)
 
 
+def test_deepspeed_is_built_at_the_version_tested_with_what_it_needs_carried():
+    """The offloaded ZeRO-3 step needs DeepSpeed, built from its source release (PyPI has no
+    wheel) at the version the tests run, with every requirement a GPU image lacks."""
+    from importlib.metadata import requires, version
+
+    lines = (REPO / "tools" / "gpu-sdists.txt").read_text().splitlines()
+    built = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    assert [(r.name, str(r.specifier)) for r in built] == [
+        ("deepspeed", f"=={version('deepspeed')}")
+    ]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(spec) for spec in project["dependencies"]]
+    assert next(r for r in wanted if r.name == "deepspeed").specifier.contains(version("deepspeed"))
+    lines = (REPO / "tools" / "gpu-wheels.txt").read_text().splitlines()
+    pins = {Requirement(line).name for line in lines if line.strip() and not line.startswith("#")}
+    needed = {r.name for r in map(Requirement, requires("deepspeed") or []) if not r.marker}
+    assert needed - pins == IN_GPU_IMAGES & needed
+
+
+def test_the_offload_part_is_listed_and_rendered():
+    gpu_check = _gpu_check_module()
+    assert "offload" in gpu_check.PARTS
+    assert gpu_check.FIRST_OFFLOAD.name == "opt-1.3b float16 16x128 offload cpu"
+    lines = gpu_check._offload_lines(
+        [{"case": gpu_check.FIRST_OFFLOAD.name, "status": "not run (budget spent)"}]
+    )
+    assert lines[0].startswith("## ZeRO-3 with its weights in host memory")
+    assert "| GPU peak MiB | planner GPU MiB | GPU peak/planner |" in lines[2]
+    assert lines[-1].startswith("| opt-1.3b float16 16x128 offload cpu | not run (budget spent) |")
+    assert lines[-1].count("|") == len(gpu_check.OFFLOAD_COLUMNS) + 1
+
+
 BLOCKED_CLI = (
     "import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
     "from privzo.cli import main; sys.exit(main())"
@@ -137,3 +171,16 @@ def test_the_gpu_path_runs_without_ray_mlflow_deepspeed_or_opacus(tmp_path):
         done = subprocess.run([*cli, *command], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "replay" / "model.safetensors").exists()
+
+
+def test_the_larger_offloaded_shape_is_the_largest_whose_estimated_time_fits():
+    """The first case's seconds per parameter scaled to each larger shape's parameters
+    (OPT-6.7B: 6.66e9, OPT-2.7B: 2.65e9), with a fifth of the time left to spare."""
+    gpu_check = _gpu_check_module()
+    first = {"seconds": 100.0, "result": {"parameters": 1_300_000_000}}
+    shape, estimate, fits = gpu_check.larger_offload(first, remaining=1000.0)
+    assert (shape, fits) == ("opt-2.7b", True)  # OPT-6.7B's 512 s exceed a part's 300 s
+    assert estimate == pytest.approx(204, abs=1)
+    assert gpu_check.larger_offload(first, remaining=200.0)[1:] == (estimate, False)
+    small = {"seconds": 20.0, "result": {"parameters": 1_300_000_000}}
+    assert gpu_check.larger_offload(small, remaining=400.0)[::2] == ("opt-6.7b", True)

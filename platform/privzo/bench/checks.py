@@ -31,8 +31,11 @@ class BenchSetup:
     seq_len: int
 
 
-def checked_setup(shape: str, device: str, dtype: str, batch_size: int, seq_len: int) -> BenchSetup:
-    """The request, or a ValueError that says what the machine or the shape cannot do."""
+def checked_setup(
+    shape: str, device: str, dtype: str, batch_size: int, seq_len: int, fit: bool = True
+) -> BenchSetup:
+    """The request, or a ValueError that says what the machine or the shape cannot do; ``fit``:
+    also that the whole model fits the device (not where its weights are offloaded)."""
     _, arch = resolve_shape(shape)
     resolve_dtype(dtype)
     if batch_size < 1:
@@ -45,7 +48,8 @@ def checked_setup(shape: str, device: str, dtype: str, batch_size: int, seq_len:
     torch_device = _checked_device(device)
     _check_dtype_runs(torch_device, dtype)
     setup = BenchSetup(shape, arch, torch_device, dtype, batch_size, seq_len)
-    _check_fit(setup)
+    if fit:
+        _check_fit(setup)
     return setup
 
 

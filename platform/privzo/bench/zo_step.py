@@ -103,7 +103,7 @@ def zo_step_benchmark(bench: StepBench, shape: str = "tiny", directions: int = 1
     if bench.progress:
         print(f"building {shape} ({bench.dtype}) on {setup.device}", flush=True)
     model = random_model(setup.arch, bench.dtype, device=setup.device)
-    batch = _random_batch(setup)
+    batch = random_batch(setup)
     measured = bench.measure(_cases(setup, model, batch, directions), setup.device)
     parameters = sum(p.numel() for p in model.parameters())
     return report(setup, measured, parameters, bench.repeats, needed_bytes(setup), directions)
@@ -121,15 +121,15 @@ def family_step_benchmark(bench: StepBench) -> FamilyStepReport:
             print(f"building {setup.shape} ({bench.dtype}) on {setup.device}", flush=True)
         model = random_model(setup.arch, bench.dtype, device=setup.device)
         parameters[setup.shape] = sum(p.numel() for p in model.parameters())
-        batch = _random_batch(setup)
-        loss = _loss(setup, model, batch)
+        batch = random_batch(setup)
+        loss = label_loss(setup, model, batch)
         step = _privzo_step(_weights(setup, model), batch, loss, "dpzero", bench.batch_size)
         cases.update({f"{setup.shape}/forward": Case(loss), f"{setup.shape}/dpzero": Case(step)})
     measured = bench.measure(cases, setups[0].device)
     return family_report(setups, measured, parameters, bench.repeats)
 
 
-def _random_batch(setup: BenchSetup) -> Batch:
+def random_batch(setup: BenchSetup) -> Batch:
     """Random tokens, already on the device: the forward measures no host-to-device copy."""
     generator = torch.Generator().manual_seed(0)
     shape = (setup.batch_size, setup.seq_len)
@@ -163,7 +163,7 @@ class PrivzoWeights:
         self.shards, self.perturber = [], None
 
 
-def _loss(setup: BenchSetup, model: nn.Module, batch: Batch) -> Callable[..., torch.Tensor]:
+def label_loss(setup: BenchSetup, model: nn.Module, batch: Batch) -> Callable[..., torch.Tensor]:
     """The per-example loss a step evaluates: cross-entropy over the label words' logits."""
     label_ids = torch.tensor(LABEL_IDS, device=setup.device)
 
@@ -181,7 +181,7 @@ def _weights(setup: BenchSetup, model: nn.Module) -> PrivzoWeights:
 
 
 def _cases(setup: BenchSetup, model: nn.Module, batch: Batch, directions: int) -> dict[str, Case]:
-    loss = _loss(setup, model, batch)
+    loss = label_loss(setup, model, batch)
     weights = _weights(setup, model)
     parameters = list(model.parameters())
     seeds = iter(range(1, 10**9))

@@ -122,6 +122,42 @@ def _zo_step(args: argparse.Namespace) -> BenchResult:
     return zo_step_benchmark(bench, shape=args.shape, directions=args.directions)
 
 
+# --- offload -----------------------------------------------------------------------------------
+
+
+def _offload_options(offload: argparse.ArgumentParser) -> None:
+    offload.add_argument("--device", default="cpu", help="cpu or cuda")
+    offload.add_argument("--shape", default="tiny", help=f"the model's shape: {SHAPES}")
+    offload.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
+    offload.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    offload.add_argument("--seq-len", type=int, default=128, help="tokens per example")
+    offload.add_argument("--repeats", type=int, default=3, help="timed rounds (their median)")
+    offload.add_argument(
+        "--offload",
+        default="cpu",
+        help="where the partitions live between forwards: cpu (host memory, DeepSpeed's "
+        "offload_param) or none (on the device, for comparison)",
+    )
+
+
+def _offload(args: argparse.Namespace) -> BenchResult:
+    from privzo.bench.offload import OffloadBench, offload_benchmark
+
+    bench = OffloadBench(
+        shape=args.shape,
+        device=args.device,
+        dtype=dtype_name(args.dtype),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        offload=args.offload,
+        progress=not args.json,
+    )
+    quiet_libraries(args.verbose)
+    with stdout_to_stderr():  # DeepSpeed's own lines; stdout is kept for the result
+        return offload_benchmark(bench)
+
+
 # --- memory, distributed, pad-to ---------------------------------------------------------------
 
 
@@ -217,6 +253,19 @@ BENCHES = (
         description="Time and peak memory of a zeroth-order step (DPZero, MeZO, MeZO's "
         "reference step) and its sweeps against two forward passes, with the targets they "
         "are held to.",
+        cache_dir=False,
+    ),
+    Bench(
+        "offload",
+        "a ZeRO-3 step with its weights offloaded to host memory vs the planner",
+        "privzo bench offload --device cuda --shape opt-1.3b --dtype float16",
+        _offload_options,
+        _offload,
+        description="Time and peak memory (the device's and the host's) of a forward, a MeZO "
+        "and a DPZero step of a randomly initialised model of a named shape, partitioned by "
+        "DeepSpeed ZeRO-3 in a world of one process with its partitions in host memory "
+        "(parallel.offload: cpu), beside the planner's GPU peak, host memory and bytes moved "
+        "per step for the same shape, dtype, batch and length. Needs DeepSpeed.",
         cache_dir=False,
     ),
     Bench(

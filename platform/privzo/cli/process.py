@@ -92,13 +92,16 @@ def quiet_libraries(verbose: bool) -> None:
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
-    """Send this process's file descriptor 1 to stderr for a while: Ray forwards its workers'
-    output to it, and a command's result on stdout must stay parsable."""
+    """Send this process's file descriptor 1, and Python's ``sys.stdout`` (which need not be
+    it, e.g. when a caller captures it), to stderr for a while: Ray forwards its workers' output
+    to the one, DeepSpeed prints to the other, and a command's result on stdout must stay
+    parsable."""
     sys.stdout.flush()
     saved_stdout = os.dup(1)
     os.dup2(2, 1)
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         sys.stdout.flush()
         os.dup2(saved_stdout, 1)

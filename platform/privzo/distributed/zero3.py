@@ -17,6 +17,10 @@ run the same forwards). With ``parallel.offload: cpu`` the partitions live in ho
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,9 @@ from privzo.config.run import RunConfig
 from privzo.distributed.collectives import WorkerGroup
 from privzo.layouts.config import ParallelConfig
 from privzo.layouts.context import RunContext, build_context
+from privzo.models.architecture import DecoderArch
 from privzo.models.loading import LoadedModel, SavesPretrained, load_model
+from privzo.models.shapes import random_model
 from privzo.zo.directions import DirectionSampler
 from privzo.zo.perturbation import Perturber, make_perturber
 from privzo.zo.sweeps import ParameterShard
@@ -123,6 +129,56 @@ class PartitionedModel:
     ) -> Perturber:
         host = partition_sampler(sampler, shards)
         return make_perturber(model, shards, sampler, gathered=True, partition_sampler=host)
+
+
+@contextlib.contextmanager
+def world_of_one(use_gpu: bool) -> Iterator[None]:
+    """This process as rank 0 of a world of one (``torch.distributed`` and what DeepSpeed reads
+    from the environment) while the block runs, where no launcher started it: ZeRO-3 needs a
+    process group even alone. A group already joined is used as it is; one made here is left,
+    and the environment restored, after the block."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    ranks = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    before = {name: os.environ.get(name) for name in ranks}
+    os.environ.update(ranks)
+    try:
+        with tempfile.TemporaryDirectory(prefix="privzo-world-") as folder:
+            store = f"file://{Path(folder) / 'store'}"
+            dist.init_process_group(
+                "nccl" if use_gpu else "gloo", init_method=store, rank=0, world_size=1
+            )
+            try:
+                yield
+            finally:
+                dist.destroy_process_group()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def partitioned_random_model(
+    arch: DecoderArch, dtype: str, parallel: ParallelConfig, **config_extra: Any
+) -> tuple[torch.nn.Module, Any]:
+    """A random model of ``arch`` built partitioned (under ``zero.Init``, each partition where
+    ``parallel.offload`` puts it, so no device ever holds the whole model) and wrapped by the
+    engine whose hooks gather each layer for its forward; also returns what must stay alive
+    while the model is used. The process group must be joined first; ``config_extra`` goes to
+    the model's config (``privzo.models.shapes.random_model``)."""
+    import deepspeed
+    from transformers.integrations import HfDeepSpeedConfig
+
+    hf_deepspeed = HfDeepSpeedConfig(init_config(dtype, parallel))  # from_config partitions
+    device = "cuda" if parallel.use_gpu else "cpu"
+    model = random_model(arch, dtype, device=device, **config_extra)
+    engine, *_ = deepspeed.initialize(model=model, config=deepspeed_config(parallel))
+    return model, (hf_deepspeed, engine)
 
 
 def partition_sampler(sampler: DirectionSampler, shards: list[ParameterShard]) -> DirectionSampler:
