@@ -247,9 +247,7 @@ def directional_scores(
     return products.sum(axis=0) / np.where(spread > 0, spread, 1.0)
 
 
-def match_scores(
-    trace: WhiteBoxTrace, batch_size: float, clip: float | None = None
-) -> np.ndarray:
+def match_scores(trace: WhiteBoxTrace, batch_size: float, clip: float | None = None) -> np.ndarray:
     """−log of the closest |G_t − d_c(θ_t)| (L2 over a step's K coordinates) over the steps,
     relative to the spread of G's coordinates.
 
