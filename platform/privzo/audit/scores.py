@@ -11,7 +11,8 @@
     steps, on a log scale). A step whose batch held c alone releases exactly d_c(θ_t) when
     nothing is added: a run without noise (MeZO with batches of one, or a private run whose
     noise is broken) gives itself away at the first such step, while noise of scale σC hides
-    every match;
+    every match. Steps that clipped the canary's difference to ±C are skipped (one direction):
+    every canary clipped there matches a lone clipped example alike;
   * likelihood: Σ_t log[(1 − p) + p · N(G_t; μ + d_c, V) / N(G_t; μ, V)], the Gaussian likelihood
     ratio of "c was in the step's batch with probability p" against "c was not", with
     G_t = g_t · B the released sum, and μ, V the mean and variance of the G_t (the other
@@ -246,13 +247,23 @@ def directional_scores(
     return products.sum(axis=0) / np.where(spread > 0, spread, 1.0)
 
 
-def match_scores(trace: WhiteBoxTrace, batch_size: float) -> np.ndarray:
+def match_scores(trace: WhiteBoxTrace, batch_size: float, clip: float | None = None) -> np.ndarray:
     """−log of the closest |G_t − d_c(θ_t)| (L2 over a step's K coordinates) over the steps,
-    relative to the spread of G's coordinates."""
+    relative to the spread of G's coordinates.
+
+    With one direction and a ``clip`` C, the steps where the canary's difference was clipped to
+    ±C are left out: a lone clipped example releases exactly ±C, which every canary clipped at
+    that step matches, in or out (a canary clipped at every step keeps its closest match).
+    """
     totals = trace.projected_gradients * batch_size
     scale = float(np.std(totals)) or 1.0
     if trace.directions == 1:
-        gaps = np.abs(totals[:, None] - trace.differences).min(axis=0) / scale
+        gaps = np.abs(totals[:, None] - trace.differences)
+        if clip is not None:
+            unclipped = np.where(np.abs(trace.differences) >= clip, np.inf, gaps).min(axis=0)
+            gaps = np.where(np.isfinite(unclipped), unclipped, gaps.min(axis=0)) / scale
+        else:
+            gaps = gaps.min(axis=0) / scale
     else:
         distances = np.sqrt(trace.per_step((totals[:, None] - trace.differences) ** 2))
         gaps = distances.min(axis=0) / scale

@@ -55,12 +55,13 @@ def score_canaries(
     values: dict[ScoreName, np.ndarray] = {"black-box": base_losses - tuned.losses}
     ratio = None
     if any(name in WHITE_BOX_SCORES for name in scores):
+        clip = config.privacy.clip if summary.private else None
         trace = replay_differences(
             config.model.name_or_path,
             output_dir / RUN_DIR / TRAJECTORY_FILE,
             tuned.task,
             tuned.replayed,
-            clip=config.privacy.clip if summary.private else None,
+            clip=clip,
             batch_size=audit.score_batch_size,
             cache_dir=cache_dir,
         )
@@ -74,7 +75,7 @@ def score_canaries(
         values["white-box-directional"] = directional_scores(trace, tuned.injection.labels, data)
         values["white-box-correlation"] = correlation_scores(trace)
         values["white-box-likelihood"] = likelihood_scores(trace, batch, summary.sample_rate)
-        values["white-box-match"] = match_scores(trace, batch)
+        values["white-box-match"] = match_scores(trace, batch, clip)
     labels = tuned.injection.labels
     return {
         name: values[name] if name in UNCENTRED_SCORES else centre_by_label(values[name], labels)

@@ -313,6 +313,21 @@ def test_white_box_scores_rank_a_planted_canary_first():
     assert scores[0] > 20 and np.all(scores[1:] < 10)  # an exact match against near misses
 
 
+def test_match_score_skips_the_steps_that_clipped_a_canary():
+    """A step that sampled one clipped example releases exactly C, which every canary clipped
+    there matches: only canary 0's unclipped difference, released alone, is a match."""
+    rng = np.random.default_rng(0)
+    differences = np.clip(rng.normal(scale=15.0, size=(300, 8)), -20.0, 20.0)
+    others = rng.normal(scale=3.0, size=300)
+    totals = np.where(np.arange(300) % 3 == 0, differences[:, 0], others)
+    clipped_steps = np.flatnonzero(np.abs(differences[:, 1]) >= 20.0)
+    totals[clipped_steps] = differences[clipped_steps, 1]  # a lone out-row clipped like canary 1
+    trace = WhiteBoxTrace(differences, totals / 4)
+    assert match_scores(trace, 4)[1] > 20  # unclipped scoring: canary 1 looks released
+    scores = match_scores(trace, 4, clip=20.0)
+    assert scores[0] > 20 and np.all(scores[1:] < 10)
+
+
 def test_scores_are_compared_within_a_label():
     scores = np.array([10.0, 11.0, 12.0, -5.0, -4.0, -3.0])
     labels = np.array([1, 1, 1, 0, 0, 0])
