@@ -9,7 +9,8 @@ A case already finished in the output directory with the same config is read, no
 
 Per case it prints each worker's peak memory (privzo's figure: the peak RSS of the worker
 process from the start of training) beside ``privzo.planner.cpu_worker_bytes`` for the same
-layout, dtype, forward batch and length; the step time over two forwards (the evaluation
+layout, dtype, forward batch and length (``privzo.planner.forward_shape``: DPZero pads each
+worker's share to its privacy plan's bound); the step time over two forwards (the evaluation
 forwards' time, one forward of a worker's share of the batch each); and for MeZO the largest
 relative difference of the projected gradients from the single-process run of the same dtype.
 DPZero's batches and noise are drawn from secret randomness, so its runs have no twin to agree
@@ -30,7 +31,7 @@ import numpy as np
 
 from privzo.config.loading import build_config
 from privzo.config.run import RunConfig
-from privzo.planner import cpu_worker_bytes, resolve_arch
+from privzo.planner import cpu_worker_bytes, forward_shape, resolve_arch
 from privzo.rundir.files import SUMMARY_FILE, TRAJECTORY_FILE
 from privzo.rundir.records import finished
 from privzo.zo.trajectory import read_trajectory
@@ -157,13 +158,15 @@ def measured(case: Case, output_dir: Path, config: RunConfig) -> Measured:
     peaks = summary.get("peak_memory_mb_per_worker") or [summary["peak_memory_mb"]]
     table, _ = read_trajectory(output_dir / TRAJECTORY_FILE)
     strategy, workers, _ = LAYOUTS[case.layout]
+    # a private run pads each worker's share to the privacy plan's bound (DPZero's 31 rows)
+    forward_batch, seq_len = forward_shape(config, summary.get("max_batch_size"))
     planned = cpu_worker_bytes(
         resolve_arch(config.model.name_or_path)[1],
         strategy=strategy,
         workers=workers,
         dtype=case.dtype,
-        batch_size=config.optimizer.batch_size // workers,
-        seq_len=config.task.max_length or 0,
+        batch_size=forward_batch,
+        seq_len=seq_len,
     )
     return Measured(
         case,
