@@ -152,15 +152,13 @@ def run_case(config: RunConfig, output_dir: Path, cache_dir: Path) -> None:
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
-def measured(case: Case, output_dir: Path, config: RunConfig) -> Measured:
-    """A finished case's figures, with the planner's for its layout, dtype, share and length."""
-    summary = json.loads((output_dir / SUMMARY_FILE).read_text())
-    peaks = summary.get("peak_memory_mb_per_worker") or [summary["peak_memory_mb"]]
-    table, _ = read_trajectory(output_dir / TRAJECTORY_FILE)
+def planned_worker_bytes(case: Case, config: RunConfig, padded_rows: int | None) -> int:
+    """The planner's figure for one worker of ``case``: its layout and dtype, and one forward
+    as the run makes it (``forward_shape``: a private run pads each worker's share to its
+    privacy plan's bound, ``padded_rows``; DPZero's 31 rows of the benchmark's batch of 8)."""
     strategy, workers, _ = LAYOUTS[case.layout]
-    # a private run pads each worker's share to the privacy plan's bound (DPZero's 31 rows)
-    forward_batch, seq_len = forward_shape(config, summary.get("max_batch_size"))
-    planned = cpu_worker_bytes(
+    forward_batch, seq_len = forward_shape(config, padded_rows)
+    return cpu_worker_bytes(
         resolve_arch(config.model.name_or_path)[1],
         strategy=strategy,
         workers=workers,
@@ -168,6 +166,14 @@ def measured(case: Case, output_dir: Path, config: RunConfig) -> Measured:
         batch_size=forward_batch,
         seq_len=seq_len,
     )
+
+
+def measured(case: Case, output_dir: Path, config: RunConfig) -> Measured:
+    """A finished case's figures, with the planner's for its layout, dtype, share and length."""
+    summary = json.loads((output_dir / SUMMARY_FILE).read_text())
+    peaks = summary.get("peak_memory_mb_per_worker") or [summary["peak_memory_mb"]]
+    table, _ = read_trajectory(output_dir / TRAJECTORY_FILE)
+    planned = planned_worker_bytes(case, config, summary.get("max_batch_size"))
     return Measured(
         case,
         peaks_mb=[float(peak) for peak in peaks],
