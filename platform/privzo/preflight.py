@@ -188,7 +188,7 @@ def preflight(
     if distributed:
         check_batch(config, privacy.expected_batch_size)
     direction_sampler(config)  # a missing Triton for the fused CUDA kernels is refused now
-    memory = memory_plan(config)
+    memory = memory_plan(config, privacy.max_batch_size)
     if memory is not None and distributed and config.parallel.use_gpu:
         check_verdict(config, memory)
     elif memory is not None and config.parallel.offload != "none":
@@ -197,12 +197,13 @@ def preflight(
     return Preflight(config, algorithm, task_config, splits, privacy, memory)
 
 
-def memory_plan(config: RunConfig) -> Plan | None:
+def memory_plan(config: RunConfig, padded_rows: int | None = None) -> Plan | None:
     """The planner's verdict (``privzo.planner``) for this model on ``parallel.workers`` GPUs
     of ``parallel.gpu_memory_gb``, where the model's shape is known without its weights: a
     hub id of a named shape (facebook/opt-*, meta-llama/Llama-3.1-8B, ...) or a local
     directory's config.json of a decoder family the planner models. None for built-in models
-    (their tokenizer's vocabulary is made when they are built) and other architectures."""
+    (their tokenizer's vocabulary is made when they are built) and other architectures.
+    ``padded_rows``: the privacy plan's bound, the rows of every forward of a padded run."""
     name = config.model.name_or_path
     if is_builtin(name):
         return None
@@ -210,7 +211,7 @@ def memory_plan(config: RunConfig) -> Plan | None:
         _, arch = resolve_arch(name)  # a named shape, its hub id, or a directory's config.json
     except ValueError:
         return None
-    return config_plan(config, arch)
+    return config_plan(config, arch, padded_rows)
 
 
 def _describe_memory(memory: Plan | None, config: RunConfig) -> str:

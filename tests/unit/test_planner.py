@@ -308,3 +308,20 @@ def test_planned_step_memory_is_one_forward_of_a_micro_batch_within_the_position
     assert planned_step_bytes(config, short) == cut
     capped = load_config(overrides=[*micro, "task.max_length=16"])
     assert planned_step_bytes(capped, arch) == estimate_activation_bytes(arch, 8, 16, dtype)
+
+
+def test_a_padded_private_forward_has_the_privacy_plans_rows_on_every_worker() -> None:
+    """A padded batch (``task.pad_to='max_length'``, DPZero's default) has the privacy plan's
+    bound of rows on every worker, whatever its share; a micro-batch still caps one forward."""
+    workers = ["parallel.strategy=replica", "parallel.workers=2", "optimizer.batch_size=8"]
+    config = load_config(overrides=[*workers, "task.max_length=32"])
+    _, arch = resolve_arch("opt-1.3b")
+    assert forward_shape(config) == (4, 32)
+    assert forward_shape(config, padded_rows=31) == (31, 32)
+    micro = load_config(
+        overrides=[*workers, "task.max_length=32", "optimizer.physical_batch_size=8"]
+    )
+    assert forward_shape(micro, padded_rows=32) == (8, 32)
+    padded = planned_step_bytes(config, arch, padded_rows=31)
+    assert padded == estimate_activation_bytes(arch, 31, 32, config.model.dtype)
+    assert padded > planned_step_bytes(config, arch)

@@ -75,10 +75,11 @@ def test_private_run_records_summary_trajectory_and_mlflow(tmp_path, tiny_run_co
     for key, value in {"algorithm": "dpzero", "epsilon": "3", "model": "tiny-opt"}.items():
         assert record["tags"][f"privzo.{key}"] == value, key
     assert record["tags"]["privzo.seed"] == str(seed)
-    # where a peak is taken, and the planner's step figure the report shows in its place
+    # where a peak is taken, and the planner's step figure the report shows in its place: a
+    # forward of the padded batch's rows
     assert record["tags"]["privzo.device"] == "cpu"
     _, arch = resolve_arch(str(output / "model"))
-    planned = planned_step_bytes(config, arch) / 2**20
+    planned = planned_step_bytes(config, arch, summary.max_batch_size) / 2**20
     assert float(record["tags"]["privzo.planned_step_mb"]) == pytest.approx(planned, abs=1e-3)
     assert record["params"]["optimizer.algorithm"] == "dpzero"
     assert float(record["params"]["privacy.epsilon"]) == 3.0

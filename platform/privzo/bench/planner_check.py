@@ -9,7 +9,8 @@ A case already finished in the output directory with the same config is read, no
 
 Per case it prints each worker's peak memory (privzo's figure: the peak RSS of the worker
 process from the start of training) beside ``privzo.planner.cpu_worker_bytes`` for the same
-layout, dtype, forward batch and length; the step time over two forwards (the evaluation
+layout, dtype, forward batch and length (``privzo.planner.forward_shape``: DPZero pads each
+worker's share to its privacy plan's bound); the step time over two forwards (the evaluation
 forwards' time, one forward of a worker's share of the batch each); and for MeZO the largest
 relative difference of the projected gradients from the single-process run of the same dtype.
 DPZero's batches and noise are drawn from secret randomness, so its runs have no twin to agree
@@ -30,7 +31,7 @@ import numpy as np
 
 from privzo.config.loading import build_config
 from privzo.config.run import RunConfig
-from privzo.planner import cpu_worker_bytes, resolve_arch
+from privzo.planner import cpu_worker_bytes, forward_shape, resolve_arch
 from privzo.rundir.files import SUMMARY_FILE, TRAJECTORY_FILE
 from privzo.rundir.records import finished
 from privzo.zo.trajectory import read_trajectory
@@ -151,20 +152,28 @@ def run_case(config: RunConfig, output_dir: Path, cache_dir: Path) -> None:
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
+def planned_worker_bytes(case: Case, config: RunConfig, padded_rows: int | None) -> int:
+    """The planner's figure for one worker of ``case``: its layout and dtype, and one forward
+    as the run makes it (``forward_shape``: a private run pads each worker's share to its
+    privacy plan's bound, ``padded_rows``; DPZero's 31 rows of the benchmark's batch of 8)."""
+    strategy, workers, _ = LAYOUTS[case.layout]
+    forward_batch, seq_len = forward_shape(config, padded_rows)
+    return cpu_worker_bytes(
+        resolve_arch(config.model.name_or_path)[1],
+        strategy=strategy,
+        workers=workers,
+        dtype=case.dtype,
+        batch_size=forward_batch,
+        seq_len=seq_len,
+    )
+
+
 def measured(case: Case, output_dir: Path, config: RunConfig) -> Measured:
     """A finished case's figures, with the planner's for its layout, dtype, share and length."""
     summary = json.loads((output_dir / SUMMARY_FILE).read_text())
     peaks = summary.get("peak_memory_mb_per_worker") or [summary["peak_memory_mb"]]
     table, _ = read_trajectory(output_dir / TRAJECTORY_FILE)
-    strategy, workers, _ = LAYOUTS[case.layout]
-    planned = cpu_worker_bytes(
-        resolve_arch(config.model.name_or_path)[1],
-        strategy=strategy,
-        workers=workers,
-        dtype=case.dtype,
-        batch_size=config.optimizer.batch_size // workers,
-        seq_len=config.task.max_length or 0,
-    )
+    planned = planned_worker_bytes(case, config, summary.get("max_batch_size"))
     return Measured(
         case,
         peaks_mb=[float(peak) for peak in peaks],

@@ -75,13 +75,14 @@ def host_memory_gb(parallel: ParallelConfig) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def config_plan(config: RunConfig, arch: DecoderArch) -> Plan:
+def config_plan(config: RunConfig, arch: DecoderArch, padded_rows: int | None = None) -> Plan:
     """The planner's verdict (``privzo.planner.Plan``) for ``arch`` laid out as ``config``
-    says: its GPUs, dtype, forward batch and length, offload and (offloaded) host memory."""
+    says: its GPUs, dtype, forward batch (of ``padded_rows`` where batches are padded to the
+    privacy plan's bound) and length, offload and (offloaded) host memory."""
     from privzo.planner import forward_shape, plan
 
     parallel = config.parallel
-    forward_batch, seq_len = forward_shape(config)
+    forward_batch, seq_len = forward_shape(config, padded_rows)
     offloaded = parallel.offload != "none"
     return plan(
         arch,

@@ -110,7 +110,7 @@ class RunContext:
             arch = arch_from_config(getattr(self.scoring_model, "config", None))
         except ValueError:
             return None
-        return planned_step_bytes(self.config, arch) / 2**20
+        return planned_step_bytes(self.config, arch, self.plan.max_batch_size) / 2**20
 
 
 @dataclass(frozen=True)

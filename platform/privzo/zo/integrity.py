@@ -185,7 +185,7 @@ def check_finite_weights(named_tensors: Sequence[tuple[str, torch.Tensor]], step
     """Raise if any weight is NaN or infinite; one device-to-host copy for all tensors."""
     if not named_tensors:
         return
-    flags = torch.stack([~torch.isfinite(tensor).all() for _name, tensor in named_tensors])
+    flags = torch.stack([_not_finite(tensor) for _name, tensor in named_tensors])
     bad = flags.nonzero().flatten().tolist()
     if bad:
         name = named_tensors[bad[0]][0]
@@ -195,3 +195,13 @@ def check_finite_weights(named_tensors: Sequence[tuple[str, torch.Tensor]], step
             "lower optimizer.learning_rate (or privacy.clip, optimizer.perturbation_scale) and "
             "start the run again in another directory or with --overwrite"
         )
+
+
+def _not_finite(tensor: torch.Tensor) -> torch.Tensor:
+    """Whether ``tensor`` holds a NaN or an infinity, from its extremes (NaN propagates to
+    both): ``isfinite`` makes a mask as large as each weight, and on CPU the freed masks of a
+    1.3B-parameter model stayed in the process's heap, 0.7 to 1.8 GiB above the step's peak."""
+    if not tensor.numel():
+        return torch.zeros((), dtype=torch.bool, device=tensor.device)
+    low, high = torch.aminmax(tensor)
+    return ~(torch.isfinite(low) & torch.isfinite(high))

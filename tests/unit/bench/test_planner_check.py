@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from privzo.bench.planner_check import Case, Measured, agreement, case_config, cases, table
+from privzo.bench.planner_check import (
+    Case,
+    Measured,
+    agreement,
+    case_config,
+    cases,
+    planned_worker_bytes,
+    table,
+)
+from privzo.planner import cpu_worker_bytes
 
 
 def _measured(case: Case, peaks: list[float], gradients: list[float]) -> Measured:
@@ -43,3 +52,18 @@ def test_the_table_compares_the_worst_worker_and_mezo_with_its_single_run():
     assert lines[2].split()[-1] == "ref"
     assert lines[3].split()[1:] == ["2,500,", "3,000", "3,000", "1.00", "1.50", "5.0e-02"]
     assert lines[4].split()[-1] == "—"
+
+
+def test_the_planner_is_asked_for_the_forward_a_worker_makes():
+    """A DPZero worker pads its share (4 of a batch of 8) to the privacy plan's bound; MeZO's
+    forwards its share."""
+    shape = {"steps": 2, "batch_size": 8, "max_length": 32}
+    dpzero = Case("dpzero", "float32", "replica")
+    config = case_config(dpzero, "opt-1.3b", **shape)
+    layout = {"strategy": "replica", "workers": 2, "dtype": "float32", "seq_len": 32}
+    padded = cpu_worker_bytes("opt-1.3b", batch_size=31, **layout)
+    assert planned_worker_bytes(dpzero, config, padded_rows=31) == padded
+    mezo = Case("mezo", "float32", "replica")
+    share = cpu_worker_bytes("opt-1.3b", batch_size=4, **layout)
+    assert planned_worker_bytes(mezo, case_config(mezo, "opt-1.3b", **shape), None) == share
+    assert share < padded

@@ -95,7 +95,8 @@ def test_the_runner_accepts_what_the_planner_calls_fitting_offloaded(dtype):
 
 def test_check_accepts_the_shipped_offload_config(tmp_path, capsys):
     """OPT-66B in fp16 on one 80 GiB GPU, offloaded to a 256 GiB host: the plan the config's
-    comment quotes, through ``privzo check``; the same config on a host below the plan refused."""
+    comment quotes, through ``privzo check``, for the forward DPZero runs (its batch padded to
+    the privacy plan's 51 rows); the same config on a host below the plan refused."""
     for split, count in (("train", 2000), ("test", 1000)):
         write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
     config = REPO / "configs" / "runs" / "opt-66b-dpzero-zero3-offload.yaml"
@@ -103,9 +104,11 @@ def test_check_accepts_the_shipped_offload_config(tmp_path, capsys):
     code = main(args)
     printed = capsys.readouterr().out
     assert code == 0, printed
+    assert "51 rows × (the model's limit) tokens, 51 rows per forward" in printed
     verdict = plan(
-        "opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16", offload="cpu", host_memory_gb=256
-    )
+        "opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16", batch_size=51, offload="cpu",
+        host_memory_gb=256,
+    )  # fmt: skip
     assert verdict.fits and verdict.host_fits
     gib = 2**30
     assert f"zero3 on 1 GPU(s) of 80 GiB: {verdict.bytes_per_gpu / gib:.2f} GiB per GPU" in printed

@@ -22,7 +22,13 @@ from privzo.zo.directions import (
     step_seed,
 )
 from privzo.zo.estimators import MeanEstimator, PrivateEstimator, make_estimator
-from privzo.zo.integrity import check_fingerprint, rounding_rtol, weights_fingerprint
+from privzo.zo.integrity import (
+    NonFiniteWeightsError,
+    check_fingerprint,
+    check_finite_weights,
+    rounding_rtol,
+    weights_fingerprint,
+)
 from privzo.zo.perturbation import InPlacePerturber, VirtualPerturber, make_perturber
 from privzo.zo.philox import LANES, STREAM_DIRECTION, element_values, philox4x32, philox_key
 from privzo.zo.step import StepRecord, zo_step
@@ -554,3 +560,17 @@ def test_every_single_byte_flip_reads_or_gets_privzos_message(tmp_path):
             0.4,
         ]
     assert refused > len(original) // 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_the_finite_weights_check_finds_any_nonfinite_element(dtype, bad):
+    """Found from each weight's extremes, in any position, beside finite and empty weights (a
+    ZeRO-3 rank's partition of a small parameter can be empty)."""
+    finite = [("empty", torch.zeros(0, dtype=dtype)), ("ok", torch.randn(4, 5).to(dtype))]
+    check_finite_weights(finite, steps=1)
+    for position in (0, 7, 19):
+        weight = torch.randn(4, 5).to(dtype)
+        weight.view(-1)[position] = bad
+        with pytest.raises(NonFiniteWeightsError, match="weights of 'w'"):
+            check_finite_weights([*finite, ("w", weight)], steps=1)
