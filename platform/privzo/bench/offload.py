@@ -24,16 +24,20 @@ from typing import Any
 import torch
 
 from privzo.bench.checks import BenchSetup, checked_setup
-from privzo.bench.zo_step import LEARNING_RATE, PERTURBATION_SCALE, label_loss, random_batch
+from privzo.bench.zo_step import (
+    bench_estimator,
+    bench_step,
+    label_loss,
+    random_batch,
+    synchronize,
+)
 from privzo.distributed.checks import host_memory_gb
 from privzo.distributed.zero3 import PartitionedModel, partitioned_random_model, world_of_one
 from privzo.layouts.config import ParallelConfig
 from privzo.memory import PeakMemory, return_freed_memory
 from privzo.planner import Plan, plan
-from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
-from privzo.zo.estimators import make_estimator
+from privzo.zo.directions import DirectionSampler, resolve_generator
 from privzo.zo.perturbation import Perturber
-from privzo.zo.step import zo_step
 
 _MIB, _GIB = 2**20, 2**30
 OFFLOADS = ("cpu", "none")
@@ -211,6 +215,7 @@ class _Steps:
         self.loss = label_loss(setup, model, self.batch)
         self.seeds = iter(range(10**9))
         self.projected: dict[str, list[float]] = {name: [] for name in STEPS}
+        self.estimators = {name: bench_estimator(name, setup.batch_size) for name in STEPS}
 
     def cases(self) -> dict[str, Callable[[], Any]]:
         return {
@@ -220,22 +225,13 @@ class _Steps:
         }
 
     def step(self, algorithm: str) -> None:
-        size = self.setup.batch_size
-        estimator = (
-            make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=size)
-            if algorithm == "dpzero"
-            else make_estimator()
-        )
-        record = zo_step(
-            step=0,
-            seed=step_seed(0, next(self.seeds)),
-            perturber=self.perturber,
-            batch=self.batch,
-            batch_size=size,
-            loss_fn=self.loss,
-            estimator=estimator,
-            learning_rate=LEARNING_RATE,
-            perturbation_scale=PERTURBATION_SCALE,
+        record = bench_step(
+            self.perturber,
+            self.batch,
+            self.loss,
+            self.estimators[algorithm],
+            self.setup.batch_size,
+            next(self.seeds),
         )
         self.projected[algorithm].append(record.projected_gradient)
 
@@ -265,13 +261,13 @@ def _measure(steps: _Steps, device: torch.device, repeats: int, progress: bool) 
         if progress:
             print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
         for name, action in cases.items():
-            _synchronize(device)
+            synchronize(device)
             host.reset()
             if gpu is not None:
                 gpu.reset()
             started = time.perf_counter()
             action()
-            _synchronize(device)
+            synchronize(device)
             elapsed = time.perf_counter() - started
             if round_index > 0:
                 seconds[name].append(elapsed)
@@ -283,11 +279,6 @@ def _measure(steps: _Steps, device: torch.device, repeats: int, progress: bool) 
     return _Measured(
         seconds, device_peaks, host_peaks, since_start, steps.parameters, steps.projected
     )
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _report(

@@ -49,10 +49,10 @@ from privzo.tasks.classification import (
 )
 from privzo.zo import kernels
 from privzo.zo.directions import DirectionSampler, resolve_generator, step_seed
-from privzo.zo.estimators import make_estimator
+from privzo.zo.estimators import GradientEstimator, make_estimator
 from privzo.zo.perturbation import Perturber, VirtualPerturber, make_perturber
 from privzo.zo.philox import philox_key
-from privzo.zo.step import zo_step
+from privzo.zo.step import StepRecord, zo_step
 from privzo.zo.sweeps import full_shards, sweep
 
 LABEL_IDS = (10, 11)  # two label words scored at the last position, as a classification task
@@ -92,7 +92,7 @@ class StepBench:
         self, cases: dict[str, Case], where: torch.device
     ) -> dict[str, tuple[float, float]]:
         """Every case timed ``repeats`` rounds, interleaved, with its peak memory."""
-        return _measure(cases, PeakMemory(where), self.repeats, self.progress, _synchronizer(where))
+        return _measure(cases, PeakMemory(where), self.repeats, self.progress, where)
 
 
 def zo_step_benchmark(bench: StepBench, shape: str = "tiny", directions: int = 1) -> ZoStepReport:
@@ -253,24 +253,30 @@ def _perturber(weights: PrivzoWeights) -> Perturber:
     return weights.perturber
 
 
-def _privzo_step(
-    weights: PrivzoWeights,
+def bench_estimator(algorithm: str, batch_size: int) -> GradientEstimator:
+    """The benches' estimator: DPZero's at clip 1 and noise multiplier 1, or MeZO's mean."""
+    if algorithm == "dpzero":
+        return make_estimator(
+            "gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=batch_size
+        )
+    return make_estimator()
+
+
+def bench_step(
+    perturber: Perturber,
     batch: Batch,
     loss: Callable[..., torch.Tensor],
-    algorithm: str,
+    estimator: GradientEstimator,
     batch_size: int,
+    seed_index: int,
     directions: int = 1,
-) -> Callable[[], Any]:
-    estimator = (
-        make_estimator("gaussian", clip=1.0, noise_multiplier=1.0, expected_batch_size=batch_size)
-        if algorithm == "dpzero"
-        else make_estimator()
-    )
-    steps = iter(range(10**9))
-    return lambda: zo_step(
+) -> StepRecord:
+    """One step at the benches' learning rate and perturbation, with the public seed of step
+    ``seed_index`` of run seed 0."""
+    return zo_step(
         step=0,
-        seed=step_seed(0, next(steps)),
-        perturber=_perturber(weights),
+        seed=step_seed(0, seed_index),
+        perturber=perturber,
         batch=batch,
         batch_size=batch_size,
         loss_fn=loss,
@@ -281,16 +287,31 @@ def _privzo_step(
     )
 
 
+def _privzo_step(
+    weights: PrivzoWeights,
+    batch: Batch,
+    loss: Callable[..., torch.Tensor],
+    algorithm: str,
+    batch_size: int,
+    directions: int = 1,
+) -> Callable[[], Any]:
+    estimator = bench_estimator(algorithm, batch_size)
+    steps = iter(range(10**9))
+    return lambda: bench_step(
+        _perturber(weights), batch, loss, estimator, batch_size, next(steps), directions
+    )
+
+
 @torch.no_grad()
 def _read_write(parameters: list[nn.Parameter]) -> None:
     for parameter in parameters:
         parameter.add_(0)
 
 
-def _synchronizer(device: torch.device) -> Callable[[], None]:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a clock read around it measures it (CUDA only)."""
     if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+        torch.cuda.synchronize(device)
 
 
 def _measure(
@@ -298,7 +319,7 @@ def _measure(
     memory: PeakMemory,
     repeats: int,
     progress: bool,
-    synchronize: Callable[[], None],
+    device: torch.device,
 ) -> dict[str, tuple[float, float]]:
     """(median seconds, median peak MiB) per case.
 
@@ -314,11 +335,11 @@ def _measure(
         for name, case in cases.items():
             if case.before is not None:
                 case.before()
-            synchronize()
+            synchronize(device)
             memory.reset()
             started = time.perf_counter()
             case.action()
-            synchronize()
+            synchronize(device)
             elapsed = time.perf_counter() - started
             if round_index > 0:
                 times[name].append(elapsed)
