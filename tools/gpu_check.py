@@ -276,15 +276,20 @@ def _junit(path: Path) -> list[dict[str, str]]:
     return cases
 
 
-def _bench_command(bench: Bench, repeats: int) -> list[str]:
-    command = [sys.executable, "-m", "privzo", "bench", "zo-step", "--device", bench.device]
-    command += ["--shape", bench.shape, "--dtype", bench.dtype, "--seq-len", str(bench.seq_len)]
+def _bench_command(subcommand: str, case: Bench | Offload, repeats: int) -> list[str]:
+    """``privzo bench SUBCOMMAND`` of one case at batch 16, printing one JSON object."""
+    command = [sys.executable, "-m", "privzo", "bench", subcommand, "--device", case.device]
+    command += ["--shape", case.shape, "--dtype", case.dtype, "--seq-len", str(case.seq_len)]
     return [*command, "--batch-size", "16", "--repeats", str(repeats), "--json"]
 
 
-def run_bench(check: Check, bench: Bench, repeats: int, limit: float = 240) -> dict[str, Any]:
-    status, stdout, stderr, seconds = _run(check, bench.name, _bench_command(bench, repeats), limit)
-    entry: dict[str, Any] = {"case": bench.name, "status": status, "seconds": round(seconds, 1)}
+def _run_measured(
+    check: Check, name: str, part: str, command: list[str], limit: float, into: list
+) -> dict[str, Any]:
+    """One benchmark's process: its JSON (less the printed table and targets) or its output's
+    tail, appended to ``into`` and recorded as part ``part``."""
+    status, stdout, stderr, seconds = _run(check, name, command, limit)
+    entry: dict[str, Any] = {"case": name, "status": status, "seconds": round(seconds, 1)}
     if status == "passed":
         result = json.loads(stdout)
         result.pop("table", None)
@@ -292,12 +297,15 @@ def run_bench(check: Check, bench: Bench, repeats: int, limit: float = 240) -> d
         entry["result"] = result
     else:
         entry["error"] = (stdout + stderr)[-2000:]
-    check.benchmarks.append(entry)
-    check.parts.append(
-        {"part": f"bench {bench.name}", "status": status, "seconds": entry["seconds"]}
-    )
+    into.append(entry)
+    check.parts.append({"part": f"{part} {name}", "status": status, "seconds": entry["seconds"]})
     check.write()
     return entry
+
+
+def run_bench(check: Check, bench: Bench, repeats: int, limit: float = 240) -> dict[str, Any]:
+    command = _bench_command("zo-step", bench, repeats)
+    return _run_measured(check, bench.name, "bench", command, limit, check.benchmarks)
 
 
 def run_largest(check: Check, repeats: int) -> None:
@@ -311,28 +319,10 @@ def run_largest(check: Check, repeats: int) -> None:
         check.parts.pop()
 
 
-def _offload_command(case: Offload) -> list[str]:
-    command = [sys.executable, "-m", "privzo", "bench", "offload", "--device", case.device]
-    command += ["--shape", case.shape, "--dtype", case.dtype, "--seq-len", str(case.seq_len)]
-    return [*command, "--batch-size", "16", "--repeats", str(case.repeats), "--json"]
-
-
 def run_offload(check: Check, case: Offload, limit: float = 300) -> dict[str, Any]:
     """One offloaded ZeRO-3 case; its record (the planner's figures beside the measured ones)."""
-    status, stdout, stderr, seconds = _run(check, case.name, _offload_command(case), limit)
-    entry: dict[str, Any] = {"case": case.name, "status": status, "seconds": round(seconds, 1)}
-    if status == "passed":
-        result = json.loads(stdout)
-        result.pop("table", None)
-        entry["result"] = result
-    else:
-        entry["error"] = (stdout + stderr)[-2000:]
-    check.offload.append(entry)
-    check.parts.append(
-        {"part": f"offload {case.name}", "status": status, "seconds": entry["seconds"]}
-    )
-    check.write()
-    return entry
+    command = _bench_command("offload", case, case.repeats)
+    return _run_measured(check, case.name, "offload", command, limit, check.offload)
 
 
 def larger_offload(first: dict[str, Any], remaining: float) -> tuple[str, float, bool]:

@@ -77,13 +77,18 @@ def add_bench(commands: Commands) -> None:
 # --- zo-step -----------------------------------------------------------------------------------
 
 
+def _step_options(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The model, batch and rounds of a bench that times steps of a shape built from its config."""
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--shape", default="tiny", help=f"the model's shape: {SHAPES}")
+    parser.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per example")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (their median)")
+
+
 def _zo_step_options(zo_step: argparse.ArgumentParser) -> None:
-    zo_step.add_argument("--device", default="cpu", help="cpu or cuda")
-    zo_step.add_argument("--shape", default="tiny", help=f"the model's shape: {SHAPES}")
-    zo_step.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
-    zo_step.add_argument("--batch-size", type=int, default=16, help="examples per step")
-    zo_step.add_argument("--seq-len", type=int, default=128, help="tokens per example")
-    zo_step.add_argument("--repeats", type=int, default=5, help="timed rounds (their median)")
+    _step_options(zo_step, repeats=5)
     zo_step.add_argument(
         "--directions",
         type=int,
@@ -126,12 +131,7 @@ def _zo_step(args: argparse.Namespace) -> BenchResult:
 
 
 def _offload_options(offload: argparse.ArgumentParser) -> None:
-    offload.add_argument("--device", default="cpu", help="cpu or cuda")
-    offload.add_argument("--shape", default="tiny", help=f"the model's shape: {SHAPES}")
-    offload.add_argument("--dtype", default="float32", help=f"the weights' dtype: {DTYPES}")
-    offload.add_argument("--batch-size", type=int, default=16, help="examples per step")
-    offload.add_argument("--seq-len", type=int, default=128, help="tokens per example")
-    offload.add_argument("--repeats", type=int, default=3, help="timed rounds (their median)")
+    _step_options(offload, repeats=3)
     offload.add_argument(
         "--offload",
         default="cpu",
