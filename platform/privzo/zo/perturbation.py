@@ -36,7 +36,7 @@ from privzo.zo.philox import STREAM_ROUNDING, element_values, philox_key
 from privzo.zo.rounding import stochastic_round
 from privzo.zo.sweeps import (
     ParameterShard,
-    iter_direction_blocks,
+    iter_direction_pieces,
     segments,
     sweep,
     sweep_terms,
@@ -298,7 +298,7 @@ def _perturbed_copies(
 def _perturbed_copy(
     shard: ParameterShard, sampler: DirectionSampler, seed: int, coefficient: float
 ) -> torch.Tensor:
-    """θ + c·z computed in fp32 (in one fused kernel, or block by block) and rounded once to
+    """θ + c·z computed in fp32 (in one fused kernel, or piece by piece) and rounded once to
     θ's dtype."""
     if sampler.fused:
         key = philox_key(seed, shard.name)
@@ -306,7 +306,7 @@ def _perturbed_copy(
             shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
         )
     result = torch.empty_like(shard.tensor)
-    for local, direction in iter_direction_blocks(shard, sampler, seed):
+    for local, direction in iter_direction_pieces(shard, sampler, seed):
         result[local] = shard.tensor[local].float().add_(direction, alpha=coefficient)
     return result
 
@@ -328,7 +328,7 @@ def rounded_update(
             shard.tensor, key, shard.offset, coefficient, sampler.philox_transform
         )
         return
-    for local, direction in iter_direction_blocks(shard, sampler, seed):
+    for local, direction in iter_direction_pieces(shard, sampler, seed):
         view = shard.tensor[local]
         start = shard.offset + local.start
         uniforms = element_values(

@@ -65,8 +65,8 @@ def sweep(
     coefficient: float,
 ) -> None:
     """θ += coefficient · z(seed) on every shard: fused, the small shards of a dtype in one
-    launch, or (unfused) one direction block at a time, on CPU split among the intra-op
-    threads (see the module docstring)."""
+    launch, or (unfused) one piece of the direction at a time (``iter_direction_pieces``),
+    CPU torch-blocks split among the intra-op threads (see the module docstring)."""
     if coefficient == 0.0:
         return
     if sampler.fused:
@@ -77,7 +77,7 @@ def sweep(
         _threaded_sweep(shards, sampler, seed, coefficient, threads)
         return
     for shard in shards:
-        for local, direction in iter_direction_blocks(shard, sampler, seed):
+        for local, direction in iter_direction_pieces(shard, sampler, seed):
             shard.tensor[local].add_(direction, alpha=coefficient)
 
 
@@ -180,3 +180,26 @@ def iter_direction_blocks(
         direction = sampler.block(seed, shard.name, block, length)
         at = block * BLOCK_SIZE + lo - start  # where the overlap starts in the local tensor
         yield slice(at, at + hi - lo), direction[lo:hi]
+
+
+# Elements of one Philox piece: each elementwise op on it (and on its counters' int64 words)
+# splits across torch's intra-op threads, which blocks of 65,536 are too short to do.
+PHILOX_PIECE = 1 << 21
+
+
+def iter_direction_pieces(
+    shard: ParameterShard, sampler: DirectionSampler, seed: int, piece: int = PHILOX_PIECE
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(slice of ``shard.tensor``, z on those elements) covering the shard, for a pass that
+    treats every element alone (an add, a copy, a rounding): Philox's counters are drawn in
+    pieces of ``piece`` elements, whose values do not depend on where a piece starts; other
+    generators go block by block (``iter_direction_blocks``)."""
+    if sampler.generator != "philox":
+        yield from iter_direction_blocks(shard, sampler, seed)
+        return
+    count = shard.tensor.numel()
+    for start in range(0, count, piece):
+        stop = min(start + piece, count)
+        offset = shard.offset + start
+        direction = sampler.counter_slice(seed, shard.name, offset, offset + stop - start)
+        yield slice(start, stop), direction
