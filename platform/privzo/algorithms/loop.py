@@ -245,14 +245,15 @@ class TrainingLoop:
 def lacking_epsilon(
     start: int, log_every: int, window_ends: Iterable[int], logged: Iterable[int]
 ) -> list[int]:
-    """The step counts up to ``start`` at which a resumed run's record lacks ε, in order: the
-    window ends of an attempt from step 0 (every ``log_every``), those the record shows
-    (``window_ends``: an attempt resumed inside a window ends its windows off that grid) and
-    ``start`` itself, less those where ε is ``logged``. Its earlier attempts' ends are on
-    that grid or in its record, unless the store holding them was lost."""
-    wanted = {*range(log_every, start + 1, log_every), start}
+    """The step counts up to ``start`` at which a resumed run's record lacks ε (not in
+    ``logged``), in order: ``start`` and every window end of its earlier attempts, which are
+    on the ``log_every`` grid of an attempt from step 0 or, for one resumed inside a window,
+    in the record (``window_ends``), so a new record standing in for a lost one gets the grid."""
+    if start <= 0:
+        return []
+    wanted = {*range(log_every, start, log_every), start}
     wanted.update(end for end in window_ends if 0 < end <= start)
-    return sorted(wanted.difference(logged)) if start > 0 else []
+    return sorted(wanted.difference(logged))
 
 
 _SHOWN = (EPSILON_METRIC, "train_loss", "step_time_s")
