@@ -13,7 +13,7 @@ tests/integration/test_killed_cli_run.py.
 Checked at the end of the single run: every step in the trajectory exactly once and in order,
 the rows each killed attempt had written kept unchanged (nothing lost, nothing redrawn), ε the
 accountant's value for T steps (each step booked once), one MLflow run in the experiment,
-FINISHED, whose ε windows are each logged at most once.
+FINISHED, whose ε windows are each logged once, every window end's.
 """
 
 from __future__ import annotations
@@ -136,10 +136,12 @@ def test_a_run_killed_at_random_steps_loses_nothing_and_books_each_step_once(
     assert [(run.run_id, run.status) for run in runs] == [
         (summary["tracking_run_id"], "FINISHED")
     ], f"seed {seed}"
-    history = [
-        step for step, _ in read_run(uri, summary["tracking_run_id"])["history"]["epsilon_spent"]
-    ]
+    record = read_run(uri, summary["tracking_run_id"])
+    history = [step for step, _ in record["history"]["epsilon_spent"]]
     assert history == sorted(set(history)) and history[-1] == STEPS, f"seed {seed}: {history}"
+    # every window end of every attempt has its ε, also one an attempt was killed right after
+    window_ends = {step for step, _ in record["history"]["learning_rate"]}
+    assert window_ends <= set(history), f"seed {seed}: {sorted(window_ends - set(history))}"
     assert not (output / "resume.json").exists()
 
 

@@ -1,5 +1,6 @@
 """A CLI run stopped by SIGTERM or SIGKILL resumes with the same command: the steps written
-before the kill kept as they were, every step once, the same MLflow run finished. The SIGTERMed
+before the kill kept as they were, every step once, the same MLflow run finished with ε at every
+window end. The SIGTERMed
 run trains a tiny Mistral (SentencePiece-style tokenizer with BOS), the SIGKILLed one tiny-opt."""
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ def test_a_killed_cli_run_resumes_with_the_same_command(
     summary = json.loads((output / "summary.json").read_text())
     assert summary["tracking_run_id"] == point["tracking_run_id"]
     uri = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    assert read_run(uri, summary["tracking_run_id"])["status"] == "FINISHED"
+    record = read_run(uri, summary["tracking_run_id"])
+    assert record["status"] == "FINISHED"
+    # ε at every window end of both attempts and at the step the second went on from, once
+    # each, also where the killed attempt's ε thread had not handed its last windows' out
+    window_ends = {step for step, _ in record["history"]["learning_rate"]}
+    epsilons = [step for step, _ in record["history"]["epsilon_spent"]]
+    assert epsilons == sorted(set(epsilons)), epsilons
+    assert window_ends | {len(first)} <= set(epsilons), (sorted(window_ends), epsilons)
 
 
 def _rows(output: Path) -> int:

@@ -25,6 +25,17 @@ STEPS = 12
 RESUMED_RUN = (f"optimizer.steps={STEPS}", "save_model=true")
 
 
+def _accountant_epsilon(summary, steps: int) -> float:
+    """ε after ``steps`` steps of the summary's run, from the public accountant."""
+    return compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=summary["sample_rate"],
+        steps=steps,
+        delta=summary["delta"] - summary["truncation_delta"],  # the rest is truncation's
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
+    )
+
+
 def _stop_after(step: int) -> RunHooks:
     def stop(_context, steps_done: int, _metrics) -> None:
         if steps_done == step:
@@ -67,13 +78,7 @@ def test_an_interrupted_run_resumes_without_drawing_a_step_again(
     record = read_run(uri, summary["tracking_run_id"])
     assert record["status"] == "FINISHED"
     assert [step for step, _ in record["history"]["epsilon_spent"]] == [5, 10, 12]
-    expected = compute_epsilon(
-        noise_multiplier=summary["noise_multiplier"],
-        sample_rate=summary["sample_rate"],
-        steps=STEPS,
-        delta=summary["delta"] - summary["truncation_delta"],  # the rest is truncation's
-        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
-    )
+    expected = _accountant_epsilon(summary, STEPS)
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)  # 12 steps, booked once
     privacy = json.loads((output / "privacy.json").read_text())
     assert privacy["final"] is True and privacy["steps_accounted"] == STEPS
@@ -309,6 +314,12 @@ def test_a_store_lost_mid_run_stops_it_and_the_same_command_goes_on_in_a_new_run
     for key, step in unsent:  # the window the lost store never took, stored in the new run
         assert step in [step for step, _ in record["history"][key]]
     assert [step for step, _ in record["history"]["learning_rate"]] == [10, 12]
+    # ε at every window end, the lost run's and its own, the accountant's value at each: the
+    # lost run's ε for window 5 or 10 may never have reached any store (computed too late)
+    epsilons = record["history"]["epsilon_spent"]
+    assert [steps for steps, _ in epsilons] == [5, 10, STEPS]
+    for steps, epsilon in epsilons:
+        assert epsilon == pytest.approx(_accountant_epsilon(summary, steps), rel=1e-9), steps
     assert [row["step"] for row in pq.read_table(output / "trajectory.parquet").to_pylist()] == (
         list(range(STEPS))
     )

@@ -12,7 +12,7 @@ same loop with a stepper that samples its share and all-reduces.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +29,9 @@ from privzo.zo.trajectory import TrajectoryMeta, TrajectoryRecorder
 
 StepperFactory = Callable[[RunContext, StepMeter], Stepper]
 AfterWindow = Callable[[RunContext, int, dict[str, float]], None]
+
+EPSILON_METRIC = "epsilon_spent"
+WINDOW_METRIC = "learning_rate"  # logged at every window's end, private run or not
 
 
 class WindowSaver(Protocol):
@@ -107,15 +110,17 @@ class TrainingLoop:
 
     def run(self, recorder: TrajectoryRecorder, progress: bool, start: int = 0) -> None:
         """All steps from ``start`` (> 0: resumed after that many, already in ``recorder`` and
-        the ledger), between the stepper's ``start`` and ``finish``."""
-        if self.saver is not None:
+        the ledger), between the stepper's ``start`` and ``finish``. A resumed run's curve
+        first computes the ε its record lacks up to ``start`` (``lacking_epsilon``), logged as
+        the live values are, on the curve's thread, so no step waits for it."""
+        if self.saver is not None:  # a resumed attempt's unsent metrics are stored first
             self.saver.start(self, recorder)
         config = self.context.config
         steps, window_size = config.optimizer.steps, config.tracking.log_every
         algorithm = config.optimizer.algorithm
         bar = tqdm(total=steps, initial=start, desc=algorithm, disable=not progress)
         ends = [min(first + window_size, steps) for first in range(start, steps, window_size)]
-        curve = make_epsilon_curve(self.context.plan, ends)
+        curve = make_epsilon_curve(self.context.plan, self._record_gaps(start) + ends)
         self.stepper.start()
         try:
             self._run_windows(recorder, bar, curve, start)
@@ -158,6 +163,19 @@ class TrainingLoop:
                 self.after_window(self.context, end, metrics)
             bar.set_postfix(bar_postfix(metrics, self.latest_epsilon))
 
+    def _record_gaps(self, start: int) -> list[int]:
+        """The step counts up to ``start`` at which the tracking run lacks ε: an earlier
+        attempt stopped (a kill, a store lost) before its curve's thread handed them out.
+        Empty for a fresh run, a non-private one and a tracker that records nothing."""
+        if start == 0 or not self.private or self.tracker.run_id is None:
+            return []
+        return lacking_epsilon(
+            start,
+            self.context.config.tracking.log_every,
+            window_ends=self.tracker.metric_steps(WINDOW_METRIC),
+            logged=self.tracker.metric_steps(EPSILON_METRIC),
+        )
+
     def step(self, step: int) -> StepOutcome:
         outcome = self.stepper.step(step)
         self.peak_mb = max(self.peak_mb, self.meter.step_peak_mb)
@@ -172,9 +190,9 @@ class TrainingLoop:
         for step_count, epsilon in epsilons:
             self.latest_epsilon = epsilon  # the curve hands them out in step order
             if step_count == end:
-                metrics["epsilon_spent"] = epsilon
+                metrics[EPSILON_METRIC] = epsilon
             else:
-                self.tracker.log_metrics({"epsilon_spent": epsilon}, step=step_count)
+                self.tracker.log_metrics({EPSILON_METRIC: epsilon}, step=step_count)
 
     def restore(
         self,
@@ -213,7 +231,7 @@ class TrainingLoop:
         forwards, so per-window time reveals batch sizes) and the non-finite count all depend on
         the private data and are not covered by the accountant.
         """
-        metrics: dict[str, Any] = {"learning_rate": window[-1].learning_rate}
+        metrics: dict[str, Any] = {WINDOW_METRIC: window[-1].learning_rate}
         metrics.update(self.stepper.public_metrics(window))
         if self.log_diagnostics:
             metrics["step_time_s"] = sum(self.step_times[-len(window) :]) / len(window)
@@ -224,7 +242,21 @@ class TrainingLoop:
         return metrics
 
 
-_SHOWN = ("epsilon_spent", "train_loss", "step_time_s")
+def lacking_epsilon(
+    start: int, log_every: int, window_ends: Iterable[int], logged: Iterable[int]
+) -> list[int]:
+    """The step counts up to ``start`` at which a resumed run's record lacks ε (not in
+    ``logged``), in order: ``start`` and every window end of its earlier attempts, which are
+    on the ``log_every`` grid of an attempt from step 0 or, for one resumed inside a window,
+    in the record (``window_ends``), so a new record standing in for a lost one gets the grid."""
+    if start <= 0:
+        return []
+    wanted = {*range(log_every, start, log_every), start}
+    wanted.update(end for end in window_ends if 0 < end <= start)
+    return sorted(wanted.difference(logged))
+
+
+_SHOWN = (EPSILON_METRIC, "train_loss", "step_time_s")
 
 
 def bar_postfix(metrics: dict[str, float], latest_epsilon: float | None) -> dict[str, str]:
@@ -232,6 +264,6 @@ def bar_postfix(metrics: dict[str, float], latest_epsilon: float | None) -> dict
     window's ε is often not ready when the window ends: the bar keeps the newest ε there is
     rather than dropping it."""
     shown = {key: f"{value:.3g}" for key, value in metrics.items() if key in _SHOWN}
-    if "epsilon_spent" not in shown and latest_epsilon is not None:
-        shown["epsilon_spent"] = f"{latest_epsilon:.3g}"
+    if EPSILON_METRIC not in shown and latest_epsilon is not None:
+        shown[EPSILON_METRIC] = f"{latest_epsilon:.3g}"
     return shown

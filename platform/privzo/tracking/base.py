@@ -169,6 +169,11 @@ class Tracker(abc.ABC):
         return self.unsent() + tuple(MetricPoint(k, float(v), step) for k, v in metrics.items())
 
     @abc.abstractmethod
+    def metric_steps(self, key: str) -> frozenset[int]:
+        """The steps at which the run holds ``key``, stored or buffered: what a resumed run
+        checks its record against (empty where the backend records nothing)."""
+
+    @abc.abstractmethod
     def log_missing(self, points: Sequence[MetricPoint]) -> int:
         """Store the ``points`` whose key the run does not hold at their step (an earlier
         attempt's unsent metrics, some of which may have been stored after all); returns how
@@ -286,6 +291,9 @@ class NoopTracker(Tracker):
 
     def unsent(self) -> tuple[MetricPoint, ...]:
         return ()
+
+    def metric_steps(self, key: str) -> frozenset[int]:
+        return frozenset()
 
     def log_missing(self, points: Sequence[MetricPoint]) -> int:
         return 0

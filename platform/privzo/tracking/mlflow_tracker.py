@@ -234,17 +234,22 @@ class MlflowTracker(Tracker):
     def unsent(self) -> tuple[MetricPoint, ...]:
         return tuple(MetricPoint(m.key, m.value, m.step) for m in self._buffer)
 
+    def metric_steps(self, key: str) -> frozenset[int]:
+        buffered = {m.step for m in self._buffer if m.key == key}
+        return self._stored_steps(key) | buffered
+
+    def _stored_steps(self, key: str) -> frozenset[int]:
+        client, run_id = self._require_active()
+        with store_failures(self.uri):
+            return frozenset(m.step for m in client.get_metric_history(run_id, key))
+
     def log_missing(self, points: Sequence[MetricPoint]) -> int:
         """The points whose (key, step) the run lacks, stamped as ``log_metrics`` stamps them
         and stored now."""
         from mlflow.entities import Metric
 
-        client, run_id = self._require_active()
-        with store_failures(self.uri):
-            held = {
-                key: {m.step for m in client.get_metric_history(run_id, key)}
-                for key in {point.key for point in points}
-            }
+        self._require_active()
+        held = {key: self._stored_steps(key) for key in {point.key for point in points}}
         missing = [p for p in points if p.step not in held[p.key]]
         self._buffer.extend(
             Metric(p.key, p.value, self._timestamp(p.step), p.step) for p in missing

@@ -252,6 +252,7 @@ def test_noop_tracker_keeps_interface_and_writes_nothing(tmp_path: Path) -> None
         tracker.log_table(pd.DataFrame({"a": [1]}), "t.json")
         tracker.log_figure(None, "f.png")
         tracker.flush()
+        assert tracker.metric_steps("loss") == frozenset()  # a resumed run finds nothing to fill
         with pytest.raises(ValueError, match=r"relative path ending in \.json"):
             tracker.log_table(pd.DataFrame(), "t.csv")
         with pytest.raises(ValueError, match=r"relative path ending in \.png"):
@@ -468,8 +469,11 @@ def test_an_earlier_attempts_unsent_metrics_are_stored_once(root: Path) -> None:
         unsent = (MetricPoint("loss", 1.0, 5), MetricPoint("loss", 0.5, 10))
         assert tracker.log_missing((*unsent, MetricPoint("lr", 0.1, 10))) == 2
         assert tracker.unsent() == ()
+        tracker.log_metrics({"loss": 0.25}, step=15)  # buffered: held, though not stored yet
+        assert tracker.metric_steps("loss") == {5, 10, 15} and tracker.unsent() != ()
+        assert tracker.metric_steps("lr") == {10} and tracker.metric_steps("other") == set()
     record = read_run(tracker.uri, tracker.run_id)
-    assert record["history"] == {"loss": [(5, 1.0), (10, 0.5)], "lr": [(10, 0.1)]}
+    assert record["history"] == {"loss": [(5, 1.0), (10, 0.5), (15, 0.25)], "lr": [(10, 0.1)]}
 
 
 def test_a_store_emptied_mid_run_fails_in_one_line_keeping_the_metrics(tmp_path: Path) -> None:
