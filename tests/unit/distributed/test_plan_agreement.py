@@ -27,7 +27,7 @@ def _accepted(config) -> bool:
     """Whether the run's validation of the layout passes (``privzo.preflight``'s checks)."""
     try:
         check_layout(config)
-        memory = memory_plan(config)
+        memory = memory_plan(config, None)  # the share privzo plan is asked for, unpadded
         assert memory is not None, config.model.name_or_path  # a named shape's hub id
         check_verdict(config, memory)
     except ConfigError:
