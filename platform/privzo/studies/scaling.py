@@ -45,6 +45,7 @@ from privzo.tracking import (
     make_tracker,
     ui_lines,
 )
+from privzo.tracking.tags import PARENT_RUN
 
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
@@ -268,7 +269,7 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
 
 def _cell_tags(study: ScalingStudyConfig, cell: Cell, tracker: Tracker) -> dict[str, str]:
     return {
-        "mlflow.parentRunId": str(tracker.run_id),
+        PARENT_RUN: str(tracker.run_id),
         "privzo.study": study.name,
         "privzo.cell": cell.name,
         "privzo.seed": str(cell.seed),
@@ -344,7 +345,7 @@ def _search_cell(
         }
     )
     assert result.tracking_run_id is not None, "a study's trials are tracked in its MLflow store"
-    cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
+    cell_tags = {k: v for k, v in tags.items() if k != PARENT_RUN}
     set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
     write_summary(cell_dir / SUMMARY_FILE, result)
     write_config(cell_dir, config)
