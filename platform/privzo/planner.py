@@ -56,20 +56,23 @@ def resolve_arch(model: str | DecoderArch) -> tuple[str, DecoderArch]:
 SEQ_LEN = 256
 
 
-def forward_shape(config: RunConfig, padded_rows: int | None = None) -> tuple[int, int]:
-    """The batch and length of one of ``config``'s forwards on one worker: its share of the
-    batch, at most one micro-batch (``optimizer.physical_batch_size``), of prompts of
-    ``task.max_length`` tokens at most (without it, the planner's default length).
+def forward_shape(config: RunConfig, padded_rows: int | None) -> tuple[int, int]:
+    """The batch and length of one of ``config``'s forwards on one worker, the one owner of
+    the rows a worker runs: its share of the batch, at most one micro-batch
+    (``optimizer.physical_batch_size``), of prompts of ``task.max_length`` tokens at most
+    (without it, the planner's default length).
 
-    ``padded_rows``: the privacy plan's bound of a padded batch (``task.pad_to='max_length'``,
-    a private run's default). Every worker then forwards that public shape, whatever its share,
-    so a worker's forward has that many rows (at most a micro-batch), not its share."""
+    ``padded_rows``: the privacy plan's bound of a padded batch (``PrivacyPlan.max_batch_size``,
+    set where ``task.pad_to='max_length'``, a private run's default; None otherwise). Every
+    worker then forwards that public shape, whatever its share, so a worker's forward has that
+    many rows (at most a micro-batch), not its share. It has no default so that no fit check
+    plans the unpadded share by leaving it out."""
     rows = padded_rows or max(1, config.optimizer.batch_size // config.parallel.workers)
     forward_batch = min(rows, config.optimizer.physical_batch_size or rows)
     return forward_batch, config.task.max_length or SEQ_LEN
 
 
-def planned_step_bytes(config: RunConfig, arch: DecoderArch, padded_rows: int | None = None) -> int:
+def planned_step_bytes(config: RunConfig, arch: DecoderArch, padded_rows: int | None) -> int:
     """What one zeroth-order step of ``config`` needs above the weights, by the formula: the
     activations of one forward (``forward_shape``) of prompts no longer than the model's
     positions (eager attention, the upper bound; no key/value cache, as privzo's scoring

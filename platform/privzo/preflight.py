@@ -197,7 +197,7 @@ def preflight(
     return Preflight(config, algorithm, task_config, splits, privacy, memory)
 
 
-def memory_plan(config: RunConfig, padded_rows: int | None = None) -> Plan | None:
+def memory_plan(config: RunConfig, padded_rows: int | None) -> Plan | None:
     """The planner's verdict (``privzo.planner``) for this model on ``parallel.workers`` GPUs
     of ``parallel.gpu_memory_gb``, where the model's shape is known without its weights: a
     hub id of a named shape (facebook/opt-*, meta-llama/Llama-3.1-8B, ...) or a local

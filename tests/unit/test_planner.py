@@ -302,12 +302,13 @@ def test_planned_step_memory_is_one_forward_of_a_micro_batch_within_the_position
     _, arch = resolve_arch("tiny")
     short = replace(arch, max_positions=SEQ_LEN // 4)
     dtype = config.model.dtype
-    assert forward_shape(config) == (8, SEQ_LEN)
-    assert planned_step_bytes(config, arch) == estimate_activation_bytes(arch, 8, SEQ_LEN, dtype)
+    assert forward_shape(config, None) == (8, SEQ_LEN)
+    whole = estimate_activation_bytes(arch, 8, SEQ_LEN, dtype)
+    assert planned_step_bytes(config, arch, None) == whole
     cut = estimate_activation_bytes(short, 8, SEQ_LEN // 4, dtype)
-    assert planned_step_bytes(config, short) == cut
+    assert planned_step_bytes(config, short, None) == cut
     capped = load_config(overrides=[*micro, "task.max_length=16"])
-    assert planned_step_bytes(capped, arch) == estimate_activation_bytes(arch, 8, 16, dtype)
+    assert planned_step_bytes(capped, arch, None) == estimate_activation_bytes(arch, 8, 16, dtype)
 
 
 def test_a_padded_private_forward_has_the_privacy_plans_rows_on_every_worker() -> None:
@@ -316,7 +317,7 @@ def test_a_padded_private_forward_has_the_privacy_plans_rows_on_every_worker() -
     workers = ["parallel.strategy=replica", "parallel.workers=2", "optimizer.batch_size=8"]
     config = load_config(overrides=[*workers, "task.max_length=32"])
     _, arch = resolve_arch("opt-1.3b")
-    assert forward_shape(config) == (4, 32)
+    assert forward_shape(config, None) == (4, 32)
     assert forward_shape(config, padded_rows=31) == (31, 32)
     micro = load_config(
         overrides=[*workers, "task.max_length=32", "optimizer.physical_batch_size=8"]
@@ -324,4 +325,4 @@ def test_a_padded_private_forward_has_the_privacy_plans_rows_on_every_worker() -
     assert forward_shape(micro, padded_rows=32) == (8, 32)
     padded = planned_step_bytes(config, arch, padded_rows=31)
     assert padded == estimate_activation_bytes(arch, 31, 32, config.model.dtype)
-    assert padded > planned_step_bytes(config, arch)
+    assert padded > planned_step_bytes(config, arch, None)

@@ -97,53 +97,41 @@ def _no_noise_multiplier(config: RunConfig) -> None:
 
 _FIRST_ORDER_VIEWS = ("full", "lora", "bitfit")
 
+
+def _zeroth_order(name: str) -> Algorithm:
+    """mezo, dpzero and dpzo-laplace: one stepper on every layout and view, each step kept in
+    the trajectory; they differ only in the noise their config adds (``NOISE``)."""
+    return Algorithm(
+        name,
+        "zeroth-order",
+        layouts=ALL_LAYOUTS,
+        views=ALL_VIEWS,
+        writes_trajectory=True,
+        stepper=ZerothOrderStepper,
+        directions=True,
+    )
+
+
+def _first_order(name: str, check_config: Callable[[RunConfig], None] | None = None) -> Algorithm:
+    """dpsgd and adamw: the first-order baselines, on one process and the views whose
+    per-example gradients they compute; they save weights, not a trajectory."""
+    return Algorithm(
+        name,
+        "first-order",
+        layouts=("single",),
+        views=_FIRST_ORDER_VIEWS,
+        writes_trajectory=False,
+        stepper=FirstOrderStepper,
+        check_config=check_config,
+    )
+
+
 REGISTRY: dict[str, Algorithm] = {
     entry.name: entry
     for entry in (
-        Algorithm(
-            "mezo",
-            "zeroth-order",
-            layouts=ALL_LAYOUTS,
-            views=ALL_VIEWS,
-            writes_trajectory=True,
-            stepper=ZerothOrderStepper,
-            directions=True,
-        ),
-        Algorithm(
-            "dpzero",
-            "zeroth-order",
-            layouts=ALL_LAYOUTS,
-            views=ALL_VIEWS,
-            writes_trajectory=True,
-            stepper=ZerothOrderStepper,
-            directions=True,
-        ),
-        Algorithm(
-            "dpzo-laplace",
-            "zeroth-order",
-            layouts=ALL_LAYOUTS,
-            views=ALL_VIEWS,
-            writes_trajectory=True,
-            stepper=ZerothOrderStepper,
-            directions=True,
-        ),
-        Algorithm(
-            "dpsgd",
-            "first-order",
-            layouts=("single",),
-            views=_FIRST_ORDER_VIEWS,
-            writes_trajectory=False,
-            stepper=FirstOrderStepper,
-        ),
-        Algorithm(
-            "adamw",
-            "first-order",
-            layouts=("single",),
-            views=_FIRST_ORDER_VIEWS,
-            writes_trajectory=False,
-            stepper=FirstOrderStepper,
-            check_config=_no_noise_multiplier,
-        ),
+        *(_zeroth_order(name) for name in ("mezo", "dpzero", "dpzo-laplace")),
+        _first_order("dpsgd"),
+        _first_order("adamw", check_config=_no_noise_multiplier),
         Algorithm(
             "dpgd-0th",
             "zeroth-order",

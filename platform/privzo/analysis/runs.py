@@ -162,9 +162,9 @@ def load_audits(tracking_uri: str, experiment: str, study: str | None = None) ->
     runs = find_runs(tracking_uri, experiment, query) or []
     audited = {run.run_id: run for run in runs if tags.AUDIT_VERDICT not in run.tags}
     rows = [
-        _audit_row(run, audited[run.tags["mlflow.parentRunId"]])
+        _audit_row(run, audited[run.tags[tags.PARENT_RUN]])
         for run in runs
-        if tags.AUDIT_VERDICT in run.tags and run.tags.get("mlflow.parentRunId") in audited
+        if tags.AUDIT_VERDICT in run.tags and run.tags.get(tags.PARENT_RUN) in audited
     ]
     rows.sort(key=lambda row: (row["model_parameters"] or 0, row["cell"] or ""))
     return pa.Table.from_pylist(rows, schema=AUDIT_SCHEMA)

@@ -44,10 +44,9 @@ from privzo.section import ConfigError
 from privzo.tasks import is_generation, resolve_task_config
 from privzo.tasks.build import build_task
 from privzo.tasks.classification import PromptClassificationTask
-from privzo.tracking.tags import AUDIT
+from privzo.tracking.tags import AUDIT, PARENT_RUN
 
 VIOLATED_EXIT_CODE = 4
-PARENT_TAG = "mlflow.parentRunId"  # the child's parent is the audited run, not the caller's
 
 
 def audit_scores(config: RunConfig, audit: AuditConfig) -> tuple[list[ScoreName], str | None]:
@@ -147,7 +146,7 @@ def run_audit(
     record = audit_record(config, audit, summary, results, values, injection, note, ratio)
     if config.releases_diagnostics:  # a private run's duration follows its sampled batches
         record.audit_time_s = round(time.perf_counter() - started, 1)
-    child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_TAG}
+    child_tags = {key: value for key, value in (tags or {}).items() if key != PARENT_RUN}
     write_outputs(config, record, values, injection, output_dir, tracking_uri, child_tags)
     return record
 

@@ -11,7 +11,7 @@ import numpy as np
 from privzo.audit.config import ScoreName
 from privzo.config.run import RunConfig
 from privzo.tracking import connect_tracker, make_tracker
-from privzo.tracking.tags import AUDIT, AUDIT_VERDICT
+from privzo.tracking.tags import AUDIT, AUDIT_VERDICT, PARENT_RUN
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -75,11 +75,11 @@ def record_child_run(
     tracking_uri: str | None,
     extra_tags: Mapping[str, str] | None = None,
 ) -> str | None:
-    """An MLflow run under the audited run (``mlflow.parentRunId``) holding the audit."""
+    """An MLflow run under the audited run (``PARENT_RUN``) holding the audit."""
     tracking = config.tracking
     tags = {**(extra_tags or {}), AUDIT: "true", AUDIT_VERDICT: record["verdict"]}
     if record["audited_run_id"]:
-        tags["mlflow.parentRunId"] = str(record["audited_run_id"])
+        tags[PARENT_RUN] = str(record["audited_run_id"])
     tracker = make_tracker(
         tracking.backend,
         uri=tracking.uri or tracking_uri,

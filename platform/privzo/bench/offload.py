@@ -16,7 +16,6 @@ seed alone, the same offloaded or not where the arithmetic is (on one CPU, bit f
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,11 +24,12 @@ import torch
 
 from privzo.bench.checks import BenchSetup, checked_setup
 from privzo.bench.zo_step import (
+    Case,
     bench_estimator,
     bench_step,
     label_loss,
+    measure_rounds,
     random_batch,
-    synchronize,
 )
 from privzo.distributed.checks import host_memory_gb
 from privzo.distributed.zero3 import PartitionedModel, partitioned_random_model, world_of_one
@@ -249,35 +249,16 @@ class _Measured:
 
 
 def _measure(steps: _Steps, device: torch.device, repeats: int, progress: bool) -> _Measured:
-    """Every case ``repeats`` timed rounds after one warm-up, round-robin, the device
-    synchronised before the clock starts and stops; both peaks reset before each case."""
-    cases = steps.cases()
-    on_cuda = device.type == "cuda"
-    host, gpu = PeakMemory("cpu"), PeakMemory(device) if on_cuda else None
-    seconds: dict[str, list[float]] = {name: [] for name in cases}
-    host_peaks: dict[str, list[float]] = {name: [] for name in cases}
-    gpu_peaks: dict[str, list[float]] = {name: [] for name in cases}
-    for round_index in range(repeats + 1):
-        if progress:
-            print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
-        for name, action in cases.items():
-            synchronize(device)
-            host.reset()
-            if gpu is not None:
-                gpu.reset()
-            started = time.perf_counter()
-            action()
-            synchronize(device)
-            elapsed = time.perf_counter() - started
-            if round_index > 0:
-                seconds[name].append(elapsed)
-                host_peaks[name].append(host.peak_mb())
-                if gpu is not None:
-                    gpu_peaks[name].append(gpu.peak_mb())
-    device_peaks = gpu_peaks if on_cuda else None
-    since_start = not host.resettable
+    """Every case's rounds (``measure_rounds``), with the host's peak and, on CUDA, the
+    device's."""
+    cases = {name: Case(action) for name, action in steps.cases().items()}
+    host = PeakMemory("cpu")
+    memories = [host, PeakMemory(device)] if device.type == "cuda" else [host]
+    rounds = measure_rounds(cases, memories, repeats, progress, device)
+    device_peaks = rounds.peaks[1] if len(memories) > 1 else None
+    host_peaks, since_start = rounds.peaks[0], not host.resettable
     return _Measured(
-        seconds, device_peaks, host_peaks, since_start, steps.parameters, steps.projected
+        rounds.seconds, device_peaks, host_peaks, since_start, steps.parameters, steps.projected
     )
 
 

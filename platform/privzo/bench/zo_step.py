@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +91,12 @@ class StepBench:
     def measure(
         self, cases: dict[str, Case], where: torch.device
     ) -> dict[str, tuple[float, float]]:
-        """Every case timed ``repeats`` rounds, interleaved, with its peak memory."""
-        return _measure(cases, PeakMemory(where), self.repeats, self.progress, where)
+        """(median seconds, median peak MiB) per case, timed ``repeats`` rounds, interleaved
+        (``measure_rounds``)."""
+        rounds = measure_rounds(cases, [PeakMemory(where)], self.repeats, self.progress, where)
+        peaks = rounds.peaks[0]
+        median = statistics.median
+        return {name: (median(rounds.seconds[name]), median(peaks[name])) for name in cases}
 
 
 def zo_step_benchmark(bench: StepBench, shape: str = "tiny", directions: int = 1) -> ZoStepReport:
@@ -314,21 +318,31 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _measure(
+@dataclass(frozen=True)
+class Rounds:
+    """Per case, the timed rounds' seconds, and the peak (MiB) of each memory measured, in the
+    order the memories were given."""
+
+    seconds: dict[str, list[float]]
+    peaks: list[dict[str, list[float]]]
+
+
+def measure_rounds(
     cases: dict[str, Case],
-    memory: PeakMemory,
+    memories: Sequence[PeakMemory],
     repeats: int,
     progress: bool,
     device: torch.device,
-) -> dict[str, tuple[float, float]]:
-    """(median seconds, median peak MiB) per case.
+) -> Rounds:
+    """Every case ``repeats`` timed rounds, with every memory's peak.
 
     The cases run round-robin, one warm-up round first, so slow drift of the machine (clock,
     other processes, allocator state) touches every case alike instead of biasing a ratio.
-    On CUDA the device is synchronised before the clock starts and before it stops.
+    On CUDA the device is synchronised before the clock starts and before it stops; every
+    memory's peak is reset just before the clock starts.
     """
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    peaks: dict[str, list[float]] = {name: [] for name in cases}
+    seconds: dict[str, list[float]] = {name: [] for name in cases}
+    peaks: list[dict[str, list[float]]] = [{name: [] for name in cases} for _ in memories]
     for round_index in range(repeats + 1):
         if progress:
             print(f"round {round_index}/{repeats} ({'warm-up' if round_index == 0 else 'timed'})")
@@ -336,16 +350,16 @@ def _measure(
             if case.before is not None:
                 case.before()
             synchronize(device)
-            memory.reset()
+            for memory in memories:
+                memory.reset()
             started = time.perf_counter()
             case.action()
             synchronize(device)
             elapsed = time.perf_counter() - started
             if round_index > 0:
-                times[name].append(elapsed)
-                peaks[name].append(memory.peak_mb())
+                seconds[name].append(elapsed)
+                for memory, peak in zip(memories, peaks, strict=True):
+                    peak[name].append(memory.peak_mb())
             if case.after is not None:
                 case.after()
-    return {
-        name: (statistics.median(times[name]), statistics.median(peaks[name])) for name in cases
-    }
+    return Rounds(seconds, peaks)

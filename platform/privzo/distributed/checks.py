@@ -75,7 +75,7 @@ def host_memory_gb(parallel: ParallelConfig) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def config_plan(config: RunConfig, arch: DecoderArch, padded_rows: int | None = None) -> Plan:
+def config_plan(config: RunConfig, arch: DecoderArch, padded_rows: int | None) -> Plan:
     """The planner's verdict (``privzo.planner.Plan``) for ``arch`` laid out as ``config``
     says: its GPUs, dtype, forward batch (of ``padded_rows`` where batches are padded to the
     privacy plan's bound) and length, offload and (offloaded) host memory."""
@@ -156,9 +156,10 @@ def check_resources(config: RunConfig, resources: dict[str, float]) -> None:
             )
 
 
-def check_fit(config: RunConfig, source: str) -> None:
-    """On GPUs, the planner's verdict for this model, strategy and GPU count; a model whose
-    family the planner does not model is refused, since its fit cannot be checked."""
+def check_fit(config: RunConfig, source: str, padded_rows: int | None) -> None:
+    """On GPUs, the planner's verdict for this model, strategy and GPU count, at the rows a
+    worker forwards (``padded_rows``: ``privzo.planner.forward_shape``); a model whose family
+    the planner does not model is refused, since its fit cannot be checked."""
     parallel = config.parallel
     if not parallel.use_gpu:
         return
@@ -171,7 +172,7 @@ def check_fit(config: RunConfig, source: str) -> None:
         arch = arch_from_config(hf_config)
     except ValueError as error:
         raise ConfigError(f"{config.model.name_or_path}: {error}") from None
-    verdict = config_plan(config, arch)
+    verdict = config_plan(config, arch, padded_rows)
     check_verdict(config, verdict)
 
 

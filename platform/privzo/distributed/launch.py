@@ -40,14 +40,16 @@ def start_cluster(
     cache_dir: Path,
     progress: bool,
     tracking_uri: str | None,
+    padded_rows: int | None,
     cluster: RayTarget | None = None,
 ) -> RayCluster:
     """Reach Ray (``cluster``: which one, ``privzo.distributed.cluster``) and check what
     preflight (``privzo.preflight``) could not, before the run pipeline (``privzo.run``) writes
-    anything: a built-in model's fit on GPUs, the cluster's storage and its size. Returns the
+    anything: a built-in model's fit on GPUs (at ``padded_rows``, the privacy plan's bound of a
+    padded batch, which every worker forwards), the cluster's storage and its size. Returns the
     Ray used, for the line that names it."""
     source = resolve_source(config.model, cache_dir, progress)  # builds a built-in model once
-    check_fit(config, source)
+    check_fit(config, source, padded_rows)
     used = _init_ray(config, cluster)
     check_cluster_storage(
         alive_nodes(),

@@ -56,7 +56,8 @@ def run(
 
     ``tracking_uri`` (e.g. from the environment, read by the CLI) is used when the config sets
     none; it is not written to the config, and no tracking URI is logged (it may hold secrets).
-    ``tags`` are added to the run's own (e.g. ``mlflow.parentRunId`` for a search's trial).
+    ``tags`` are added to the run's own (e.g. ``privzo.tracking.tags.PARENT_RUN`` for a
+    search's trial).
     ``on_checked`` receives the preflight's findings before anything loads (the CLI prints which
     rows the run trains on). ``cluster`` says which Ray a distributed layout joins or starts
     (``privzo.distributed.cluster``; default: a new local one). ``run_name`` names the

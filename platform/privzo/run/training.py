@@ -112,7 +112,8 @@ class OnRayTrain:
                 f"parallel.strategy={config.parallel.strategy!r}: an audit's canaries need the "
                 "training rows in this process; use strategy 'single'"
             )
-        used = start_cluster(config, output_dir, cache_dir, progress, tracking[1], cluster)
+        rows = checked.privacy.max_batch_size
+        used = start_cluster(config, output_dir, cache_dir, progress, tracking[1], rows, cluster)
         logger.warning(used.line())
         if ray_run is not None:  # refused here, before anything is written, if unreadable
             steps = resumed_steps(config, output_dir, ray_run)

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privzo.algorithms.registry import writes_trajectory
 from privzo.config.loading import dump_config
 from privzo.config.run import RunConfig
 from privzo.rundir.files import (
@@ -30,8 +31,9 @@ from privzo.rundir.files import (
 )
 from privzo.rundir.resume import (
     ResumePoint,
-    can_resume,
     clear_resume_point,
+    goes_on_from,
+    unfinished_point,
     write_resume_point,
 )
 from privzo.rundir.summary import RunRecords, RunSummary, read_summary, write_summary
@@ -138,9 +140,16 @@ def starts_over(config: RunConfig, output_dir: Path) -> bool:
     trial, a study's cell, a demo arm), once it found no finished run there: an unfinished run
     of ``config`` resumes from its own trajectory into its MLflow run (False) unless it cannot
     (True: a first-order run keeps no trajectory to go on from); another config's run is never
-    written over (False: ``run`` refuses it)."""
+    written over (False: ``run`` refuses it). The directory's config is read once."""
     directory = Path(output_dir)
-    return not can_resume(config, directory) and not holds_other_run(directory, config)
+    if not holds_run(directory):
+        return True  # nothing there to keep
+    if not holds_configs(directory, {CONFIG_FILE: dump_config(config)}):
+        return False  # another config's run
+    if not writes_trajectory(config):
+        return True
+    point = unfinished_point(directory)  # of exactly ``config``: its file was just compared
+    return point is None or not goes_on_from(config, point)
 
 
 def finished_record(

@@ -53,14 +53,22 @@ def write_resume_point(output_dir: Path, point: ResumePoint) -> None:
 
 def find_resume_point(output_dir: Path, config: RunConfig) -> ResumePoint | None:
     """The resume point of an unfinished run of exactly ``config`` in ``output_dir``, if any."""
-    path = output_dir / RESUME_FILE
-    if not path.is_file() or (output_dir / SUMMARY_FILE).exists():
-        return None
-    if not (output_dir / CONFIG_FILE).is_file():
+    if not _unfinished(output_dir) or not (output_dir / CONFIG_FILE).is_file():
         return None
     if dump_config(load_config(output_dir / CONFIG_FILE)) != dump_config(config):
         return None
-    return read_resume_point(path)
+    return read_resume_point(output_dir / RESUME_FILE)
+
+
+def unfinished_point(output_dir: Path) -> ResumePoint | None:
+    """The resume point of the unfinished run in ``output_dir``, whatever its config: for a
+    caller that has just compared the directory's config itself and reads it no more."""
+    return read_resume_point(output_dir / RESUME_FILE) if _unfinished(output_dir) else None
+
+
+def _unfinished(output_dir: Path) -> bool:
+    """A resume point without the summary that marks the run finished."""
+    return (output_dir / RESUME_FILE).is_file() and not (output_dir / SUMMARY_FILE).exists()
 
 
 def read_resume_point(path: Path) -> ResumePoint:
@@ -116,9 +124,13 @@ def find_unfinished(config: RunConfig, output_dir: Path) -> ResumePoint | None:
     if not writes_trajectory(config):
         return None
     point = find_resume_point(output_dir, config)
-    if point is not None and config.parallel.strategy != "single" and point.ray_run is None:
-        return None  # no Ray Train run to go on with: the steps' record is not found
-    return point
+    return point if point is not None and goes_on_from(config, point) else None
+
+
+def goes_on_from(config: RunConfig, point: ResumePoint) -> bool:
+    """Whether a zeroth-order run of ``config`` goes on from ``point``: a distributed one only
+    where the point names the Ray Train run whose checkpoints hold its steps."""
+    return config.parallel.strategy == "single" or point.ray_run is not None
 
 
 def unfinished_steps(config: RunConfig, output_dir: Path) -> int:

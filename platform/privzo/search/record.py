@@ -15,7 +15,7 @@ from privzo.search.ray_adapter import result_grid_trials
 from privzo.search.summary import SCORE, SearchBounds, SearchSummary, TrialRow
 from privzo.search.trial import TRIALS_DIR, restarts
 from privzo.tracking import Tracker, end_runs, find_runs
-from privzo.tracking.tags import BEST_MODEL_URI
+from privzo.tracking.tags import BEST_MODEL_URI, PARENT_RUN, TRIAL
 
 TRIALS_FILE = "trials.parquet"
 SUMMARY_FILE = "search_summary.json"
@@ -139,13 +139,13 @@ def _close_stopped_children(tracker: Tracker, plan: SearchPlan, stopped: set[str
     uri = getattr(tracker, "uri", None)
     if uri is None or tracker.run_id is None:
         return
-    query = f"tags.mlflow.parentRunId = '{tracker.run_id}'"
+    query = f"tags.{PARENT_RUN} = '{tracker.run_id}'"
     children = find_runs(uri, plan.base.tracking.experiment, query) or []
     unfinished = [
         child.run_id
         for child in children
         if child.status == "RUNNING"
-        or (child.status == "FAILED" and child.tags.get("privzo.trial") in stopped)
+        or (child.status == "FAILED" and child.tags.get(TRIAL) in stopped)
     ]
     end_runs(uri, unfinished, "KILLED", release_timing=plan.base.releases_diagnostics)
 

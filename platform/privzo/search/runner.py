@@ -29,6 +29,7 @@ from privzo.search.summary import SearchSummary
 from privzo.search.tuner import SearchPlaces, fit
 from privzo.section import ConfigError
 from privzo.tracking import Tracker, connect_tracker, keep_blank_stores_in, make_tracker
+from privzo.tracking.tags import ALGORITHM, EPSILON, MODEL, ROLE, TASK
 
 STATE_FILE = "search_state.json"
 
@@ -131,14 +132,14 @@ def _parent_tracker(
 ) -> Tracker:
     tracking, base = plan.base.tracking, plan.base
     tags = {
-        "privzo.role": "search",
-        "privzo.model": base.model.name_or_path,
-        "privzo.task": base.task.name,
-        "privzo.algorithm": base.optimizer.algorithm,
+        ROLE: "search",
+        MODEL: base.model.name_or_path,
+        TASK: base.task.name,
+        ALGORITHM: base.optimizer.algorithm,
         "privzo.search_algorithm": plan.search.algorithm,
     }
     if plan.private:
-        tags["privzo.epsilon"] = f"{base.privacy.epsilon:g}"
+        tags[EPSILON] = f"{base.privacy.epsilon:g}"
     tracker = make_tracker(
         tracking.backend,
         uri=tracking.uri or tracking_uri,

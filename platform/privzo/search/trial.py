@@ -37,7 +37,7 @@ from privzo.search.config import SearchConfig, base_run_config
 from privzo.search.summary import SCORE
 from privzo.tasks.data import read_rows
 from privzo.threads import use_threads
-from privzo.tracking.tags import run_label
+from privzo.tracking.tags import PARENT_RUN, SEARCH, TRIAL, run_label
 
 TRIALS_DIR = "trials"
 RESTARTS_FILE = "restarts.json"  # in a trial's directory, which starting over keeps
@@ -155,9 +155,9 @@ def run_trial(trial_config: dict[str, Any], setup: dict[str, Any]) -> None:
         tracking_uri=setup["tracking_uri"],
         run_name=f"{run_label(config)} {trial_id}",  # trials differ in their hyperparameters
         tags={
-            "mlflow.parentRunId": setup["parent_run_id"],
-            "privzo.search": setup["search_name"],
-            "privzo.trial": trial_id,
+            PARENT_RUN: setup["parent_run_id"],
+            SEARCH: setup["search_name"],
+            TRIAL: trial_id,
         },
         hooks=RunHooks(after_window=after_window, final_scores=final_scores),
     )

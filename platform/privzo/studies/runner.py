@@ -14,6 +14,7 @@ from privzo.studies.scaling import ScalingStudyConfig, run_scaling_study
 from privzo.studies.summary import StudyResult, SyntheticSummary
 from privzo.synthetic import SyntheticStudyConfig, run_synthetic_study
 from privzo.tracking import connect_tracker, keep_blank_stores_in, make_tracker
+from privzo.tracking.tags import ROLE, STUDY
 
 StudyRunner = Callable[..., StudyResult]
 SYNTHETIC_CONFIG_FILE = "synthetic_config.yaml"
@@ -48,7 +49,7 @@ def run_synthetic(
         experiment="synthetic-quadratic",
         output_root=Path(tracking_root or output_dir).resolve(),
         run_name=f"synthetic-{output_dir.name}",
-        tags={"privzo.role": "study", "privzo.study": "synthetic-quadratic"},
+        tags={ROLE: "study", STUDY: "synthetic-quadratic"},
     )
     connect_tracker(tracker, tracking_uri)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ from privzo.tracking import (
     make_tracker,
     ui_lines,
 )
+from privzo.tracking.tags import CELL, PARENT_RUN, ROLE, SEED, STUDY
 
 STATE_FILE = "study_state.json"
 CELLS_DIR = "cells"
@@ -236,7 +237,7 @@ def _run_audit_cells(
             if budget is not None and ran >= budget:
                 break
             echo(f"[study {study.name}] audit cell {index}/{len(audits)}: {name}")
-            tags = {**_cell_tags(study, by_name[cell_name], tracker), "privzo.cell": name}
+            tags = {**_cell_tags(study, by_name[cell_name], tracker), CELL: name}
             record = run_audit_cell(configs[cell_name], settings, cell_dir, tags=tags, **options)
             ran += 1
         if record.violated:
@@ -259,7 +260,7 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
         experiment=study.experiment or study.name,
         output_root=tracking_root,
         run_name=f"study-{study.name}",
-        tags={"privzo.role": "study", "privzo.study": study.name},
+        tags={ROLE: "study", STUDY: study.name},
         # the study's duration adds up its private cells' times
         release_timing=not study.private_algorithms,
     )
@@ -268,10 +269,10 @@ def _study_tracker(study: ScalingStudyConfig, tracking_root: Path, tracking_uri:
 
 def _cell_tags(study: ScalingStudyConfig, cell: Cell, tracker: Tracker) -> dict[str, str]:
     return {
-        "mlflow.parentRunId": str(tracker.run_id),
-        "privzo.study": study.name,
-        "privzo.cell": cell.name,
-        "privzo.seed": str(cell.seed),
+        PARENT_RUN: str(tracker.run_id),
+        STUDY: study.name,
+        CELL: cell.name,
+        SEED: str(cell.seed),
         "privzo.budget": f"{cell.epsilon:g}" if cell.epsilon is not None else "non-private",
     }
 
@@ -331,7 +332,7 @@ def _search_cell(
         cache_dir=cache_dir,
         tracking_uri=tracking_uri,
         tracking_root=tracking_root,
-        tags={**tags, "privzo.role": "search"},
+        tags={**tags, ROLE: "search"},
         progress=False,
     )
     best_dir = cell_dir / "search" / "trials" / str(summary.best_trial)
@@ -344,7 +345,7 @@ def _search_cell(
         }
     )
     assert result.tracking_run_id is not None, "a study's trials are tracked in its MLflow store"
-    cell_tags = {k: v for k, v in tags.items() if k != "mlflow.parentRunId"}
+    cell_tags = {k: v for k, v in tags.items() if k != PARENT_RUN}
     set_run_tags(tracking_uri, result.tracking_run_id, {**cell_tags, "privzo.search_best": "true"})
     write_summary(cell_dir / SUMMARY_FILE, result)
     write_config(cell_dir, config)

@@ -34,6 +34,10 @@ DEVICE = "privzo.device"  # the device type the model ran on ('cuda', 'cpu'): wh
 PLANNED_STEP_MB = "privzo.planned_step_mb"
 # on a resumed run's new tracking run (its earlier one lost with its store): the steps kept
 CONTINUES_FROM_STEP = "privzo.continues_from_step"
+# MLflow's own tag that nests a run under another: a search's trial, a study's cell, an audit
+PARENT_RUN = "mlflow.parentRunId"
+SEARCH = "privzo.search"  # on a search's trial: the search's name
+TRIAL = "privzo.trial"  # on a search's trial: its Tune trial id
 
 
 def config_tags(config: RunConfig, private: bool) -> dict[str, str]:

@@ -110,7 +110,7 @@ def test_nvme_folder_must_exist_and_be_writable(tmp_path, cache_dir, problem):
 
 def test_host_memory_below_the_plan_is_refused(tmp_path, cache_dir):
     config = _config(TINY_MEZO, *OPT_66B, *_offload("cpu", "parallel.host_memory_gb=64"))
-    verdict = memory_plan(config)
+    verdict = memory_plan(config, None)
     assert verdict is not None and verdict.host_fits is False
     need = f"{verdict.host_bytes / 2**30:.1f}"
     with pytest.raises(ConfigError, match=rf"offload='cpu'.* needs about {need} GiB of host"):
@@ -129,7 +129,7 @@ def test_nvme_folder_smaller_than_the_plan_is_refused(tmp_path, cache_dir):
     nvme = _offload("nvme", f"parallel.nvme_path={tmp_path}")
     small = _config(TINY_MEZO, "model.name_or_path=facebook/opt-125m", "model.kind=causal", *nvme)
     large = _config(TINY_MEZO, *OPT_66B, "model.dtype=float32", *nvme)
-    small_plan, large_plan = memory_plan(small), memory_plan(large)
+    small_plan, large_plan = memory_plan(small, None), memory_plan(large, None)
     assert small_plan is not None and large_plan is not None
     assert small_plan.nvme_bytes < free
     with pytest.raises(ConfigError, match=r"offload='nvme': .* do not swap them .* 'cpu'"):

@@ -15,7 +15,7 @@ from privzo.config import ConfigError
 from privzo.config.loading import apply_overrides, build_config, read_yaml
 from privzo.distributed.checks import check_layout, check_verdict
 from privzo.models.shapes import FAMILY_SHAPES, HUB_IDS, OPT_SHAPES
-from privzo.planner import plan
+from privzo.planner import SEQ_LEN, plan
 from privzo.preflight import memory_plan
 
 BASE = REPO / "configs" / "runs" / "opt-66b-dpzero-zero3-fp16.yaml"
@@ -27,7 +27,7 @@ def _accepted(config) -> bool:
     """Whether the run's validation of the layout passes (``privzo.preflight``'s checks)."""
     try:
         check_layout(config)
-        memory = memory_plan(config)
+        memory = memory_plan(config, None)  # the share privzo plan is asked for, unpadded
         assert memory is not None, config.model.name_or_path  # a named shape's hub id
         check_verdict(config, memory)
     except ConfigError:
@@ -45,6 +45,7 @@ def _layout(
         f"parallel.workers={gpus}",
         f"parallel.gpu_memory_gb={memory_gb}",
         f"optimizer.batch_size={PER_GPU_BATCH * gpus}",
+        f"task.max_length={SEQ_LEN}",  # the planner's default length, not the config's
         *extra,
     ]
     return build_config(apply_overrides(base, overrides))
@@ -96,7 +97,8 @@ def test_the_runner_accepts_what_the_planner_calls_fitting_offloaded(dtype):
 def test_check_accepts_the_shipped_offload_config(tmp_path, capsys):
     """OPT-66B in fp16 on one 80 GiB GPU, offloaded to a 256 GiB host: the plan the config's
     comment quotes, through ``privzo check``, for the forward DPZero runs (its batch padded to
-    the privacy plan's 51 rows); the same config on a host below the plan refused."""
+    the privacy plan's 51 rows of the config's 128 tokens); the same config on a host below the
+    plan refused."""
     for split, count in (("train", 2000), ("test", 1000)):
         write_sentiment_jsonl(tmp_path / f"{split}.jsonl", count, seed=len(split))
     config = REPO / "configs" / "runs" / "opt-66b-dpzero-zero3-offload.yaml"
@@ -104,10 +106,10 @@ def test_check_accepts_the_shipped_offload_config(tmp_path, capsys):
     code = main(args)
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "51 rows × (the model's limit) tokens, 51 rows per forward" in printed
+    assert "51 rows × 128 tokens, 51 rows per forward" in printed
     verdict = plan(
-        "opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16", batch_size=51, offload="cpu",
-        host_memory_gb=256,
+        "opt-66b", gpus=1, gpu_memory_gb=80, dtype="float16", batch_size=51, seq_len=128,
+        offload="cpu", host_memory_gb=256,
     )  # fmt: skip
     assert verdict.fits and verdict.host_fits
     gib = 2**30

@@ -190,5 +190,6 @@ def test_the_gpu_fit_check_counts_one_micro_batch_of_activations(tmp_path):
         "parallel.gpu_memory_gb=2",
     ]
     with pytest.raises(ConfigError, match="does not fit whole in one 2 GiB GPU"):
-        check_fit(load_config(None, overrides), str(model_dir))
-    check_fit(load_config(None, [*overrides, "optimizer.physical_batch_size=8"]), str(model_dir))
+        check_fit(load_config(None, overrides), str(model_dir), None)
+    micro = load_config(None, [*overrides, "optimizer.physical_batch_size=8"])
+    check_fit(micro, str(model_dir), None)
