@@ -56,11 +56,12 @@ def resolve_arch(model: str | DecoderArch) -> tuple[str, DecoderArch]:
 SEQ_LEN = 256
 
 
-def forward_shape(config: RunConfig, padded_rows: int | None) -> tuple[int, int]:
+def forward_shape(config: RunConfig, padded_rows: int | None, arch: DecoderArch) -> tuple[int, int]:
     """The batch and length of one of ``config``'s forwards on one worker, the one owner of
-    the rows a worker runs: its share of the batch, at most one micro-batch
-    (``optimizer.physical_batch_size``), of prompts of ``task.max_length`` tokens at most
-    (without it, the planner's default length).
+    the rows and tokens a worker runs: its share of the batch, at most one micro-batch
+    (``optimizer.physical_batch_size``), of prompts of ``task.max_length`` tokens at most.
+    Without ``task.max_length`` a padded run (``task.pad_to='max_length'``) pads every batch to
+    the model's positions, as the task does; an unpadded one plans the default ``SEQ_LEN``.
 
     ``padded_rows``: the privacy plan's bound of a padded batch (``PrivacyPlan.max_batch_size``,
     set where ``task.pad_to='max_length'``, a private run's default; None otherwise). Every
@@ -69,7 +70,8 @@ def forward_shape(config: RunConfig, padded_rows: int | None) -> tuple[int, int]
     plans the unpadded share by leaving it out."""
     rows = padded_rows or max(1, config.optimizer.batch_size // config.parallel.workers)
     forward_batch = min(rows, config.optimizer.physical_batch_size or rows)
-    return forward_batch, config.task.max_length or SEQ_LEN
+    unset = arch.max_positions if config.pad_to == "max_length" else SEQ_LEN
+    return forward_batch, min(config.task.max_length or unset, arch.max_positions)
 
 
 def planned_step_bytes(config: RunConfig, arch: DecoderArch, padded_rows: int | None) -> int:
@@ -77,8 +79,7 @@ def planned_step_bytes(config: RunConfig, arch: DecoderArch, padded_rows: int | 
     activations of one forward (``forward_shape``) of prompts no longer than the model's
     positions (eager attention, the upper bound; no key/value cache, as privzo's scoring
     forwards keep none)."""
-    batch, seq_len = forward_shape(config, padded_rows)
-    seq_len = min(seq_len, arch.max_positions)
+    batch, seq_len = forward_shape(config, padded_rows, arch)
     return estimate_activation_bytes(arch, batch, seq_len, config.model.dtype)
 
 

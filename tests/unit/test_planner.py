@@ -302,7 +302,7 @@ def test_planned_step_memory_is_one_forward_of_a_micro_batch_within_the_position
     _, arch = resolve_arch("tiny")
     short = replace(arch, max_positions=SEQ_LEN // 4)
     dtype = config.model.dtype
-    assert forward_shape(config, None) == (8, SEQ_LEN)
+    assert forward_shape(config, None, arch) == (8, SEQ_LEN)
     whole = estimate_activation_bytes(arch, 8, SEQ_LEN, dtype)
     assert planned_step_bytes(config, arch, None) == whole
     cut = estimate_activation_bytes(short, 8, SEQ_LEN // 4, dtype)
@@ -317,12 +317,24 @@ def test_a_padded_private_forward_has_the_privacy_plans_rows_on_every_worker() -
     workers = ["parallel.strategy=replica", "parallel.workers=2", "optimizer.batch_size=8"]
     config = load_config(overrides=[*workers, "task.max_length=32"])
     _, arch = resolve_arch("opt-1.3b")
-    assert forward_shape(config, None) == (4, 32)
-    assert forward_shape(config, padded_rows=31) == (31, 32)
+    assert forward_shape(config, None, arch) == (4, 32)
+    assert forward_shape(config, 31, arch) == (31, 32)
     micro = load_config(
         overrides=[*workers, "task.max_length=32", "optimizer.physical_batch_size=8"]
     )
-    assert forward_shape(micro, padded_rows=32) == (8, 32)
+    assert forward_shape(micro, 32, arch) == (8, 32)
     padded = planned_step_bytes(config, arch, padded_rows=31)
     assert padded == estimate_activation_bytes(arch, 31, 32, config.model.dtype)
     assert padded > planned_step_bytes(config, arch, None)
+
+
+def test_a_padded_run_without_a_max_length_plans_the_models_positions() -> None:
+    """Without ``task.max_length`` a padded batch is filled to the model's positions (the
+    task's length then), so the planner plans that many tokens, not its default; an unpadded
+    batch keeps the default."""
+    _, arch = resolve_arch("opt-1.3b")
+    padded = load_config(overrides=["task.pad_to=max_length"])
+    assert padded.task.max_length is None and arch.max_positions == 2048
+    assert forward_shape(padded, 8, arch) == (8, 2048)
+    unpadded = load_config(overrides=["task.pad_to=batch"])
+    assert forward_shape(unpadded, None, arch)[1] == SEQ_LEN

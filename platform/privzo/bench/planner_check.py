@@ -157,9 +157,10 @@ def planned_worker_bytes(case: Case, config: RunConfig, padded_rows: int | None)
     as the run makes it (``forward_shape``: a private run pads each worker's share to its
     privacy plan's bound, ``padded_rows``; DPZero's 31 rows of the benchmark's batch of 8)."""
     strategy, workers, _ = LAYOUTS[case.layout]
-    forward_batch, seq_len = forward_shape(config, padded_rows)
+    arch = resolve_arch(config.model.name_or_path)[1]
+    forward_batch, seq_len = forward_shape(config, padded_rows, arch)
     return cpu_worker_bytes(
-        resolve_arch(config.model.name_or_path)[1],
+        arch,
         strategy=strategy,
         workers=workers,
         dtype=case.dtype,

@@ -82,7 +82,7 @@ def config_plan(config: RunConfig, arch: DecoderArch, padded_rows: int | None) -
     from privzo.planner import forward_shape, plan
 
     parallel = config.parallel
-    forward_batch, seq_len = forward_shape(config, padded_rows)
+    forward_batch, seq_len = forward_shape(config, padded_rows, arch)
     offloaded = parallel.offload != "none"
     return plan(
         arch,
