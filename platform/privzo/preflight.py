@@ -108,8 +108,10 @@ class Preflight:
             return "padded to each batch's longest member (task.pad_to=batch)"
         length = config.task.max_length or "(the model's limit)"
         micro = config.optimizer.physical_batch_size or privacy.max_batch_size
+        workers = config.parallel.workers
+        each = f" on each of {workers} workers" if workers > 1 else ""
         shape = (
-            f"{privacy.max_batch_size} rows × {length} tokens, {micro} rows per forward "
+            f"{privacy.max_batch_size} rows × {length} tokens{each}, {micro} rows per forward "
             "(task.pad_to=max_length)"
         )
         if not privacy.private:

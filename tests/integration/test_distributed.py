@@ -27,6 +27,7 @@ from privzo.config import ConfigError, load_config
 from privzo.distributed.launch import CHECKPOINTS_KEPT
 from privzo.distributed.worker import checkpoint_name
 from privzo.privacy import compute_epsilon
+from privzo.privacy.truncation import truncation_delta
 from privzo.run import RunHooks, run
 from privzo.tracking import read_run
 from tiny_families import save_tiny_family
@@ -254,22 +255,28 @@ def private_lora_runs(ray_session, tmp_path_factory, cache_dir) -> PrivateLoraRu
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_private_run_on_two_workers_spends_the_single_run_budget(private_lora_runs):
+def test_private_run_on_two_workers_accounts_every_workers_truncation(private_lora_runs):
+    """Two workers sample the single run's Poisson batch between them, each padding its share
+    to a bound of its own: smaller than the single run's, its truncation δ counting both shares,
+    and σ calibrated to the same ε at what is left of δ."""
     single, replica = private_lora_runs.single, private_lora_runs.replica
-    for key in ("noise_multiplier", "sample_rate", "expected_batch_size", "steps"):
+    for key in ("sample_rate", "expected_batch_size", "steps"):
         assert replica[key] == single[key], key
-    assert replica["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
-    assert replica["truncation_delta"] == single["truncation_delta"]
-    expected = compute_epsilon(
-        noise_multiplier=single["noise_multiplier"],
-        sample_rate=8 / 64,
-        steps=12,
-        delta=1e-5 - single["truncation_delta"],  # what the accountant evaluates ε at
-        noise_parameters=single["mechanism_parameters"],  # the discrete noise's grid
+    assert replica["max_batch_size"] < single["max_batch_size"]
+    assert replica["truncation_delta"] == truncation_delta(
+        64, 8 / 64, replica["max_batch_size"], 12, 2.0, shares=2
     )
-    assert replica["epsilon"] == pytest.approx(expected, rel=1e-9) and replica["epsilon"] <= 2.0
     root = private_lora_runs.root
-    for output in (root / "one", root / "runs" / "two"):  # both record the same ledger state
+    for summary, output in ((single, root / "one"), (replica, root / "runs" / "two")):
+        expected = compute_epsilon(
+            noise_multiplier=summary["noise_multiplier"],
+            sample_rate=8 / 64,
+            steps=12,
+            delta=1e-5 - summary["truncation_delta"],  # what the accountant evaluates ε at
+            noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
+        )
+        assert summary["epsilon"] == pytest.approx(expected, rel=1e-9), output
+        assert summary["epsilon"] <= 2.0, output
         privacy = json.loads((output / "privacy.json").read_text())
         assert privacy["steps_accounted"] == 12 and privacy["final"] is True, output
         assert privacy["epsilon_spent"] == pytest.approx(expected, rel=1e-9), output

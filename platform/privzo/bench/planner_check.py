@@ -155,7 +155,8 @@ def run_case(config: RunConfig, output_dir: Path, cache_dir: Path) -> None:
 def planned_worker_bytes(case: Case, config: RunConfig, padded_rows: int | None) -> int:
     """The planner's figure for one worker of ``case``: its layout and dtype, and one forward
     as the run makes it (``forward_shape``: a private run pads each worker's share to its
-    privacy plan's bound, ``padded_rows``; DPZero's 31 rows of the benchmark's batch of 8)."""
+    privacy plan's bound, ``padded_rows``: for the benchmark's batch of 8, DPZero's 31 rows on one
+    process and 22 on each of 2 workers)."""
     strategy, workers, _ = LAYOUTS[case.layout]
     arch = resolve_arch(config.model.name_or_path)[1]
     forward_batch, seq_len = forward_shape(config, padded_rows, arch)

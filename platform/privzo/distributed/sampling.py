@@ -26,8 +26,8 @@ class PartitionedPoissonSampler(Sampler):
         group: WorkerGroup,
         max_batch_size: int | None = None,
     ) -> None:
-        """``max_batch_size``: the global bound, which also bounds each share (a share above
-        it means a global draw above it, the event the truncation δ already covers)."""
+        """``max_batch_size``: the privacy plan's bound of one worker's share, whose
+        truncation δ counts every share of every step (``privzo.privacy.truncation``)."""
         self.partition = np.arange(group.rank, dataset_size, group.world_size, dtype=np.int64)
         self._local = PoissonSampler(len(self.partition), sample_rate, max_batch_size)
         self.dataset_size = dataset_size

@@ -87,12 +87,14 @@ class PrivacyConfig(Section):
     max_batch_size: int | None = Field(
         None,
         ge=1,
-        description="With task.pad_to='max_length': the public number of rows every batch is "
-        "filled to. A Poisson draw above it keeps a secret, uniformly random max_batch_size of "
-        "its examples, and the chance of that over all steps is taken from delta (truncated "
-        "Poisson sampling); a bound that would take more than half of delta is refused. null = "
-        "the smallest bound (a multiple of optimizer.physical_batch_size) whose share is at "
-        "most 1 % of delta; the batch size itself for shuffled batches.",
+        description="With task.pad_to='max_length': the public number of rows each worker's "
+        "batch is filled to (the whole batch's with one worker: each of parallel.workers draws "
+        "its own share). A Poisson draw above it keeps a secret, uniformly random "
+        "max_batch_size of its examples, and the chance of that in any share over all steps is "
+        "taken from delta (truncated Poisson sampling); a bound that would take more than half "
+        "of delta is refused. null = the smallest bound (a multiple of "
+        "optimizer.physical_batch_size) whose share is at most 1 % of delta; a worker's slice "
+        "of the batch for shuffled batches.",
     )
     adjacency: Literal["add-remove"] = "add-remove"
     mechanism: MechanismName | None = Field(

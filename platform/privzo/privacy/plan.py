@@ -41,11 +41,12 @@ class PrivacyPlan:
     mechanism: str | None = None
     accountant: str | None = None
     noise_parameters: dict[str, Any] | None = None  # lmo's, or {"grid": K} of discrete noise
-    # task.pad_to='max_length': the rows every batch is filled to, and the part of δ that
-    # truncating a larger Poisson draw takes (privzo.privacy.truncation)
+    # task.pad_to='max_length': the rows each worker's batch is filled to (the whole batch's
+    # on one process), and the part of δ that truncating a larger Poisson draw takes
+    # (privzo.privacy.truncation)
     max_batch_size: int | None = None
     truncation_delta: float = 0.0
-    run_exceed_probability: float = 0.0  # that any of the T draws exceeds max_batch_size
+    run_exceed_probability: float = 0.0  # that any share of the T draws exceeds max_batch_size
 
     @property
     def mechanism_delta(self) -> float | None:
@@ -108,29 +109,33 @@ def plan_privacy(config: RunConfig, dataset_size: int) -> PrivacyPlan:
 
 
 def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> BatchBound | None:
-    """The public rows of a padded batch (None unless ``task.pad_to='max_length'``), a
-    multiple of the micro-batch so every forward has the same shape, and its truncation δ.
+    """The public rows of each worker's padded batch (None unless
+    ``task.pad_to='max_length'``), a multiple of the micro-batch so every forward has the same
+    shape, and its truncation δ. Each of ``parallel.workers`` workers draws and pads its own
+    share, so the bound is a share's (``privzo.privacy.truncation``): a worker's forwards do
+    not grow with the worker count.
 
     Raises ConfigError for a bound whose truncation takes more than half of δ."""
     if config.pad_to != "max_length":
         return None
     optimizer, privacy = config.optimizer, config.privacy
     multiple = optimizer.physical_batch_size or 1
-    if privacy.sampler == "shuffle":  # fixed-size batches: never above the batch size
-        return BatchBound(-(-optimizer.batch_size // multiple) * multiple, 0.0)
+    shares = config.parallel.workers
+    if privacy.sampler == "shuffle":  # a worker's strided slice of a fixed-size batch
+        return BatchBound(-(-optimizer.batch_size // shares // multiple) * multiple, 0.0)
     steps, epsilon = optimizer.steps, privacy.epsilon
     private = optimizer.is_private
     budget = DEFAULT_SHARE * privacy.delta / (1 + math.exp(min(epsilon, 700)))
-    suggested = default_bound(
-        dataset_size, sample_rate, steps, budget if private else NON_PRIVATE_EXCEED, multiple
-    )
+    exceed_budget = budget if private else NON_PRIVATE_EXCEED
+    suggested = default_bound(dataset_size, sample_rate, steps, exceed_budget, multiple, shares)
     rows = -(-(privacy.max_batch_size or suggested) // multiple) * multiple  # whole micro-batches
-    exceed = steps * exceed_probability(dataset_size, sample_rate, rows)
+    exceed = steps * exceed_probability(dataset_size, sample_rate, rows, shares)
     truncation = delta_of_exceeding(exceed, epsilon)
     if private and truncation > MAX_SHARE * privacy.delta:
+        drawn = f"the {dataset_size} examples" if shares == 1 else f"each of {shares} shares"
         raise ConfigError(
-            f"privacy.max_batch_size={rows}: a Poisson batch of the {dataset_size} examples at "
-            f"rate {sample_rate:.4g} exceeds it often enough over {steps} steps that truncating "
+            f"privacy.max_batch_size={rows}: a Poisson batch of {drawn} at rate "
+            f"{sample_rate:.4g} exceeds it often enough over {steps} steps that truncating "
             f"it would add {truncation:.3g} to delta, more than half of privacy.delta="
             f"{privacy.delta:g}; allowed: "
             f"max_batch_size ≥ {suggested} (the default, null), or task.pad_to='batch'"
@@ -218,7 +223,7 @@ def privacy_record(
         "accountant": plan.accountant,
         "delta": delta,
         "mechanism_delta": ledger.delta,  # what the accountant evaluates ε spent at
-        "max_batch_size": plan.max_batch_size,  # every batch's rows with task.pad_to=max_length
+        "max_batch_size": plan.max_batch_size,  # each worker's rows with task.pad_to=max_length
         "truncation_delta": plan.truncation_delta,  # δ taken by truncating larger draws
         "epsilon_budget": ledger.epsilon_budget,
         "steps_accounted": ledger.accountant.steps,

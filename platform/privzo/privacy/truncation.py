@@ -11,6 +11,11 @@ P[M'(D) ∈ S] ≤ P[M(D) ∈ S] + P[E_D] ≤ e^ε·P[M(D') ∈ S] + δ + P[E_D]
 P[E] ≤ T·P[Binomial(N + 1, q) > bound] for either neighbour. So M' is (ε, δ + δ_trunc)-DP with
 δ_trunc = (1 + e^ε)·T·P[Binomial(N + 1, q) > bound]; the plan calibrates σ at δ − δ_trunc, so
 the stated δ covers both.
+
+With W workers each Poisson-sampling its own partition of the records (``parallel.workers``) and
+padding its share to its own bound, E is any share of any step exceeding it: by a union bound
+over the W shares, each drawn from at most ⌈(N + 1)/W⌉ records, P[E] ≤ T·W·P[Binomial(⌈(N + 1)/W⌉,
+q) > bound]. The same argument then holds with that P[E]; W = 1 is the formula above.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = [
     "default_bound",
     "delta_of_exceeding",
     "exceed_probability",
+    "share_size",
     "truncation_delta",
 ]
 
@@ -63,35 +69,50 @@ def delta_of_exceeding(exceed: float, epsilon: float) -> float:
     return min(1.0, (1.0 + math.exp(epsilon)) * exceed)
 
 
-def exceed_probability(dataset_size: int, sample_rate: float, bound: int) -> float:
-    """P[a Poisson draw from N + 1 examples at rate q has more than ``bound``]: the larger of
-    the two add/remove neighbours' chances, since it grows with N. Positive (at least the
-    smallest float) whenever it is not exactly 0, so an underflow never reads as a certainty."""
-    if bound >= dataset_size + 1 or sample_rate == 0.0:
+def share_size(dataset_size: int, shares: int) -> int:
+    """The most records one of ``shares`` partitions of the larger neighbour (N + 1) holds."""
+    return -(-(dataset_size + 1) // shares)
+
+
+def exceed_probability(dataset_size: int, sample_rate: float, bound: int, shares: int = 1) -> float:
+    """P[one step's Poisson draw, split in ``shares`` partitions, has more than ``bound`` in
+    one of them], for the larger of the two add/remove neighbours (N + 1 records), by a union
+    bound over the shares (module docstring). Positive (at least the smallest float) whenever
+    it is not exactly 0, so an underflow never reads as a certainty."""
+    records = share_size(dataset_size, shares)
+    if bound >= records or sample_rate == 0.0:
         return 0.0
-    return max(float(binom.sf(bound, dataset_size + 1, sample_rate)), math.ulp(0.0))
+    tail = shares * float(binom.sf(bound, records, sample_rate))
+    return min(1.0, max(tail, math.ulp(0.0)))
 
 
 def truncation_delta(
-    dataset_size: int, sample_rate: float, bound: int, steps: int, epsilon: float
+    dataset_size: int, sample_rate: float, bound: int, steps: int, epsilon: float, shares: int = 1
 ) -> float:
-    """δ_trunc = (1 + e^ε)·T·P[exceed] (capped at 1): what truncating above ``bound`` adds to
-    the δ of a T-step run that is ε-DP otherwise (module docstring)."""
-    exceed = steps * exceed_probability(dataset_size, sample_rate, bound)
+    """δ_trunc = (1 + e^ε)·T·P[exceed] (capped at 1): what truncating each of ``shares``
+    partitions' draws above ``bound`` adds to the δ of a T-step run that is ε-DP otherwise
+    (module docstring)."""
+    exceed = steps * exceed_probability(dataset_size, sample_rate, bound, shares)
     return delta_of_exceeding(exceed, epsilon)
 
 
 def default_bound(
-    dataset_size: int, sample_rate: float, steps: int, exceed_budget: float, multiple: int
+    dataset_size: int,
+    sample_rate: float,
+    steps: int,
+    exceed_budget: float,
+    multiple: int,
+    shares: int = 1,
 ) -> int:
-    """The smallest multiple of ``multiple`` whose chance that any of ``steps`` draws exceeds
-    it, T·P[exceed], is at most ``exceed_budget`` (N + 1, rounded up, when the budget is 0)."""
-    low, high = 1, dataset_size + 1  # no draw from N + 1 examples exceeds N + 1
+    """The smallest multiple of ``multiple`` whose chance that any share of any of ``steps``
+    draws exceeds it, T·P[exceed], is at most ``exceed_budget`` (a whole share, rounded up, when
+    the budget is 0)."""
+    low, high = 1, share_size(dataset_size, shares)  # no share exceeds all of its records
     if exceed_budget <= 0.0:
         low = high
     while low < high:
         middle = (low + high) // 2
-        if steps * exceed_probability(dataset_size, sample_rate, middle) <= exceed_budget:
+        if steps * exceed_probability(dataset_size, sample_rate, middle, shares) <= exceed_budget:
             high = middle
         else:
             low = middle + 1

@@ -50,7 +50,7 @@ class RunSummary(RecordKeys):
     sample_rate: float
     expected_batch_size: float
     pad_to: str  # task.pad_to as run: "max_length" (public shapes) or "batch"
-    max_batch_size: int | None  # the rows every padded batch has (pad_to="max_length")
+    max_batch_size: int | None  # the rows of each worker's padded batch (pad_to="max_length")
     truncation_delta: float | None  # the part of delta truncated Poisson draws take
     clip: float | None
     steps: int

@@ -149,6 +149,38 @@ def test_the_default_bound_is_the_smallest_within_its_share():
     assert default_bound(n, q, steps, 0.0, 1) == n + 1  # pure DP: nothing may be truncated
 
 
+def test_a_share_of_w_workers_is_bounded_alone_and_every_share_is_accounted():
+    """W workers each draw from at most ⌈(N + 1)/W⌉ records: the union over the W shares."""
+    n, q, shares = 1000, 16 / 1000, 8
+    records = math.ceil((n + 1) / shares)
+    assert exceed_probability(n, q, 9, shares) == pytest.approx(
+        shares * binom.sf(9, records, q), rel=1e-12
+    )
+    assert exceed_probability(n, q, records, shares) == 0.0  # a share of all its records
+    assert exceed_probability(n, q, 9, 1) == exceed_probability(n, q, 9)
+    steps, budget = 800, 1e-9
+    bound = default_bound(n, q, steps, budget, 1, shares)
+    assert steps * exceed_probability(n, q, bound, shares) <= budget
+    assert steps * exceed_probability(n, q, bound - 1, shares) > budget
+    assert bound < default_bound(n, q, steps, budget, 1)  # a share's, not the whole batch's
+
+
+def test_each_worker_pads_its_own_share_and_its_truncation_is_accounted(tiny_run_config):
+    """A private run's workers pad to their share's bound, not the whole batch's; the δ that
+    truncation takes counts every share, and the plan still meets ε."""
+    single = plan_privacy(tiny_run_config(), 64)
+    workers = ("parallel.strategy=replica", "parallel.workers=4")
+    four = plan_privacy(tiny_run_config(*workers), 64)
+    assert four.max_batch_size is not None and single.max_batch_size is not None
+    assert four.max_batch_size < single.max_batch_size
+    assert four.truncation_delta == truncation_delta(
+        64, 8 / 64, four.max_batch_size, 12, 3.0, shares=4
+    )
+    assert 0 < four.truncation_delta <= DEFAULT_SHARE * 1e-5 and four.epsilon <= 3.0 * (1 + 1e-9)
+    shuffled = ("optimizer.algorithm=mezo", "privacy.sampler=shuffle", "task.pad_to=max_length")
+    assert plan_privacy(tiny_run_config(*shuffled, *workers), 64).max_batch_size == 2  # 8 / 4
+
+
 def test_the_plan_calibrates_at_delta_less_truncation(tiny_run_config):
     micro_batches = ("optimizer.physical_batch_size=4",)
     config = tiny_run_config()
