@@ -45,7 +45,7 @@ from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
-STEPS = 300
+STEPS = 150
 KILLS = 3
 WAIT_S = 600  # a margin for a loaded machine, not a timing
 
