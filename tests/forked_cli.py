@@ -37,20 +37,55 @@ class Done:
     stderr: str
 
 
-def run_cli(argv: list[str], cwd: Path, env: dict[str, str], logs: Path, timeout: float) -> Done:
-    """Run ``privzo ARGV`` in ``cwd`` with ``env``; its output goes through ``logs``.stdout/.err
-    files. A command still running after ``timeout`` seconds is killed (exit code -9)."""
+class Command:
+    """A started command: what a test needs of ``subprocess.Popen`` (poll, a signal, wait) for a
+    command it stops at a moment of its choosing; the exit code of one killed by a signal is
+    minus the signal's number, as Popen's is."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, out: Path, err: Path):
+        self._process, self.out, self.err = process, out, err
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def send_signal(self, signal: int) -> None:
+        os.kill(self.pid, signal)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; a command still running after ``timeout`` seconds is killed (-9)."""
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            self._process.kill()
+            self._process.join()
+        assert self._process.exitcode is not None
+        return self._process.exitcode
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+
+def start_cli(argv: list[str], cwd: Path, env: dict[str, str], logs: Path) -> Command:
+    """Start ``privzo ARGV`` in ``cwd`` with ``env``; its output goes to ``logs``.stdout/.stderr
+    files."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED)
     out, err = logs.with_suffix(".stdout"), logs.with_suffix(".stderr")
     process = context.Process(target=_command, args=(argv, str(cwd), env, str(out), str(err)))
     process.start()
-    process.join(timeout)
-    if process.exitcode is None:
-        process.kill()
-        process.join()
-    assert process.exitcode is not None
-    return Done(process.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+    return Command(process, out, err)
+
+
+def run_cli(argv: list[str], cwd: Path, env: dict[str, str], logs: Path, timeout: float) -> Done:
+    """Run ``privzo ARGV`` in ``cwd`` with ``env``; its output goes through ``logs``.stdout/.err
+    files. A command still running after ``timeout`` seconds is killed (exit code -9)."""
+    command = start_cli(argv, cwd, env, logs)
+    code = command.wait(timeout)
+    return Done(code, command.out.read_text(errors="replace"), command.stderr())
 
 
 def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:

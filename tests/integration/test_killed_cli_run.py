@@ -21,7 +21,7 @@ from tiny_families import save_tiny_family
 
 pytestmark = pytest.mark.integration
 
-STEPS = 120  # the stop lands after step 10: most of the run is left to resume
+STEPS = 60  # the stop lands after step 10: most of the run is left to resume
 
 
 def _cli(args: list[str], **kwargs) -> subprocess.Popen:

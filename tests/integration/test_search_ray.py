@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import ctrl_c_reaches_it
+from privzo.cli import main
 from privzo.config import ConfigError
 from privzo.privacy import compute_epsilon
 from privzo.search.export import export_best
@@ -238,7 +239,7 @@ def _clock_text(path: Path) -> list[str]:
     return [day for day in days if day in text] + near
 
 
-def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick_demo):
+def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick_demo, capsys):
     """Ctrl+C in the demo's search, then the same command: the finished trials are not run
     again, the interrupted one is, and the records (trials table, summary, MLflow, the exported
     best trial) count every trial once, each at the same (ε, δ)."""
@@ -286,7 +287,7 @@ def test_the_demos_interrupted_search_resumes_and_records_every_trial_once(quick
     best = trials.loc[trials["selection_score"].idxmax()]
     assert summary["best_trial"] == best["trial_id"]
     _check_search_in_mlflow(quick_demo.output / "mlflow.db", output, summary, trials, done_before)
-    _check_export_best(output, quick_demo.output.parent / "export", summary)
+    _check_export_best(output, quick_demo.output.parent / "export", summary, capsys)
 
 
 def _check_search_in_mlflow(store: Path, output: Path, summary, trials, done_before) -> None:
@@ -321,11 +322,12 @@ def _check_search_in_mlflow(store: Path, output: Path, summary, trials, done_bef
         assert child.data.params["optimizer.steps"] == str(int(row.steps))
 
 
-def _check_export_best(output: Path, export: Path, summary) -> None:
-    """The best trial alone, without what points back into the search."""
-    command = [sys.executable, "-m", "privzo.cli", "export-best", str(output)]
-    exported = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
-    assert exported.returncode == 0, exported.stderr.decode()[-3000:]
+def _check_export_best(output: Path, export: Path, summary, capsys) -> None:
+    """The best trial alone, without what points back into the search: ``privzo export-best``
+    called in this process (the command tour runs it in a process of its own)."""
+    command = ["export-best", str(output), "--output-dir", str(export)]
+    capsys.readouterr()
+    assert main(command) == 0, capsys.readouterr().err[-3000:]
     assert {path.name for path in export.iterdir()} == {
         "config.yaml",
         "summary.json",
@@ -341,5 +343,4 @@ def _check_export_best(output: Path, export: Path, summary) -> None:
     # a fixed trial count: the export is covered by the search's composition bound
     assert exported_summary["epsilon"] == summary["end_to_end_epsilon"]
     assert exported_summary["epsilon_per_trial"] == pytest.approx(2.0, rel=5e-3)
-    again = subprocess.run([*command, "--output-dir", str(export)], capture_output=True)
-    assert again.returncode == 2 and b"is not empty" in again.stderr
+    assert main(command) == 2 and "is not empty" in capsys.readouterr().err
