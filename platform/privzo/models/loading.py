@@ -117,6 +117,13 @@ def check_model(config: ModelConfig) -> str:
 
 
 def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:
+    unreachable = hub_unreachable(source, config.revision) if is_hub_id(source) else None
+    if unreachable is not None:
+        raise ConfigError(
+            f"model.name_or_path={config.name_or_path!r}: the Hugging Face Hub cannot be reached "
+            f"({unreachable}) and the model is not in the local Hugging Face cache; allowed: an "
+            "existing local directory, a reachable hub id, or a built-in name"
+        )
     try:
         return AutoConfig.from_pretrained(source, **pretrained_kwargs(config))
     except OSError as error:  # a hub id that does not exist or cannot be reached
@@ -124,6 +131,25 @@ def _load_hf_config(config: ModelConfig, source: str) -> PretrainedConfig:
             f"model.name_or_path={config.name_or_path!r}: cannot load the model ({error}); "
             "allowed: an existing local directory, a reachable hub id, or a built-in name"
         ) from None
+
+
+def hub_unreachable(repo_id: str, revision: str | None) -> str | None:
+    """Why the hub cannot be asked about ``repo_id`` (a connection error), or None when the
+    model's config is cached or the hub answers (whatever it says: transformers then loads or
+    names the problem). One request without retries: transformers would retry an unreachable
+    hub with backoff for about 20 s before failing."""
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if try_to_load_from_cache(repo_id, "config.json", revision=revision) is not None:
+        return None
+    try:
+        model_info(repo_id, revision=revision, timeout=10)
+    except HfHubHTTPError:  # an answer: not found, gated, unauthorised
+        return None
+    except Exception as error:  # no answer: DNS, refused, timed out, offline mode
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def resolve_kind(config: ModelConfig, hf_config: PretrainedConfig) -> str:

@@ -4,7 +4,8 @@
 The Hugging Face Hub is not reachable here, so a hub id is served from a local copy: the real
 loading code runs, and only transformers' ``from_pretrained`` (and ``datasets.load_dataset``)
 are wrapped to record the revision they were given and to stamp the commit the Hub would
-report. A revision that does not exist on a reachable hub cannot be tested here.
+report, and ``huggingface_hub.model_info`` (asked first whether the hub answers) answers for
+it. A revision that does not exist on a reachable hub cannot be tested here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import types
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -50,6 +52,14 @@ def hub_calls(monkeypatch, cache_dir) -> list[tuple[str, str | None]]:
             return loaded
 
         monkeypatch.setattr(cls, "from_pretrained", served)
+    real_info = huggingface_hub.model_info
+
+    def info(repo_id, *args, _real=real_info, **kwargs):
+        if repo_id != HUB_ID:
+            return _real(repo_id, *args, **kwargs)
+        return types.SimpleNamespace(id=HUB_ID, sha=COMMIT)  # the Hub's answer, in short
+
+    monkeypatch.setattr(huggingface_hub, "model_info", info)
     return calls
 
 
