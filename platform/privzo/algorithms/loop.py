@@ -127,7 +127,10 @@ class TrainingLoop:
         finally:  # stopped or not, every finished window's ε is logged (its value is public)
             self.stepper.finish()
             if curve is not None:
-                self._add_epsilons(curve.take_through(self.windows_done), {}, -1)
+                try:
+                    self._add_epsilons(curve.take_through(self.windows_done), {}, -1)
+                finally:
+                    curve.close()
             bar.close()
 
     def _run_windows(

@@ -30,6 +30,7 @@ class EpsilonCurve:
         self._taken: set[int] = set()
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, name="privzo-epsilon", daemon=True)
         self._thread.start()
 
@@ -37,6 +38,8 @@ class EpsilonCurve:
         try:
             accountant = self._make_accountant()  # not shared: accountants cache, unlocked
             for steps in self.step_counts:
+                if self._stop.is_set():
+                    break
                 self._values[steps] = accountant.epsilon_at(steps, self._delta)
         except Exception as error:  # handed to the training thread, raised there
             self._error = error
@@ -68,6 +71,14 @@ class EpsilonCurve:
         while not self._done.is_set() and any(count not in self._values for count in wanted):
             self._done.wait(0.05)
         return self.take_ready(through=steps)
+
+    def close(self) -> None:
+        """Stop after the value in progress and wait for it: a run that stops early (a signal
+        too) computes no more values, and no daemon thread is left inside an accountant's
+        compiled code (scipy's FFT) when the interpreter finalizes, which C++ code can turn
+        into an abort."""
+        self._stop.set()
+        self._thread.join()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

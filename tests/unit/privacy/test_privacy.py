@@ -427,6 +427,19 @@ def test_epsilon_curve_hands_out_no_value_of_steps_not_done_yet():
     assert curve.take_rest() == []
 
 
+def test_a_closed_epsilon_curve_stops_after_the_value_in_progress():
+    """A run that stops early ends the curve's thread before it exits: the values computed are
+    kept, the rest are not computed, and the thread is gone when ``close`` returns."""
+    counts = list(range(10, 100_010, 10))  # far more than the few taken before close
+    curve = EpsilonCurve(lambda: make_accountant("pld", "gaussian", 1.1, 0.02), DELTA, counts)
+    first = curve.take_through(10)
+    curve.close()
+    assert not curve._thread.is_alive() and [steps for steps, _ in first] == [10]
+    computed = curve.take_rest()
+    assert len(computed) < len(counts) - 1  # stopped, not run to the end
+    assert [steps for steps, _ in computed] == counts[1 : 1 + len(computed)]
+
+
 def test_epsilon_curve_computes_each_window_once_off_the_calling_thread():
     sigma, rate = 1.1, 0.02
     counts = [10, 20, 25]
