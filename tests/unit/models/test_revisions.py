@@ -1,11 +1,11 @@
 """Pinned sources: model.revision / task.revision reach the loaders, the commit loaded is recorded
 (trajectory, tags) and replay loads it; the data's lineage goes to MLflow by public identifiers.
 
-The Hugging Face Hub is not reachable here, so a hub id is served from a local copy: the real
+The tests run offline, so a hub id is served from a local copy: the real
 loading code runs, and only transformers' ``from_pretrained`` (and ``datasets.load_dataset``)
 are wrapped to record the revision they were given and to stamp the commit the Hub would
 report, and ``huggingface_hub.model_info`` (asked first whether the hub answers) answers for
-it. A revision that does not exist on a reachable hub cannot be tested here.
+it. A revision that does not exist on a reachable hub cannot be tested offline.
 """
 
 from __future__ import annotations
