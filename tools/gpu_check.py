@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -441,15 +442,11 @@ def _bench_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
     columns += [
         label if bound is None else f"{label} (≤ {bound})" for _k, label, bound in RATIO_COLUMNS
     ]
-    lines = [
-        "## ZO step against inference (`privzo bench zo-step`, batch 16, median of the repeats)",
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-    ]
+    title = "ZO step against inference (`privzo bench zo-step`, batch 16, median of the repeats)"
+    lines = _table_head(title, columns)
     for entry in benchmarks:
         if "result" not in entry:
-            lines.append(f"| {entry['case']} | {entry['status']} |" + " |" * (len(columns) - 2))
+            lines.append(_status_row(entry, columns))
             continue
         seconds, ratios = entry["result"]["seconds"], entry["result"]["ratios"]
         cells = [
@@ -481,18 +478,14 @@ OFFLOAD_COLUMNS = (
 
 def _offload_lines(entries: list[dict[str, Any]]) -> list[str]:
     """The offloaded cases: measured beside the planner (``privzo.planner.plan``, same plan)."""
-    lines = [
-        "## ZeRO-3 with its weights in host memory (`privzo bench offload`, one process, "
-        "batch 16; the step's peaks, the planner's figures for the same plan)",
-        "",
-        "| " + " | ".join(OFFLOAD_COLUMNS) + " |",
-        "|" + "---|" * len(OFFLOAD_COLUMNS),
-    ]
+    title = (
+        "ZeRO-3 with its weights in host memory (`privzo bench offload`, one process, batch 16; "
+        "the step's peaks, the planner's figures for the same plan)"
+    )
+    lines = _table_head(title, OFFLOAD_COLUMNS)
     for entry in entries:
         if "result" not in entry:
-            lines.append(
-                f"| {entry['case']} | {entry['status']} |" + " |" * (len(OFFLOAD_COLUMNS) - 2)
-            )
+            lines.append(_status_row(entry, OFFLOAD_COLUMNS))
             continue
         lines.append(f"| {entry['case']} | " + " | ".join(_offload_cells(entry["result"])) + " |")
     return lines
@@ -518,6 +511,16 @@ def _offload_cells(result: dict[str, Any]) -> list[str]:
         f"{plan['offload_bytes_per_step'] / 2**30:.2f}",
         _ratio(ratios["moved_gb_per_s"]),
     ]
+
+
+def _table_head(title: str, columns: Sequence[str]) -> list[str]:
+    """A Markdown section heading and the header of its table."""
+    return ["## " + title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def _status_row(entry: dict[str, Any], columns: Sequence[str]) -> str:
+    """The row of a case with no result: its name, why, and the other cells empty."""
+    return f"| {entry['case']} | {entry['status']} |" + " |" * (len(columns) - 2)
 
 
 def _ratio(value: float | None) -> str:
