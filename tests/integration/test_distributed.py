@@ -253,6 +253,18 @@ def private_lora_runs(ray_session, tmp_path_factory, cache_dir) -> PrivateLoraRu
     return PrivateLoraRuns(root, single, replica, qwen2, uri)
 
 
+def _summary_epsilon(summary: dict[str, Any], sample_rate: float, steps: int) -> float:
+    """ε of a run's own σ and noise at δ = 1e-5 less its truncation δ, as its accountant
+    evaluates it."""
+    return compute_epsilon(
+        noise_multiplier=summary["noise_multiplier"],
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=1e-5 - summary["truncation_delta"],
+        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
+    )
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_private_run_on_two_workers_accounts_every_workers_truncation(private_lora_runs):
@@ -268,13 +280,7 @@ def test_private_run_on_two_workers_accounts_every_workers_truncation(private_lo
     )
     root = private_lora_runs.root
     for summary, output in ((single, root / "one"), (replica, root / "runs" / "two")):
-        expected = compute_epsilon(
-            noise_multiplier=summary["noise_multiplier"],
-            sample_rate=8 / 64,
-            steps=12,
-            delta=1e-5 - summary["truncation_delta"],  # what the accountant evaluates ε at
-            noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
-        )
+        expected = _summary_epsilon(summary, sample_rate=8 / 64, steps=12)
         assert summary["epsilon"] == pytest.approx(expected, rel=1e-9), output
         assert summary["epsilon"] <= 2.0, output
         privacy = json.loads((output / "privacy.json").read_text())
@@ -310,13 +316,7 @@ def test_zero3_private_run_survives_empty_local_batches(ray_session, tmp_path, c
     summary = _run(config, tmp_path / "z3", cache_dir)
     assert summary["steps"] == 24
     assert summary["empty_batches"] > 0  # rank 0's local batch was empty at least once
-    expected = compute_epsilon(
-        noise_multiplier=summary["noise_multiplier"],
-        sample_rate=2 / 64,
-        steps=24,
-        delta=1e-5 - summary["truncation_delta"],  # what the accountant evaluates ε at
-        noise_parameters=summary["mechanism_parameters"],  # the discrete noise's grid
-    )
+    expected = _summary_epsilon(summary, sample_rate=2 / 64, steps=24)
     assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
 
 
