@@ -33,8 +33,8 @@ MASK32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 STREAM_DIRECTION = 0
 STREAM_ROUNDING = 1
-# Counters per vectorised batch: a whole Philox piece (``privzo.zo.sweeps.PHILOX_PIECE``) in one,
-# so each op splits across the intra-op threads; its int64 temporaries stay near 4 MiB each.
+# Counters per vectorised batch (a sweep's Philox piece, ``privzo.zo.sweeps.PHILOX_PIECE``): each
+# op splits across the intra-op threads, and its int64 temporaries stay near 4 MiB each.
 CHUNK_COUNTERS = 1 << 19
 TWO_PI = 2.0 * math.pi
 

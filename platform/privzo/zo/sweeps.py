@@ -25,7 +25,7 @@ from torch import nn
 
 from privzo.zo import kernels
 from privzo.zo.directions import BLOCK_SIZE, DirectionSampler, block_overlaps
-from privzo.zo.philox import philox_key
+from privzo.zo.philox import CHUNK_COUNTERS, LANES, philox_key
 
 
 @dataclass(frozen=True)
@@ -182,9 +182,10 @@ def iter_direction_blocks(
         yield slice(at, at + hi - lo), direction[lo:hi]
 
 
-# Elements of one Philox piece: each elementwise op on it (and on its counters' int64 words)
-# splits across torch's intra-op threads, which blocks of 65,536 are too short to do.
-PHILOX_PIECE = 1 << 21
+# Elements of one Philox piece, one batch of counters: each elementwise op on it (and on its
+# counters' int64 words) splits across torch's intra-op threads, which blocks of 65,536 are too
+# short to do.
+PHILOX_PIECE = CHUNK_COUNTERS * LANES
 
 
 def iter_direction_pieces(
