@@ -21,9 +21,11 @@ from privzo.privacy.truncation import (
     MAX_SHARE,
     NON_PRIVATE_EXCEED,
     BatchBound,
+    ceil_div,
     default_bound,
     delta_of_exceeding,
     exceed_probability,
+    round_up,
 )
 from privzo.section import ConfigError
 
@@ -122,13 +124,13 @@ def batch_bound(config: RunConfig, dataset_size: int, sample_rate: float) -> Bat
     multiple = optimizer.physical_batch_size or 1
     shares = config.parallel.workers
     if privacy.sampler == "shuffle":  # a worker's strided slice of a fixed-size batch
-        return BatchBound(-(-optimizer.batch_size // shares // multiple) * multiple, 0.0)
+        return BatchBound(round_up(ceil_div(optimizer.batch_size, shares), multiple), 0.0)
     steps, epsilon = optimizer.steps, privacy.epsilon
     private = optimizer.is_private
     budget = DEFAULT_SHARE * privacy.delta / (1 + math.exp(min(epsilon, 700)))
     exceed_budget = budget if private else NON_PRIVATE_EXCEED
     suggested = default_bound(dataset_size, sample_rate, steps, exceed_budget, multiple, shares)
-    rows = -(-(privacy.max_batch_size or suggested) // multiple) * multiple  # whole micro-batches
+    rows = round_up(privacy.max_batch_size or suggested, multiple)  # whole micro-batches
     exceed = steps * exceed_probability(dataset_size, sample_rate, rows, shares)
     truncation = delta_of_exceeding(exceed, epsilon)
     if private and truncation > MAX_SHARE * privacy.delta:

@@ -29,9 +29,11 @@ __all__ = [
     "DEFAULT_SHARE",
     "MAX_SHARE",
     "BatchBound",
+    "ceil_div",
     "default_bound",
     "delta_of_exceeding",
     "exceed_probability",
+    "round_up",
     "share_size",
     "truncation_delta",
 ]
@@ -69,9 +71,19 @@ def delta_of_exceeding(exceed: float, epsilon: float) -> float:
     return min(1.0, (1.0 + math.exp(epsilon)) * exceed)
 
 
+def ceil_div(count: int, parts: int) -> int:
+    """⌈count / parts⌉: the most one of ``parts`` even shares of ``count`` holds."""
+    return -(-count // parts)
+
+
+def round_up(count: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is at least ``count``."""
+    return ceil_div(count, multiple) * multiple
+
+
 def share_size(dataset_size: int, shares: int) -> int:
     """The most records one of ``shares`` partitions of the larger neighbour (N + 1) holds."""
-    return -(-(dataset_size + 1) // shares)
+    return ceil_div(dataset_size + 1, shares)
 
 
 def exceed_probability(dataset_size: int, sample_rate: float, bound: int, shares: int = 1) -> float:
@@ -116,4 +128,4 @@ def default_bound(
             high = middle
         else:
             low = middle + 1
-    return -(-low // multiple) * multiple
+    return round_up(low, multiple)
